@@ -1,0 +1,21 @@
+//! Outpost's schema as sea-orm-migration migrations that run unchanged on MariaDB/MySQL,
+//! PostgreSQL and SQLite.
+//!
+//! Constraint and index names are part of Outpost's contract: the order service and the consumer
+//! classify duplicate-key errors by them.
+
+pub use sea_orm_migration::prelude::*;
+
+mod column;
+mod m20261202_000001_create_outbox_schema;
+
+/// Every migration Outpost knows, oldest first.
+#[derive(Debug)]
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261202_000001_create_outbox_schema::Migration)]
+    }
+}

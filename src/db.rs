@@ -1,0 +1,11 @@
+//! The database seam: connecting, checking the schema, and classifying errors per backend.
+//!
+//! Every difference between MariaDB/MySQL, PostgreSQL and SQLite that Outpost cares about lives
+//! under this module, so the rest of the code speaks one dialect.
+
+mod classify;
+mod connect;
+
+pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
+pub use connect::{SchemaError, connect, ensure_migrated};
+pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

@@ -1,0 +1,157 @@
+//! Which named constraint a database error violated, told apart per backend.
+//!
+//! Duplicate handling hangs on this: only a violation of one exact, named unique key means
+//! "already done". Every other error, including other unique keys, is a failure.
+
+use std::fmt;
+
+use sea_orm::sqlx::{
+    self, error::DatabaseError, mysql::MySqlDatabaseError, postgres::PgDatabaseError,
+    sqlite::SqliteError,
+};
+use sea_orm::{DbErr, RuntimeErr};
+
+/// A unique key whose violation carries meaning. Its name is part of the schema contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UniqueKey {
+    /// `orders (tenant_id, request_id)`: the order was already accepted.
+    OrdersTenantRequest,
+    /// `orders (acceptance_event_id)`: the event id belongs to an order already.
+    OrdersAcceptanceEvent,
+    /// `consumed_event (consumer_name, event_id)`: the consumer already handled the event.
+    ConsumedEventIdentity,
+}
+
+impl UniqueKey {
+    const ALL: [Self; 3] = [
+        Self::OrdersTenantRequest,
+        Self::OrdersAcceptanceEvent,
+        Self::ConsumedEventIdentity,
+    ];
+
+    /// The constraint's name in the schema.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::OrdersTenantRequest => "uq_orders_tenant_request",
+            Self::OrdersAcceptanceEvent => "uq_orders_acceptance_event",
+            Self::ConsumedEventIdentity => "uq_consumed_event_identity",
+        }
+    }
+
+    /// How SQLite names the key in its error message: it reports columns, not index names.
+    const fn sqlite_columns(self) -> &'static str {
+        match self {
+            Self::OrdersTenantRequest => "orders.tenant_id, orders.request_id",
+            Self::OrdersAcceptanceEvent => "orders.acceptance_event_id",
+            Self::ConsumedEventIdentity => "consumed_event.consumer_name, consumed_event.event_id",
+        }
+    }
+}
+
+/// The unique key `err` violated, if it is one of the named keys.
+///
+/// `None` for everything else: another unique key, a foreign key, a value too long, a lost
+/// connection, or an error this function does not recognise.
+pub fn violated_unique_key(err: &DbErr) -> Option<UniqueKey> {
+    let db_err = database_error(err)?;
+    if let Some(e) = db_err.try_downcast_ref::<MySqlDatabaseError>() {
+        // ER_DUP_ENTRY and ER_DUP_ENTRY_WITH_KEY_NAME: "Duplicate entry '…' for key '<name>'".
+        // MySQL 8 writes the key as '<table>.<name>'. The entry itself is caller data and may
+        // contain anything, so only the last quoted name is read.
+        if !matches!(e.number(), 1062 | 1586) {
+            return None;
+        }
+        let key = e.message().rsplit_once("for key '")?.1.strip_suffix('\'')?;
+        let key = key.rsplit_once('.').map_or(key, |(_, name)| name);
+        return UniqueKey::ALL.into_iter().find(|k| k.name() == key);
+    }
+    if let Some(e) = db_err.try_downcast_ref::<PgDatabaseError>() {
+        if e.code() != "23505" {
+            return None;
+        }
+        let constraint = e.constraint()?;
+        return UniqueKey::ALL.into_iter().find(|k| k.name() == constraint);
+    }
+    if let Some(e) = db_err.try_downcast_ref::<SqliteError>() {
+        // SQLITE_CONSTRAINT_UNIQUE (2067): "UNIQUE constraint failed: <table>.<col>, …".
+        if e.code().as_deref() != Some("2067") {
+            return None;
+        }
+        let columns = e.message().strip_prefix("UNIQUE constraint failed: ")?;
+        return UniqueKey::ALL
+            .into_iter()
+            .find(|k| k.sqlite_columns() == columns);
+    }
+    None
+}
+
+/// What a database said about an error, for logs: SQLSTATE, vendor code and constraint.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ErrorFacts {
+    /// The SQLSTATE, where the backend reports one.
+    pub sqlstate: Option<String>,
+    /// The backend's own error number (MySQL error number, SQLite extended result code).
+    pub vendor_code: Option<String>,
+    /// The violated constraint, where the backend names it.
+    pub constraint: Option<String>,
+}
+
+impl ErrorFacts {
+    /// Reads the facts out of `err`; all `None` when it did not come from the database server.
+    pub fn of(err: &DbErr) -> Self {
+        let Some(db_err) = database_error(err) else {
+            return Self::default();
+        };
+        if let Some(e) = db_err.try_downcast_ref::<MySqlDatabaseError>() {
+            let constraint = e
+                .message()
+                .rsplit_once("for key '")
+                .and_then(|(_, k)| k.strip_suffix('\''))
+                .map(str::to_owned);
+            return Self {
+                sqlstate: e.code().map(str::to_owned),
+                vendor_code: Some(e.number().to_string()),
+                constraint,
+            };
+        }
+        if let Some(e) = db_err.try_downcast_ref::<SqliteError>() {
+            return Self {
+                sqlstate: None,
+                vendor_code: e.code().map(|c| c.into_owned()),
+                constraint: None,
+            };
+        }
+        Self {
+            sqlstate: db_err.code().map(|c| c.into_owned()),
+            vendor_code: None,
+            constraint: db_err.constraint().map(str::to_owned),
+        }
+    }
+}
+
+impl fmt::Display for ErrorFacts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
+        write!(
+            f,
+            "sqlstate={} vendor_code={} constraint={}",
+            show(&self.sqlstate),
+            show(&self.vendor_code),
+            show(&self.constraint)
+        )
+    }
+}
+
+fn database_error(err: &DbErr) -> Option<&(dyn DatabaseError + 'static)> {
+    let runtime = match err {
+        DbErr::Exec(e) | DbErr::Query(e) | DbErr::Conn(e) => e,
+        _ => return None,
+    };
+    match runtime {
+        RuntimeErr::SqlxError(e) => match e.as_ref() {
+            sqlx::Error::Database(db_err) => Some(db_err.as_ref()),
+            _ => None,
+        },
+        _ => None,
+    }
+}

@@ -1,0 +1,270 @@
+use std::str::FromStr;
+
+use iso_currency::Currency;
+
+use super::{EventId, FieldViolation, InvalidInput, RequestId, TenantId, is_visible_ascii};
+
+/// Where an order is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// The order and its acceptance event committed together.
+    Accepted,
+}
+
+impl OrderStatus {
+    /// The spelling stored in `orders.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "ACCEPTED",
+        }
+    }
+
+    /// Reads a stored status; `None` for one this version does not know.
+    pub fn from_stored(text: &str) -> Option<Self> {
+        (text == "ACCEPTED").then_some(Self::Accepted)
+    }
+}
+
+/// The ordering customer: 1 to 128 visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomerId(String);
+
+impl CustomerId {
+    /// Accepts 1 to 128 visible ASCII characters.
+    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+        let value = value.into();
+        if is_visible_ascii(&value, 128) {
+            Ok(Self(value))
+        } else {
+            Err("must be 1 to 128 visible ASCII characters")
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A stock keeping unit: 1 to 64 visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sku(String);
+
+impl Sku {
+    /// Accepts 1 to 64 visible ASCII characters.
+    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+        let value = value.into();
+        if is_visible_ascii(&value, 64) {
+            Ok(Self(value))
+        } else {
+            Err("must be 1 to 64 visible ASCII characters")
+        }
+    }
+
+    /// The SKU as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One priced line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineItem {
+    /// What is ordered.
+    pub sku: Sku,
+    /// How many units: 1 to [`LineItem::MAX_QUANTITY`].
+    pub quantity: u32,
+    /// Price of one unit in minor units: 1 to [`LineItem::MAX_UNIT_PRICE_MINOR`].
+    pub unit_price_minor: i64,
+}
+
+impl LineItem {
+    /// The most units one line may order.
+    pub const MAX_QUANTITY: u32 = 10_000;
+    /// The highest unit price, in minor units.
+    pub const MAX_UNIT_PRICE_MINOR: i64 = 1_000_000_000_000;
+}
+
+/// An order's facts as submitted, validated and totalled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    customer_id: CustomerId,
+    currency: String,
+    lines: Vec<LineItem>,
+    total_minor: i64,
+}
+
+impl NewOrder {
+    /// The most lines one order may have.
+    pub const MAX_LINES: usize = 100;
+
+    /// Validates raw facts, collecting every violation under the caller's field names.
+    ///
+    /// `lines` holds raw `(sku, quantity, unit_price_minor)` triples.
+    pub fn parse(
+        customer_id: String,
+        currency: String,
+        lines: Vec<(String, u32, i64)>,
+        violations: &mut Vec<FieldViolation>,
+    ) -> Option<Self> {
+        let customer_id = CustomerId::parse(customer_id)
+            .map_err(|e| violations.push(FieldViolation::new("customer_id", e)))
+            .ok();
+        let currency_ok = currency.len() == 3
+            && currency.bytes().all(|b| b.is_ascii_uppercase())
+            && Currency::from_str(&currency).is_ok();
+        if !currency_ok {
+            violations.push(FieldViolation::new(
+                "currency",
+                "must be an ISO 4217 alphabetic code in upper case, such as EUR",
+            ));
+        }
+        if lines.is_empty() || lines.len() > Self::MAX_LINES {
+            violations.push(FieldViolation::new(
+                "line_items",
+                "must hold 1 to 100 items",
+            ));
+        }
+        let mut items = Vec::with_capacity(lines.len().min(Self::MAX_LINES));
+        let mut total: Option<i64> = Some(0);
+        for (i, (sku, quantity, unit_price_minor)) in
+            lines.into_iter().enumerate().take(Self::MAX_LINES)
+        {
+            let before = violations.len();
+            let sku = Sku::parse(sku)
+                .map_err(|e| {
+                    violations.push(FieldViolation::new(format!("line_items[{i}].sku"), e))
+                })
+                .ok();
+            if !(1..=LineItem::MAX_QUANTITY).contains(&quantity) {
+                violations.push(FieldViolation::new(
+                    format!("line_items[{i}].quantity"),
+                    "must be 1 to 10000",
+                ));
+            }
+            if !(1..=LineItem::MAX_UNIT_PRICE_MINOR).contains(&unit_price_minor) {
+                violations.push(FieldViolation::new(
+                    format!("line_items[{i}].unit_price_minor"),
+                    "must be 1 to 1000000000000",
+                ));
+            }
+            if let (Some(sku), true) = (sku, violations.len() == before) {
+                total = total.and_then(|t| {
+                    unit_price_minor
+                        .checked_mul(i64::from(quantity))?
+                        .checked_add(t)
+                });
+                items.push(LineItem {
+                    sku,
+                    quantity,
+                    unit_price_minor,
+                });
+            }
+        }
+        if total.is_none() {
+            violations.push(FieldViolation::new(
+                "line_items",
+                "the order total exceeds 2^63-1 minor units",
+            ));
+        }
+        if !violations.is_empty() {
+            return None;
+        }
+        Some(Self {
+            customer_id: customer_id?,
+            currency,
+            lines: items,
+            total_minor: total?,
+        })
+    }
+
+    /// Rebuilds an order from stored facts, which were validated when they were accepted.
+    pub(crate) fn from_stored(
+        customer_id: CustomerId,
+        currency: String,
+        lines: Vec<LineItem>,
+        total_minor: i64,
+    ) -> Self {
+        Self {
+            customer_id,
+            currency,
+            lines,
+            total_minor,
+        }
+    }
+
+    /// The ordering customer.
+    pub fn customer_id(&self) -> &CustomerId {
+        &self.customer_id
+    }
+
+    /// The ISO 4217 currency code.
+    pub fn currency(&self) -> &str {
+        &self.currency
+    }
+
+    /// The lines in the order submitted.
+    pub fn lines(&self) -> &[LineItem] {
+        &self.lines
+    }
+
+    /// Sum of quantity times unit price over all lines, in minor units.
+    pub fn total_minor(&self) -> i64 {
+        self.total_minor
+    }
+}
+
+/// A request to accept an order, keyed by `(tenant_id, request_id)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitOrder {
+    /// The owning tenant.
+    pub tenant_id: TenantId,
+    /// The caller's idempotency key within the tenant.
+    pub request_id: RequestId,
+    /// The caller's event id, if it made one; otherwise the server makes one before the
+    /// transaction begins.
+    pub event_id: Option<EventId>,
+    /// The order's facts.
+    pub order: NewOrder,
+}
+
+impl SubmitOrder {
+    /// Validates every field, reporting all violations at once.
+    pub fn parse(
+        tenant_id: i64,
+        request_id: String,
+        event_id: &str,
+        customer_id: String,
+        currency: String,
+        lines: Vec<(String, u32, i64)>,
+    ) -> Result<Self, InvalidInput> {
+        let mut violations = Vec::new();
+        let tenant_id = TenantId::new(tenant_id)
+            .map_err(|e| violations.push(FieldViolation::new("tenant_id", e)))
+            .ok();
+        let request_id = RequestId::parse(request_id)
+            .map_err(|e| violations.push(FieldViolation::new("request_id", e)))
+            .ok();
+        let event_id = if event_id.is_empty() {
+            None
+        } else {
+            EventId::parse(event_id)
+                .map_err(|e| violations.push(FieldViolation::new("event_id", e)))
+                .ok()
+        };
+        let order = NewOrder::parse(customer_id, currency, lines, &mut violations);
+        InvalidInput::check(violations)?;
+        match (tenant_id, request_id, order) {
+            (Some(tenant_id), Some(request_id), Some(order)) => Ok(Self {
+                tenant_id,
+                request_id,
+                event_id,
+                order,
+            }),
+            // Unreachable: every `None` above pushed a violation.
+            _ => Err(InvalidInput {
+                violations: vec![FieldViolation::new("request", "invalid")],
+            }),
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! SeaORM entities for the tables the migrations create. Crate-private: the stores wrap them.
+#![allow(unreachable_pub)]
+
+pub(crate) mod order_line;
+pub(crate) mod orders;
+pub(crate) mod outbox_event;

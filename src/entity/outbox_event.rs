@@ -1,0 +1,25 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "outbox_event")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub event_version: i64,
+    pub payload: Vec<u8>,
+    pub status: String,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTimeUtc>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTimeUtc,
+    pub published_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,16 @@
+//! Outpost: repeatable event delivery through a transactional outbox, a leased relay and a
+//! deduplicating consumer. Duplicates are expected and absorbed; nothing is lost silently.
+//!
+//! The services in `services/` are thin binaries over this library:
+//! [`order`] accepts orders and writes each with its event in one local transaction.
+
+pub mod client;
+pub mod db;
+pub mod domain;
+mod entity;
+pub mod failpoint;
+pub mod order;
+pub mod proto;
+pub mod shutdown;
+pub mod startup;
+pub mod telemetry;

@@ -1,0 +1,267 @@
+//! The gRPC edge of the order service: proto to domain on the way in, outcomes to statuses on
+//! the way out. Nothing here touches the database directly.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::event::timestamp;
+use super::store::{AcceptedOrder, OrderStore, SubmitError, Submitted};
+use crate::domain::{InvalidInput, LineItem, OrderStatus, RequestId, SubmitOrder, TenantId};
+use crate::proto::v1::{
+    self as pb,
+    order_service_server::{OrderService, OrderServiceServer},
+};
+
+/// `ErrorInfo.domain` of every error this service returns.
+pub const ERROR_DOMAIN: &str = "outpost.v1";
+
+/// The largest request the service decodes; a full 100-line order is far below it.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// The `OrderService` implementation.
+#[derive(Debug, Clone)]
+pub(crate) struct OrderGrpc {
+    store: OrderStore,
+}
+
+impl OrderGrpc {
+    pub(crate) fn server(store: OrderStore) -> OrderServiceServer<Self> {
+        OrderServiceServer::new(Self { store }).max_decoding_message_size(MAX_REQUEST_BYTES)
+    }
+}
+
+#[tonic::async_trait]
+impl OrderService for OrderGrpc {
+    async fn submit_order(
+        &self,
+        request: Request<pb::SubmitOrderRequest>,
+    ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
+        let request = request.into_inner();
+        let key = ErrorKey::of(request.tenant_id, &request.request_id);
+        let submit = SubmitOrder::try_from(request)
+            .map_err(|e| SubmitOrderError::Invalid(e).into_status(key.clone()))?;
+        match self.store.submit(&submit).await {
+            Ok(submitted) => Ok(Response::new(submitted.into())),
+            Err(e) => Err(SubmitOrderError::Store(e).into_status(key)),
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        let request = request.into_inner();
+        let key = ErrorKey::of(request.tenant_id, &request.request_id);
+        let (tenant_id, request_id) =
+            parse_key(request).map_err(|e| ReconcileError::Invalid(e).into_status(key.clone()))?;
+        match self.store.reconcile(tenant_id, &request_id).await {
+            Ok(Some(order)) => Ok(Response::new(order.into())),
+            Ok(None) => Err(ReconcileError::NotFound.into_status(key)),
+            Err(e) => {
+                tracing::warn!(error = %e, "reconcile failed");
+                Err(ReconcileError::Database.into_status(key))
+            }
+        }
+    }
+}
+
+impl TryFrom<pb::SubmitOrderRequest> for SubmitOrder {
+    type Error = InvalidInput;
+
+    fn try_from(request: pb::SubmitOrderRequest) -> Result<Self, Self::Error> {
+        let lines = request
+            .line_items
+            .into_iter()
+            .map(|l| (l.sku, l.quantity, l.unit_price_minor))
+            .collect();
+        SubmitOrder::parse(
+            request.tenant_id,
+            request.request_id,
+            &request.event_id,
+            request.customer_id,
+            request.currency,
+            lines,
+        )
+    }
+}
+
+fn parse_key(request: pb::ReconcileRequest) -> Result<(TenantId, RequestId), InvalidInput> {
+    let mut violations = Vec::new();
+    let tenant_id = TenantId::new(request.tenant_id)
+        .map_err(|e| violations.push(crate::domain::FieldViolation::new("tenant_id", e)))
+        .ok();
+    let request_id = RequestId::parse(request.request_id)
+        .map_err(|e| violations.push(crate::domain::FieldViolation::new("request_id", e)))
+        .ok();
+    InvalidInput::check(violations)?;
+    tenant_id.zip(request_id).ok_or_else(|| InvalidInput {
+        violations: Vec::new(),
+    })
+}
+
+impl From<&LineItem> for pb::LineItem {
+    fn from(line: &LineItem) -> Self {
+        Self {
+            sku: line.sku.as_str().to_owned(),
+            quantity: line.quantity,
+            unit_price_minor: line.unit_price_minor,
+        }
+    }
+}
+
+impl From<OrderStatus> for pb::OrderStatus {
+    fn from(status: OrderStatus) -> Self {
+        match status {
+            OrderStatus::Accepted => Self::Accepted,
+        }
+    }
+}
+
+impl From<Submitted> for pb::SubmitOrderResponse {
+    fn from(submitted: Submitted) -> Self {
+        let order = submitted.order;
+        Self {
+            outcome: pb::TransactionOutcome::Committed.into(),
+            replayed: submitted.replayed,
+            order_id: order.order_id,
+            event_id: order.event_id.to_string(),
+            total_minor: order.total_minor,
+            version: order.version,
+            accepted_at: Some(timestamp(order.accepted_at)),
+        }
+    }
+}
+
+impl From<AcceptedOrder> for pb::ReconcileResponse {
+    fn from(order: AcceptedOrder) -> Self {
+        Self {
+            order_id: order.order_id,
+            event_id: order.event_id.to_string(),
+            version: order.version,
+            status: pb::OrderStatus::from(order.status).into(),
+            total_minor: order.total_minor,
+            accepted_at: Some(timestamp(order.accepted_at)),
+        }
+    }
+}
+
+/// The idempotency key as the caller sent it, echoed in every error's metadata.
+#[derive(Debug, Clone)]
+struct ErrorKey {
+    tenant_id: String,
+    request_id: String,
+}
+
+impl ErrorKey {
+    fn of(tenant_id: i64, request_id: &str) -> Self {
+        // Echo at most the longest valid key, so a huge invalid one is not sent back.
+        let request_id = request_id.chars().take(RequestId::MAX_LEN).collect();
+        Self {
+            tenant_id: tenant_id.to_string(),
+            request_id,
+        }
+    }
+}
+
+/// Everything SubmitOrder can answer besides OK.
+#[derive(Debug, thiserror::Error)]
+enum SubmitOrderError {
+    #[error(transparent)]
+    Invalid(InvalidInput),
+    #[error(transparent)]
+    Store(SubmitError),
+}
+
+impl SubmitOrderError {
+    /// The one place SubmitOrder failures become gRPC statuses; the table in
+    /// `order_service.proto` documents it.
+    fn into_status(self, key: ErrorKey) -> Status {
+        let (code, reason, event_id) = match &self {
+            Self::Invalid(_) => (Code::InvalidArgument, "INVALID_ORDER", None),
+            Self::Store(SubmitError::RequestIdReused { existing_event_id }) => (
+                Code::AlreadyExists,
+                "REQUEST_ID_REUSED",
+                Some(existing_event_id),
+            ),
+            Self::Store(SubmitError::EventIdInUse { event_id }) => {
+                (Code::AlreadyExists, "EVENT_ID_IN_USE", Some(event_id))
+            }
+            Self::Store(SubmitError::RolledBack { event_id, .. }) => {
+                (Code::Aborted, "ROLLED_BACK", Some(event_id))
+            }
+            Self::Store(SubmitError::OutcomeUnknown { event_id, .. }) => {
+                (Code::Unknown, "OUTCOME_UNKNOWN", Some(event_id))
+            }
+        };
+        let mut details = ErrorDetails::new();
+        details.set_error_info(
+            reason,
+            ERROR_DOMAIN,
+            metadata(key, event_id.map(ToString::to_string)),
+        );
+        let message = match self {
+            Self::Invalid(invalid) => {
+                for v in &invalid.violations {
+                    details.add_bad_request_violation(v.field.clone(), v.description.clone());
+                }
+                invalid.to_string()
+            }
+            Self::Store(SubmitError::RolledBack { .. }) => {
+                "the transaction rolled back before commit; nothing was written: retry with the same request_id and event_id".to_owned()
+            }
+            Self::Store(SubmitError::OutcomeUnknown { .. }) => {
+                "the commit outcome is unknown: call Reconcile with the same tenant_id and request_id before retrying".to_owned()
+            }
+            Self::Store(e) => e.to_string(),
+        };
+        Status::with_error_details(code, message, details)
+    }
+}
+
+/// Everything Reconcile can answer besides OK.
+#[derive(Debug)]
+enum ReconcileError {
+    Invalid(InvalidInput),
+    NotFound,
+    Database,
+}
+
+impl ReconcileError {
+    fn into_status(self, key: ErrorKey) -> Status {
+        let mut details = ErrorDetails::new();
+        let (code, reason, message) = match self {
+            Self::Invalid(invalid) => {
+                for v in &invalid.violations {
+                    details.add_bad_request_violation(v.field.clone(), v.description.clone());
+                }
+                (Code::InvalidArgument, "INVALID_KEY", invalid.to_string())
+            }
+            Self::NotFound => (
+                Code::NotFound,
+                "ORDER_NOT_FOUND",
+                "no committed order has this tenant_id and request_id: resubmit with the same ids"
+                    .to_owned(),
+            ),
+            Self::Database => (
+                Code::Unavailable,
+                "DATABASE_UNAVAILABLE",
+                "the database could not be read; retry Reconcile".to_owned(),
+            ),
+        };
+        details.set_error_info(reason, ERROR_DOMAIN, metadata(key, None));
+        Status::with_error_details(code, message, details)
+    }
+}
+
+fn metadata(key: ErrorKey, event_id: Option<String>) -> HashMap<String, String> {
+    let mut metadata = HashMap::from([
+        ("tenant_id".to_owned(), key.tenant_id),
+        ("request_id".to_owned(), key.request_id),
+    ]);
+    if let Some(event_id) = event_id {
+        metadata.insert("event_id".to_owned(), event_id);
+    }
+    metadata
+}

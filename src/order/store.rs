@@ -1,0 +1,382 @@
+//! Writes an order and its outbox event in one local transaction and reports the exact outcome.
+
+use chrono::{DateTime, SubsecRound, Utc};
+use sea_orm::{
+    ActiveValue::{NotSet, Set},
+    ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, TransactionTrait,
+};
+
+use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
+use crate::db::{ErrorFacts, UniqueKey, violated_unique_key};
+use crate::domain::{
+    CustomerId, EventId, LineItem, NewOrder, OrderStatus, RequestId, Sku, SubmitOrder, TenantId,
+};
+use crate::entity::{order_line, orders, outbox_event};
+use crate::failpoint::{self, Injected};
+
+/// The version of an order's facts when it is accepted.
+const FIRST_VERSION: i64 = 1;
+
+/// An order that committed with its acceptance event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedOrder {
+    /// The server-assigned order id.
+    pub order_id: i64,
+    /// The acceptance event committed with the order.
+    pub event_id: EventId,
+    /// Total in minor units.
+    pub total_minor: i64,
+    /// Version of the order's facts.
+    pub version: i64,
+    /// Where the order is in its life.
+    pub status: OrderStatus,
+    /// When it was accepted, to the microsecond the database keeps.
+    pub accepted_at: DateTime<Utc>,
+}
+
+/// A successful submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The committed order.
+    pub order: AcceptedOrder,
+    /// True when an identical earlier submission had committed it; nothing new was written.
+    pub replayed: bool,
+}
+
+/// Why a transaction did not commit (or may not have).
+#[derive(Debug, thiserror::Error)]
+pub enum TxFailure {
+    /// The database reported an error.
+    #[error("{source} ({facts})")]
+    Database {
+        /// The error.
+        source: DbErr,
+        /// SQLSTATE, vendor code and constraint, for the logs.
+        facts: ErrorFacts,
+    },
+    /// A test armed a failpoint.
+    #[error(transparent)]
+    Injected(#[from] Injected),
+}
+
+impl From<DbErr> for TxFailure {
+    fn from(source: DbErr) -> Self {
+        let facts = ErrorFacts::of(&source);
+        Self::Database { source, facts }
+    }
+}
+
+/// A submission that did not produce a committed order.
+///
+/// Each variant says what is known about the database afterwards.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// `(tenant_id, request_id)` already holds an order with other content; nothing was written.
+    #[error("request id already holds a different order ({existing_event_id})")]
+    RequestIdReused {
+        /// The acceptance event of the order that holds the key.
+        existing_event_id: EventId,
+    },
+    /// The event id already belongs to another order; nothing was written.
+    #[error("event id {event_id} already belongs to another order")]
+    EventIdInUse {
+        /// The event id the caller sent.
+        event_id: EventId,
+    },
+    /// The transaction failed before commit and its rollback was confirmed: nothing was written.
+    /// Safe to retry with the same ids.
+    #[error("rolled back before commit: {cause}")]
+    RolledBack {
+        /// The event id to reuse on retry.
+        event_id: EventId,
+        /// What failed.
+        cause: TxFailure,
+    },
+    /// `commit()` or `rollback()` failed: the order may or may not exist. Reconcile decides.
+    #[error("outcome unknown: {cause}")]
+    OutcomeUnknown {
+        /// The event id the order has if it committed.
+        event_id: EventId,
+        /// What failed.
+        cause: TxFailure,
+    },
+}
+
+/// Orders and their outbox events in one database.
+#[derive(Debug, Clone)]
+pub struct OrderStore {
+    db: DatabaseConnection,
+}
+
+impl OrderStore {
+    /// A store over `db`, which must be the primary.
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
+    /// Accepts `submit` idempotently by `(tenant_id, request_id)`.
+    ///
+    /// The event id exists before the transaction begins. The order row, its lines and the
+    /// PENDING outbox row are written on one connection in one transaction. A repeat of an
+    /// order that already committed returns that order with `replayed = true`; only a violation
+    /// of `uq_orders_tenant_request` is taken to mean that.
+    #[tracing::instrument(
+        name = "order.submit",
+        skip_all,
+        fields(tenant_id = %submit.tenant_id, request_id = %submit.request_id, outpost.event_id)
+    )]
+    pub async fn submit(&self, submit: &SubmitOrder) -> Result<Submitted, SubmitError> {
+        let event_id = submit.event_id.unwrap_or_else(EventId::new);
+        tracing::Span::current().record("outpost.event_id", tracing::field::display(event_id));
+        // The database keeps microseconds; truncating here makes the stored, published and
+        // returned timestamps one and the same value.
+        let accepted_at = Utc::now().trunc_subsecs(6);
+
+        let txn = match self.db.begin().await {
+            Ok(txn) => txn,
+            // No transaction began, so nothing can have been written.
+            Err(e) => return Err(rolled_back(event_id, e.into())),
+        };
+        let written = async {
+            let order_id = insert_order(&txn, submit, event_id, accepted_at).await?;
+            failpoint::hit(failpoint::BEFORE_ORDER_TRANSACTION_COMMIT)?;
+            Ok::<_, TxFailure>(order_id)
+        }
+        .await;
+        let order_id = match written {
+            Ok(order_id) => order_id,
+            Err(cause) => return self.after_failed_write(txn, submit, event_id, cause).await,
+        };
+
+        if let Err(injected) = failpoint::hit(failpoint::COMMIT_FAILS_WITHOUT_COMMITTING) {
+            let _ = txn.rollback().await;
+            return Err(unknown(event_id, injected.into()));
+        }
+        if let Err(e) = txn.commit().await {
+            // The server may have committed and only the acknowledgement was lost. Never turn
+            // this into ROLLED_BACK: a later rollback cannot prove the commit did not happen.
+            return Err(unknown(event_id, e.into()));
+        }
+        failpoint::hit(failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION)
+            .map_err(|injected| unknown(event_id, injected.into()))?;
+
+        tracing::info!(
+            order_id,
+            outcome = "COMMITTED",
+            "order and outbox event committed; outbox event PENDING"
+        );
+        Ok(Submitted {
+            order: AcceptedOrder {
+                order_id,
+                event_id,
+                total_minor: submit.order.total_minor(),
+                version: FIRST_VERSION,
+                status: OrderStatus::Accepted,
+                accepted_at,
+            },
+            replayed: false,
+        })
+    }
+
+    /// Rolls back after a failed write and decides what the failure means.
+    async fn after_failed_write(
+        &self,
+        txn: DatabaseTransaction,
+        submit: &SubmitOrder,
+        event_id: EventId,
+        cause: TxFailure,
+    ) -> Result<Submitted, SubmitError> {
+        if let Err(e) = txn.rollback().await {
+            tracing::warn!(error = %e, "rollback failed; outcome unknown");
+            return Err(unknown(event_id, cause));
+        }
+        let key = match &cause {
+            TxFailure::Database { source, .. } => violated_unique_key(source),
+            TxFailure::Injected(_) => None,
+        };
+        match key {
+            Some(UniqueKey::OrdersTenantRequest) => self.replay(submit, event_id).await,
+            Some(UniqueKey::OrdersAcceptanceEvent) => {
+                tracing::warn!(
+                    outcome = "ROLLED_BACK",
+                    "event id already belongs to another order"
+                );
+                Err(SubmitError::EventIdInUse { event_id })
+            }
+            _ => Err(rolled_back(event_id, cause)),
+        }
+    }
+
+    /// Answers a submission whose key is already taken: a replay when the content matches.
+    async fn replay(
+        &self,
+        submit: &SubmitOrder,
+        event_id: EventId,
+    ) -> Result<Submitted, SubmitError> {
+        let existing = self
+            .find(submit.tenant_id, &submit.request_id)
+            .await
+            .map_err(|e| rolled_back(event_id, e.into()))?;
+        let Some((order, facts)) = existing else {
+            // The conflicting order vanished (it cannot, short of manual deletion): this attempt
+            // wrote nothing, and a retry will tell.
+            let cause = TxFailure::from(DbErr::RecordNotFound("order holding the key".into()));
+            return Err(rolled_back(event_id, cause));
+        };
+        let same_event = submit.event_id.is_none_or(|id| id == order.event_id);
+        if facts != submit.order || !same_event {
+            tracing::warn!(existing_event_id = %order.event_id, "request id reused for a different order");
+            return Err(SubmitError::RequestIdReused {
+                existing_event_id: order.event_id,
+            });
+        }
+        tracing::info!(order_id = order.order_id, replayed_event_id = %order.event_id, "replay of a committed order");
+        Ok(Submitted {
+            order,
+            replayed: true,
+        })
+    }
+
+    /// The committed order with `(tenant_id, request_id)`, read from this store's database.
+    ///
+    /// Never returns another tenant's order.
+    pub async fn reconcile(
+        &self,
+        tenant_id: TenantId,
+        request_id: &RequestId,
+    ) -> Result<Option<AcceptedOrder>, DbErr> {
+        let row = orders::Entity::find()
+            .filter(orders::Column::TenantId.eq(tenant_id.get()))
+            .filter(orders::Column::RequestId.eq(request_id.as_str()))
+            .one(&self.db)
+            .await?;
+        row.map(accepted_order).transpose()
+    }
+
+    async fn find(
+        &self,
+        tenant_id: TenantId,
+        request_id: &RequestId,
+    ) -> Result<Option<(AcceptedOrder, NewOrder)>, DbErr> {
+        let Some(row) = orders::Entity::find()
+            .filter(orders::Column::TenantId.eq(tenant_id.get()))
+            .filter(orders::Column::RequestId.eq(request_id.as_str()))
+            .one(&self.db)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let lines = order_line::Entity::find()
+            .filter(order_line::Column::OrderId.eq(row.id))
+            .order_by_asc(order_line::Column::LineNo)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(stored_line)
+            .collect::<Result<Vec<_>, _>>()?;
+        let customer_id = CustomerId::parse(row.customer_id.clone()).map_err(corrupt)?;
+        let facts = NewOrder::from_stored(customer_id, row.currency.clone(), lines, row.total);
+        Ok(Some((accepted_order(row)?, facts)))
+    }
+}
+
+async fn insert_order(
+    txn: &DatabaseTransaction,
+    submit: &SubmitOrder,
+    event_id: EventId,
+    accepted_at: DateTime<Utc>,
+) -> Result<i64, TxFailure> {
+    let order = &submit.order;
+    let inserted = orders::Entity::insert(orders::ActiveModel {
+        id: NotSet,
+        tenant_id: Set(submit.tenant_id.get()),
+        request_id: Set(submit.request_id.to_string()),
+        acceptance_event_id: Set(event_id.to_string()),
+        customer_id: Set(order.customer_id().as_str().to_owned()),
+        currency: Set(order.currency().to_owned()),
+        total: Set(order.total_minor()),
+        version: Set(FIRST_VERSION),
+        status: Set(OrderStatus::Accepted.as_str().to_owned()),
+        created_at: Set(accepted_at),
+    })
+    .exec(txn)
+    .await?;
+    let order_id = inserted.last_insert_id;
+
+    let lines = order
+        .lines()
+        .iter()
+        .zip(1..)
+        .map(|(line, line_no)| order_line::ActiveModel {
+            order_id: Set(order_id),
+            line_no: Set(line_no),
+            sku: Set(line.sku.as_str().to_owned()),
+            // At most LineItem::MAX_QUANTITY, far below i32::MAX.
+            quantity: Set(line.quantity as i32),
+            unit_price_minor: Set(line.unit_price_minor),
+        });
+    order_line::Entity::insert_many(lines)
+        .exec_without_returning(txn)
+        .await?;
+
+    outbox_event::Entity::insert(outbox_event::ActiveModel {
+        event_id: Set(event_id.to_string()),
+        aggregate_type: Set(AGGREGATE_TYPE.to_owned()),
+        aggregate_id: Set(order_id.to_string()),
+        event_type: Set(EVENT_TYPE.to_owned()),
+        event_version: Set(FIRST_VERSION),
+        payload: Set(encode_order_accepted(
+            event_id,
+            order_id,
+            FIRST_VERSION,
+            submit,
+            accepted_at,
+        )),
+        status: Set("PENDING".to_owned()),
+        lease_owner: Set(None),
+        lease_until: Set(None),
+        attempts: Set(0),
+        last_error: Set(None),
+        created_at: Set(accepted_at),
+        published_at: Set(None),
+    })
+    .exec_without_returning(txn)
+    .await?;
+    Ok(order_id)
+}
+
+fn accepted_order(row: orders::Model) -> Result<AcceptedOrder, DbErr> {
+    Ok(AcceptedOrder {
+        order_id: row.id,
+        event_id: EventId::parse(&row.acceptance_event_id).map_err(corrupt)?,
+        total_minor: row.total,
+        version: row.version,
+        status: OrderStatus::from_stored(&row.status)
+            .ok_or_else(|| corrupt("unknown order status"))?,
+        accepted_at: row.created_at,
+    })
+}
+
+fn stored_line(row: order_line::Model) -> Result<LineItem, DbErr> {
+    Ok(LineItem {
+        sku: Sku::parse(row.sku).map_err(corrupt)?,
+        quantity: u32::try_from(row.quantity).map_err(|_| corrupt("negative quantity"))?,
+        unit_price_minor: row.unit_price_minor,
+    })
+}
+
+/// A stored value that no version of Outpost writes.
+fn corrupt(what: &str) -> DbErr {
+    DbErr::Type(format!("stored order is not valid: {what}"))
+}
+
+fn rolled_back(event_id: EventId, cause: TxFailure) -> SubmitError {
+    tracing::warn!(outcome = "ROLLED_BACK", error = %cause, "order transaction rolled back");
+    SubmitError::RolledBack { event_id, cause }
+}
+
+fn unknown(event_id: EventId, cause: TxFailure) -> SubmitError {
+    tracing::error!(outcome = "UNKNOWN", error = %cause, "order transaction outcome unknown; caller must reconcile");
+    SubmitError::OutcomeUnknown { event_id, cause }
+}

@@ -1,0 +1,10 @@
+//! Outpost's gRPC contracts, generated from `proto/outpost/v1` at build time.
+
+/// Package `outpost.v1`: messages, the `OrderService` client and server.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("outpost.v1");
+}
+
+/// The encoded descriptors of every Outpost `.proto` file, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("outpost_descriptor");

@@ -1,0 +1,39 @@
+//! What every service binary does before it serves: read settings, or say in one line why not.
+
+use std::fmt::Display;
+use std::process::ExitCode;
+
+use clap::{Parser, error::ErrorKind};
+
+/// Parses settings from flags and the environment.
+///
+/// `--help` and `--version` print and exit 0. Bad or missing settings print one line to stderr
+/// and exit 2.
+pub fn settings<T: Parser>() -> T {
+    match T::try_parse() {
+        Ok(settings) => settings,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            e.exit()
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            // clap's message runs until the first blank line; the usage hint after it is noise.
+            let message = rendered
+                .lines()
+                .take_while(|line| !line.trim().is_empty())
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
+            let message = message.strip_prefix("error: ").unwrap_or(&message);
+            eprintln!("{}: invalid settings: {message}", T::command().get_name());
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Reports a fatal error in one line and returns the failure exit code.
+pub fn fail(service: &str, error: impl Display) -> ExitCode {
+    tracing::error!(%error, "{service} stopped");
+    eprintln!("{service}: {error}");
+    ExitCode::FAILURE
+}
