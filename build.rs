@@ -15,13 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     // Served by gRPC reflection so that grpcurl and similar tools need no local .proto files.
-    fs::write(
-        out_dir.join("outpost_descriptor.bin"),
-        descriptors.encode_to_vec(),
-    )?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
+    fs::write(out_dir.join("outpost_descriptor.bin"), descriptors.encode_to_vec())?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
     Ok(())
 }

@@ -94,10 +94,8 @@ enum Next {
 /// Classifies a SubmitOrder failure. Anything not known to be safe is treated as unknown:
 /// reconciling is always safe, resubmitting blindly is not.
 fn next_after_submit(status: &Status) -> Next {
-    let reason = status
-        .get_details_error_info()
-        .filter(|info| info.domain == ERROR_DOMAIN)
-        .map(|info| info.reason);
+    let reason =
+        status.get_details_error_info().filter(|info| info.domain == ERROR_DOMAIN).map(|info| info.reason);
     match (status.code(), reason.as_deref()) {
         (Code::Aborted, Some("ROLLED_BACK")) => Next::Resubmit,
         (
@@ -138,10 +136,8 @@ impl SafeSubmitter {
         if request.event_id.is_empty() {
             request.event_id = EventId::new().to_string();
         }
-        let key = pb::ReconcileRequest {
-            tenant_id: request.tenant_id,
-            request_id: request.request_id.clone(),
-        };
+        let key =
+            pb::ReconcileRequest { tenant_id: request.tenant_id, request_id: request.request_id.clone() };
         let mut calls = 0;
         let mut reconcile_first = false;
         let mut backoff = self.policy.initial_backoff;
@@ -167,18 +163,11 @@ impl SafeSubmitter {
                     Err(status) => status,
                 }
             } else {
-                match self
-                    .client
-                    .submit_order(self.deadline(request.clone()))
-                    .await
-                {
+                match self.client.submit_order(self.deadline(request.clone())).await {
                     Ok(accepted) => {
                         let accepted = accepted.into_inner();
-                        let confirmation = if accepted.replayed {
-                            Confirmation::Replayed
-                        } else {
-                            Confirmation::Committed
-                        };
+                        let confirmation =
+                            if accepted.replayed { Confirmation::Replayed } else { Confirmation::Committed };
                         return Ok(ConfirmedOrder {
                             order_id: accepted.order_id,
                             event_id: accepted.event_id,
@@ -197,11 +186,7 @@ impl SafeSubmitter {
                 }
             };
             if calls >= self.policy.max_calls {
-                return Err(SafeSubmitError::GaveUp {
-                    calls,
-                    event_id: request.event_id,
-                    last: failure,
-                });
+                return Err(SafeSubmitError::GaveUp { calls, event_id: request.event_id, last: failure });
             }
             tracing::debug!(calls, error = %failure, reconcile_first, "retrying submission");
             tokio::time::sleep(backoff).await;

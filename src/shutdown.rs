@@ -7,9 +7,7 @@
 #[allow(clippy::expect_used)] // start-up only
 pub async fn signal() {
     let ctrl_c = async {
-        tokio::signal::ctrl_c()
-            .await
-            .expect("install the Ctrl-C handler");
+        tokio::signal::ctrl_c().await.expect("install the Ctrl-C handler");
     };
     #[cfg(unix)]
     let terminate = async {

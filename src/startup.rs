@@ -12,9 +12,7 @@ use clap::{Parser, error::ErrorKind};
 pub fn settings<T: Parser>() -> T {
     match T::try_parse() {
         Ok(settings) => settings,
-        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
-            e.exit()
-        }
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => {
             let rendered = e.render().to_string();
             // clap's message runs until the first blank line; the usage hint after it is noise.

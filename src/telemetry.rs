@@ -9,9 +9,7 @@ pub fn init() {
     let json = std::env::var("OUTPOST_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let registry = tracing_subscriber::registry().with(filter);
     if json {
-        registry
-            .with(fmt::layer().json().with_current_span(true))
-            .init();
+        registry.with(fmt::layer().json().with_current_span(true)).init();
     } else {
         registry.with(fmt::layer()).init();
     }

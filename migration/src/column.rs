@@ -23,9 +23,7 @@ pub(crate) fn event_id(backend: DbBackend, column: impl IntoIden) -> ColumnDef {
     let mut def = ColumnDef::new(column);
     match backend {
         // The character set must follow the type directly, so it cannot go in `extra`.
-        DbBackend::MySql => {
-            def.custom(Alias::new("CHAR(36) CHARACTER SET ascii COLLATE ascii_bin"))
-        }
+        DbBackend::MySql => def.custom(Alias::new("CHAR(36) CHARACTER SET ascii COLLATE ascii_bin")),
         _ => def.char_len(36),
     };
     def

@@ -16,21 +16,11 @@ impl MigrationTrait for Migration {
             .create_table(
                 Table::create()
                     .table(Orders::Table)
-                    .col(
-                        ColumnDef::new(Orders::Id)
-                            .big_integer()
-                            .not_null()
-                            .auto_increment()
-                            .primary_key(),
-                    )
+                    .col(ColumnDef::new(Orders::Id).big_integer().not_null().auto_increment().primary_key())
                     .col(ColumnDef::new(Orders::TenantId).big_integer().not_null())
                     .col(ColumnDef::new(Orders::RequestId).string_len(128).not_null())
                     .col(event_id(db, Orders::AcceptanceEventId).not_null())
-                    .col(
-                        ColumnDef::new(Orders::CustomerId)
-                            .string_len(128)
-                            .not_null(),
-                    )
+                    .col(ColumnDef::new(Orders::CustomerId).string_len(128).not_null())
                     .col(ColumnDef::new(Orders::Currency).char_len(3).not_null())
                     .col(ColumnDef::new(Orders::Total).big_integer().not_null())
                     .col(ColumnDef::new(Orders::Version).big_integer().not_null())
@@ -39,20 +29,9 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        unique(
-            manager,
-            "uq_orders_tenant_request",
-            Orders::Table,
-            [Orders::TenantId, Orders::RequestId],
-        )
-        .await?;
-        unique(
-            manager,
-            "uq_orders_acceptance_event",
-            Orders::Table,
-            [Orders::AcceptanceEventId],
-        )
-        .await?;
+        unique(manager, "uq_orders_tenant_request", Orders::Table, [Orders::TenantId, Orders::RequestId])
+            .await?;
+        unique(manager, "uq_orders_acceptance_event", Orders::Table, [Orders::AcceptanceEventId]).await?;
 
         manager
             .create_table(
@@ -62,16 +41,8 @@ impl MigrationTrait for Migration {
                     .col(ColumnDef::new(OrderLine::LineNo).integer().not_null())
                     .col(ColumnDef::new(OrderLine::Sku).string_len(64).not_null())
                     .col(ColumnDef::new(OrderLine::Quantity).integer().not_null())
-                    .col(
-                        ColumnDef::new(OrderLine::UnitPriceMinor)
-                            .big_integer()
-                            .not_null(),
-                    )
-                    .primary_key(
-                        Index::create()
-                            .col(OrderLine::OrderId)
-                            .col(OrderLine::LineNo),
-                    )
+                    .col(ColumnDef::new(OrderLine::UnitPriceMinor).big_integer().not_null())
+                    .primary_key(Index::create().col(OrderLine::OrderId).col(OrderLine::LineNo))
                     .foreign_key(
                         ForeignKey::create()
                             .name("fk_order_line_order")
@@ -87,49 +58,16 @@ impl MigrationTrait for Migration {
                 Table::create()
                     .table(OutboxEvent::Table)
                     .col(event_id(db, OutboxEvent::EventId).not_null().primary_key())
-                    .col(
-                        ColumnDef::new(OutboxEvent::AggregateType)
-                            .string_len(64)
-                            .not_null(),
-                    )
-                    .col(
-                        ColumnDef::new(OutboxEvent::AggregateId)
-                            .string_len(128)
-                            .not_null(),
-                    )
-                    .col(
-                        ColumnDef::new(OutboxEvent::EventType)
-                            .string_len(128)
-                            .not_null(),
-                    )
-                    .col(
-                        ColumnDef::new(OutboxEvent::EventVersion)
-                            .big_integer()
-                            .not_null(),
-                    )
+                    .col(ColumnDef::new(OutboxEvent::AggregateType).string_len(64).not_null())
+                    .col(ColumnDef::new(OutboxEvent::AggregateId).string_len(128).not_null())
+                    .col(ColumnDef::new(OutboxEvent::EventType).string_len(128).not_null())
+                    .col(ColumnDef::new(OutboxEvent::EventVersion).big_integer().not_null())
                     .col(ColumnDef::new(OutboxEvent::Payload).blob().not_null())
-                    .col(
-                        ColumnDef::new(OutboxEvent::Status)
-                            .string_len(16)
-                            .not_null(),
-                    )
-                    .col(
-                        ColumnDef::new(OutboxEvent::LeaseOwner)
-                            .string_len(128)
-                            .null(),
-                    )
+                    .col(ColumnDef::new(OutboxEvent::Status).string_len(16).not_null())
+                    .col(ColumnDef::new(OutboxEvent::LeaseOwner).string_len(128).null())
                     .col(timestamp(db, OutboxEvent::LeaseUntil).null())
-                    .col(
-                        ColumnDef::new(OutboxEvent::Attempts)
-                            .integer()
-                            .not_null()
-                            .default(0),
-                    )
-                    .col(
-                        ColumnDef::new(OutboxEvent::LastError)
-                            .string_len(1024)
-                            .null(),
-                    )
+                    .col(ColumnDef::new(OutboxEvent::Attempts).integer().not_null().default(0))
+                    .col(ColumnDef::new(OutboxEvent::LastError).string_len(1024).null())
                     .col(timestamp(db, OutboxEvent::CreatedAt).not_null())
                     .col(timestamp(db, OutboxEvent::PublishedAt).null())
                     .to_owned(),
@@ -158,11 +96,7 @@ impl MigrationTrait for Migration {
                             .auto_increment()
                             .primary_key(),
                     )
-                    .col(
-                        ColumnDef::new(ConsumedEvent::ConsumerName)
-                            .string_len(128)
-                            .not_null(),
-                    )
+                    .col(ColumnDef::new(ConsumedEvent::ConsumerName).string_len(128).not_null())
                     .col(event_id(db, ConsumedEvent::EventId).not_null())
                     .col(timestamp(db, ConsumedEvent::ConsumedAt).not_null())
                     .to_owned(),
@@ -180,26 +114,10 @@ impl MigrationTrait for Migration {
             .create_table(
                 Table::create()
                     .table(NotificationJob::Table)
-                    .col(
-                        event_id(db, NotificationJob::EventId)
-                            .not_null()
-                            .primary_key(),
-                    )
-                    .col(
-                        ColumnDef::new(NotificationJob::OrderId)
-                            .big_integer()
-                            .not_null(),
-                    )
-                    .col(
-                        ColumnDef::new(NotificationJob::SourceVersion)
-                            .big_integer()
-                            .not_null(),
-                    )
-                    .col(
-                        ColumnDef::new(NotificationJob::Status)
-                            .string_len(16)
-                            .not_null(),
-                    )
+                    .col(event_id(db, NotificationJob::EventId).not_null().primary_key())
+                    .col(ColumnDef::new(NotificationJob::OrderId).big_integer().not_null())
+                    .col(ColumnDef::new(NotificationJob::SourceVersion).big_integer().not_null())
+                    .col(ColumnDef::new(NotificationJob::Status).string_len(16).not_null())
                     .col(timestamp(db, NotificationJob::CreatedAt).not_null())
                     .to_owned(),
             )
@@ -214,9 +132,7 @@ impl MigrationTrait for Migration {
             OrderLine::Table.into_iden(),
             Orders::Table.into_iden(),
         ] {
-            manager
-                .drop_table(Table::drop().table(table).to_owned())
-                .await?;
+            manager.drop_table(Table::drop().table(table).to_owned()).await?;
         }
         Ok(())
     }

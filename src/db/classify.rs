@@ -6,8 +6,7 @@
 use std::fmt;
 
 use sea_orm::sqlx::{
-    self, error::DatabaseError, mysql::MySqlDatabaseError, postgres::PgDatabaseError,
-    sqlite::SqliteError,
+    self, error::DatabaseError, mysql::MySqlDatabaseError, postgres::PgDatabaseError, sqlite::SqliteError,
 };
 use sea_orm::{DbErr, RuntimeErr};
 
@@ -23,11 +22,8 @@ pub enum UniqueKey {
 }
 
 impl UniqueKey {
-    const ALL: [Self; 3] = [
-        Self::OrdersTenantRequest,
-        Self::OrdersAcceptanceEvent,
-        Self::ConsumedEventIdentity,
-    ];
+    const ALL: [Self; 3] =
+        [Self::OrdersTenantRequest, Self::OrdersAcceptanceEvent, Self::ConsumedEventIdentity];
 
     /// The constraint's name in the schema.
     pub const fn name(self) -> &'static str {
@@ -78,9 +74,7 @@ pub fn violated_unique_key(err: &DbErr) -> Option<UniqueKey> {
             return None;
         }
         let columns = e.message().strip_prefix("UNIQUE constraint failed: ")?;
-        return UniqueKey::ALL
-            .into_iter()
-            .find(|k| k.sqlite_columns() == columns);
+        return UniqueKey::ALL.into_iter().find(|k| k.sqlite_columns() == columns);
     }
     None
 }
@@ -115,11 +109,7 @@ impl ErrorFacts {
             };
         }
         if let Some(e) = db_err.try_downcast_ref::<SqliteError>() {
-            return Self {
-                sqlstate: None,
-                vendor_code: e.code().map(|c| c.into_owned()),
-                constraint: None,
-            };
+            return Self { sqlstate: None, vendor_code: e.code().map(|c| c.into_owned()), constraint: None };
         }
         Self {
             sqlstate: db_err.code().map(|c| c.into_owned()),

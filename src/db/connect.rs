@@ -46,14 +46,10 @@ pub enum SchemaError {
 ///
 /// Migrating is a deploy step (`outpost-migrate up`), never a side effect of starting a service.
 pub async fn ensure_migrated(db: &DatabaseConnection) -> Result<(), SchemaError> {
-    let pending = Migrator::get_pending_migrations_read_only(db)
-        .await
-        .map_err(SchemaError::Unreadable)?;
+    let pending = Migrator::get_pending_migrations_read_only(db).await.map_err(SchemaError::Unreadable)?;
     if pending.is_empty() {
         Ok(())
     } else {
-        Err(SchemaError::NotMigrated {
-            pending: pending.iter().map(|m| m.name().to_owned()).collect(),
-        })
+        Err(SchemaError::NotMigrated { pending: pending.iter().map(|m| m.name().to_owned()).collect() })
     }
 }

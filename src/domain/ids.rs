@@ -9,11 +9,7 @@ pub struct TenantId(i64);
 impl TenantId {
     /// Accepts only values greater than zero.
     pub fn new(value: i64) -> Result<Self, &'static str> {
-        if value > 0 {
-            Ok(Self(value))
-        } else {
-            Err("must be greater than zero")
-        }
+        if value > 0 { Ok(Self(value)) } else { Err("must be greater than zero") }
     }
 
     /// The raw value.
@@ -80,11 +76,7 @@ impl EventId {
         const MESSAGE: &str = "must be a UUID in canonical lower-case hyphenated form";
         let uuid = Uuid::try_parse(text).map_err(|_| MESSAGE)?;
         let id = Self(uuid);
-        if text.len() == 36 && id.to_string() == text {
-            Ok(id)
-        } else {
-            Err(MESSAGE)
-        }
+        if text.len() == 36 && id.to_string() == text { Ok(id) } else { Err(MESSAGE) }
     }
 }
 

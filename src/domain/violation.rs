@@ -12,10 +12,7 @@ pub struct FieldViolation {
 impl FieldViolation {
     /// A violation of `field`.
     pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            description: description.into(),
-        }
+        Self { field: field.into(), description: description.into() }
     }
 }
 
@@ -29,11 +26,7 @@ pub struct InvalidInput {
 impl InvalidInput {
     /// Turns collected violations into an error, or `Ok` when there are none.
     pub fn check(violations: Vec<FieldViolation>) -> Result<(), Self> {
-        if violations.is_empty() {
-            Ok(())
-        } else {
-            Err(Self { violations })
-        }
+        if violations.is_empty() { Ok(()) } else { Err(Self { violations }) }
     }
 }
 

@@ -58,26 +58,14 @@ impl Application {
             .await
             .map_err(StartupError::Database)?;
         db::ensure_migrated(&db).await?;
-        let listener =
-            TcpListener::bind(settings.listen)
-                .await
-                .map_err(|source| StartupError::Listen {
-                    addr: settings.listen,
-                    source,
-                })?;
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?;
         let port = listener
             .local_addr()
-            .map_err(|source| StartupError::Listen {
-                addr: settings.listen,
-                source,
-            })?
+            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?
             .port();
-        Ok(Self {
-            listener,
-            port,
-            store: OrderStore::new(db),
-            shutdown_grace: settings.shutdown_grace,
-        })
+        Ok(Self { listener, port, store: OrderStore::new(db), shutdown_grace: settings.shutdown_grace })
     }
 
     /// The port the service listens on (useful when the settings asked for port 0).
@@ -92,9 +80,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
         let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>()
-            .await;
+        health.set_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>().await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -106,7 +92,9 @@ impl Application {
             async move {
                 shutdown.await;
                 tracing::info!("shutdown requested; draining in-flight calls");
-                health.set_not_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>().await;
+                health
+                    .set_not_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>()
+                    .await;
                 stopping.notify_one();
             }
         };

@@ -71,11 +71,7 @@ impl TryFrom<pb::SubmitOrderRequest> for SubmitOrder {
     type Error = InvalidInput;
 
     fn try_from(request: pb::SubmitOrderRequest) -> Result<Self, Self::Error> {
-        let lines = request
-            .line_items
-            .into_iter()
-            .map(|l| (l.sku, l.quantity, l.unit_price_minor))
-            .collect();
+        let lines = request.line_items.into_iter().map(|l| (l.sku, l.quantity, l.unit_price_minor)).collect();
         SubmitOrder::parse(
             request.tenant_id,
             request.request_id,
@@ -96,9 +92,7 @@ fn parse_key(request: pb::ReconcileRequest) -> Result<(TenantId, RequestId), Inv
         .map_err(|e| violations.push(crate::domain::FieldViolation::new("request_id", e)))
         .ok();
     InvalidInput::check(violations)?;
-    tenant_id.zip(request_id).ok_or_else(|| InvalidInput {
-        violations: Vec::new(),
-    })
+    tenant_id.zip(request_id).ok_or_else(|| InvalidInput { violations: Vec::new() })
 }
 
 impl From<&LineItem> for pb::LineItem {
@@ -158,10 +152,7 @@ impl ErrorKey {
     fn of(tenant_id: i64, request_id: &str) -> Self {
         // Echo at most the longest valid key, so a huge invalid one is not sent back.
         let request_id = request_id.chars().take(RequestId::MAX_LEN).collect();
-        Self {
-            tenant_id: tenant_id.to_string(),
-            request_id,
-        }
+        Self { tenant_id: tenant_id.to_string(), request_id }
     }
 }
 
@@ -180,11 +171,9 @@ impl SubmitOrderError {
     fn into_status(self, key: ErrorKey) -> Status {
         let (code, reason, event_id) = match &self {
             Self::Invalid(_) => (Code::InvalidArgument, "INVALID_ORDER", None),
-            Self::Store(SubmitError::RequestIdReused { existing_event_id }) => (
-                Code::AlreadyExists,
-                "REQUEST_ID_REUSED",
-                Some(existing_event_id),
-            ),
+            Self::Store(SubmitError::RequestIdReused { existing_event_id }) => {
+                (Code::AlreadyExists, "REQUEST_ID_REUSED", Some(existing_event_id))
+            }
             Self::Store(SubmitError::EventIdInUse { event_id }) => {
                 (Code::AlreadyExists, "EVENT_ID_IN_USE", Some(event_id))
             }
@@ -196,11 +185,7 @@ impl SubmitOrderError {
             }
         };
         let mut details = ErrorDetails::new();
-        details.set_error_info(
-            reason,
-            ERROR_DOMAIN,
-            metadata(key, event_id.map(ToString::to_string)),
-        );
+        details.set_error_info(reason, ERROR_DOMAIN, metadata(key, event_id.map(ToString::to_string)));
         let message = match self {
             Self::Invalid(invalid) => {
                 for v in &invalid.violations {
@@ -241,8 +226,7 @@ impl ReconcileError {
             Self::NotFound => (
                 Code::NotFound,
                 "ORDER_NOT_FOUND",
-                "no committed order has this tenant_id and request_id: resubmit with the same ids"
-                    .to_owned(),
+                "no committed order has this tenant_id and request_id: resubmit with the same ids".to_owned(),
             ),
             Self::Database => (
                 Code::Unavailable,
@@ -256,10 +240,8 @@ impl ReconcileError {
 }
 
 fn metadata(key: ErrorKey, event_id: Option<String>) -> HashMap<String, String> {
-    let mut metadata = HashMap::from([
-        ("tenant_id".to_owned(), key.tenant_id),
-        ("request_id".to_owned(), key.request_id),
-    ]);
+    let mut metadata =
+        HashMap::from([("tenant_id".to_owned(), key.tenant_id), ("request_id".to_owned(), key.request_id)]);
     if let Some(event_id) = event_id {
         metadata.insert("event_id".to_owned(), event_id);
     }

@@ -3,11 +3,7 @@ use std::time::Duration;
 
 /// The order service's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "outpost-order",
-    version,
-    about = "Outpost order service: accepts orders over gRPC"
-)]
+#[command(name = "outpost-order", version, about = "Outpost order service: accepts orders over gRPC")]
 pub struct Settings {
     /// Address the gRPC server listens on; port 0 picks a free port.
     #[arg(long, env = "OUTPOST_ORDER_LISTEN", default_value = "127.0.0.1:50051")]

@@ -3,8 +3,8 @@
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, TransactionTrait,
+    ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    TransactionTrait,
 };
 
 use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
@@ -196,46 +196,46 @@ impl OrderStore {
             TxFailure::Injected(_) => None,
         };
         match key {
-            Some(UniqueKey::OrdersTenantRequest) => self.replay(submit, event_id).await,
-            Some(UniqueKey::OrdersAcceptanceEvent) => {
-                tracing::warn!(
-                    outcome = "ROLLED_BACK",
-                    "event id already belongs to another order"
-                );
-                Err(SubmitError::EventIdInUse { event_id })
+            // SQLite reports only one violated index, and names the event id key when both
+            // keys clash. Either way the decision below rests on the stored row that holds
+            // this request's key, never on a guess from some other constraint.
+            Some(key @ (UniqueKey::OrdersTenantRequest | UniqueKey::OrdersAcceptanceEvent)) => {
+                self.replay(submit, event_id, key).await
             }
             _ => Err(rolled_back(event_id, cause)),
         }
     }
 
-    /// Answers a submission whose key is already taken: a replay when the content matches.
+    /// Answers a submission that clashed with a committed order: a replay when an order with
+    /// the same key and the same content exists.
     async fn replay(
         &self,
         submit: &SubmitOrder,
         event_id: EventId,
+        clash: UniqueKey,
     ) -> Result<Submitted, SubmitError> {
         let existing = self
             .find(submit.tenant_id, &submit.request_id)
             .await
             .map_err(|e| rolled_back(event_id, e.into()))?;
         let Some((order, facts)) = existing else {
-            // The conflicting order vanished (it cannot, short of manual deletion): this attempt
-            // wrote nothing, and a retry will tell.
+            if clash == UniqueKey::OrdersAcceptanceEvent {
+                tracing::warn!(outcome = "ROLLED_BACK", "event id already belongs to another order");
+                return Err(SubmitError::EventIdInUse { event_id });
+            }
+            // The order holding the key vanished (only manual deletion does that): this
+            // attempt wrote nothing, and a retry will tell.
             let cause = TxFailure::from(DbErr::RecordNotFound("order holding the key".into()));
             return Err(rolled_back(event_id, cause));
         };
-        let same_event = submit.event_id.is_none_or(|id| id == order.event_id);
-        if facts != submit.order || !same_event {
+        if facts != submit.order {
             tracing::warn!(existing_event_id = %order.event_id, "request id reused for a different order");
-            return Err(SubmitError::RequestIdReused {
-                existing_event_id: order.event_id,
-            });
+            return Err(SubmitError::RequestIdReused { existing_event_id: order.event_id });
         }
+        // A caller that made a new event id for the same request still gets the original
+        // one back: the event id names the acceptance, which happened once.
         tracing::info!(order_id = order.order_id, replayed_event_id = %order.event_id, "replay of a committed order");
-        Ok(Submitted {
-            order,
-            replayed: true,
-        })
+        Ok(Submitted { order, replayed: true })
     }
 
     /// The committed order with `(tenant_id, request_id)`, read from this store's database.
@@ -246,25 +246,28 @@ impl OrderStore {
         tenant_id: TenantId,
         request_id: &RequestId,
     ) -> Result<Option<AcceptedOrder>, DbErr> {
-        let row = orders::Entity::find()
+        self.find_row(tenant_id, request_id).await?.map(accepted_order).transpose()
+    }
+
+    async fn find_row(
+        &self,
+        tenant_id: TenantId,
+        request_id: &RequestId,
+    ) -> Result<Option<orders::Model>, DbErr> {
+        orders::Entity::find()
             .filter(orders::Column::TenantId.eq(tenant_id.get()))
             .filter(orders::Column::RequestId.eq(request_id.as_str()))
             .one(&self.db)
-            .await?;
-        row.map(accepted_order).transpose()
+            .await
     }
 
+    /// The order with this key and its facts as stored, for comparison with a resubmission.
     async fn find(
         &self,
         tenant_id: TenantId,
         request_id: &RequestId,
     ) -> Result<Option<(AcceptedOrder, NewOrder)>, DbErr> {
-        let Some(row) = orders::Entity::find()
-            .filter(orders::Column::TenantId.eq(tenant_id.get()))
-            .filter(orders::Column::RequestId.eq(request_id.as_str()))
-            .one(&self.db)
-            .await?
-        else {
+        let Some(row) = self.find_row(tenant_id, request_id).await? else {
             return Ok(None);
         };
         let lines = order_line::Entity::find()
@@ -304,21 +307,15 @@ async fn insert_order(
     .await?;
     let order_id = inserted.last_insert_id;
 
-    let lines = order
-        .lines()
-        .iter()
-        .zip(1..)
-        .map(|(line, line_no)| order_line::ActiveModel {
-            order_id: Set(order_id),
-            line_no: Set(line_no),
-            sku: Set(line.sku.as_str().to_owned()),
-            // At most LineItem::MAX_QUANTITY, far below i32::MAX.
-            quantity: Set(line.quantity as i32),
-            unit_price_minor: Set(line.unit_price_minor),
-        });
-    order_line::Entity::insert_many(lines)
-        .exec_without_returning(txn)
-        .await?;
+    let lines = order.lines().iter().zip(1..).map(|(line, line_no)| order_line::ActiveModel {
+        order_id: Set(order_id),
+        line_no: Set(line_no),
+        sku: Set(line.sku.as_str().to_owned()),
+        // At most LineItem::MAX_QUANTITY, far below i32::MAX.
+        quantity: Set(line.quantity as i32),
+        unit_price_minor: Set(line.unit_price_minor),
+    });
+    order_line::Entity::insert_many(lines).exec_without_returning(txn).await?;
 
     outbox_event::Entity::insert(outbox_event::ActiveModel {
         event_id: Set(event_id.to_string()),
@@ -326,13 +323,7 @@ async fn insert_order(
         aggregate_id: Set(order_id.to_string()),
         event_type: Set(EVENT_TYPE.to_owned()),
         event_version: Set(FIRST_VERSION),
-        payload: Set(encode_order_accepted(
-            event_id,
-            order_id,
-            FIRST_VERSION,
-            submit,
-            accepted_at,
-        )),
+        payload: Set(encode_order_accepted(event_id, order_id, FIRST_VERSION, submit, accepted_at)),
         status: Set("PENDING".to_owned()),
         lease_owner: Set(None),
         lease_until: Set(None),
@@ -352,8 +343,7 @@ fn accepted_order(row: orders::Model) -> Result<AcceptedOrder, DbErr> {
         event_id: EventId::parse(&row.acceptance_event_id).map_err(corrupt)?,
         total_minor: row.total,
         version: row.version,
-        status: OrderStatus::from_stored(&row.status)
-            .ok_or_else(|| corrupt("unknown order status"))?,
+        status: OrderStatus::from_stored(&row.status).ok_or_else(|| corrupt("unknown order status"))?,
         accepted_at: row.created_at,
     })
 }

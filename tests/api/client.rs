@@ -1,0 +1,107 @@
+//! The safe caller protocol against a real server: every path keeps the ids it started with.
+
+use outpost::client::{Confirmation, RetryPolicy, SafeSubmitError, SafeSubmitter};
+use tonic::Code;
+
+use crate::helpers::{Backend, TestApp, on_every_backend, order};
+
+fn submitter(app: &TestApp) -> SafeSubmitter {
+    let policy =
+        RetryPolicy { initial_backoff: std::time::Duration::from_millis(5), ..RetryPolicy::default() };
+    SafeSubmitter::new(app.client.clone(), policy)
+}
+
+on_every_backend!(the_safe_submitter_commits_once_and_reports_a_replay_the_second_time);
+
+async fn the_safe_submitter_commits_once_and_reports_a_replay_the_second_time(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut submitter = submitter(&app);
+
+    let first = submitter.submit(order(7, "req-1")).await.unwrap();
+    let second = submitter.submit(order(7, "req-1")).await.unwrap();
+
+    assert_eq!(first.confirmation, Confirmation::Committed);
+    assert_eq!(second.confirmation, Confirmation::Replayed);
+    assert_eq!(second.event_id, first.event_id);
+    assert_eq!(app.count("orders").await, 1);
+}
+
+#[tokio::test]
+async fn the_safe_submitter_does_not_retry_a_rejected_order() {
+    let app = TestApp::spawn(Backend::Sqlite).await;
+
+    let error = submitter(&app).submit(order(0, "req-1")).await.unwrap_err();
+
+    let SafeSubmitError::Rejected(status) = error else { panic!("expected a rejection, got {error:?}") };
+    assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+#[cfg(feature = "failpoints")]
+mod faults {
+    use outpost::client::Confirmation;
+    use outpost::failpoint::{
+        BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
+        COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
+    };
+    use outpost::proto::v1 as pb;
+
+    use super::submitter;
+    use crate::helpers::{Backend, TestApp, arm, on_every_backend, order};
+
+    on_every_backend!(
+        after_an_unknown_outcome_the_submitter_reconciles_and_finds_the_committed_order,
+        after_an_unknown_outcome_that_did_not_commit_the_submitter_resubmits_with_the_same_ids,
+        after_a_rollback_the_submitter_resubmits_with_the_same_ids,
+    );
+
+    async fn after_an_unknown_outcome_the_submitter_reconciles_and_finds_the_committed_order(
+        backend: Backend,
+    ) {
+        let app = TestApp::spawn(backend).await;
+        arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
+        let event_id = uuid::Uuid::now_v7().to_string();
+
+        let confirmed = submitter(&app)
+            .submit(pb::SubmitOrderRequest { event_id: event_id.clone(), ..order(7, "req-1") })
+            .await
+            .unwrap();
+
+        assert_eq!(confirmed.confirmation, Confirmation::Reconciled);
+        assert_eq!(confirmed.calls, 2, "one submit with an unknown outcome, one reconcile");
+        assert_eq!(confirmed.event_id, event_id);
+        assert_eq!(app.count("orders").await, 1);
+        assert_eq!(app.count("outbox_event").await, 1);
+    }
+
+    async fn after_an_unknown_outcome_that_did_not_commit_the_submitter_resubmits_with_the_same_ids(
+        backend: Backend,
+    ) {
+        let app = TestApp::spawn(backend).await;
+        arm(COMMIT_FAILS_WITHOUT_COMMITTING, "1*return");
+
+        let confirmed = submitter(&app).submit(order(7, "req-1")).await.unwrap();
+
+        assert_eq!(confirmed.confirmation, Confirmation::Committed);
+        assert_eq!(confirmed.calls, 3, "submit (unknown), reconcile (not found), submit again");
+        let found = app.reconcile(7, "req-1").await.unwrap();
+        assert_eq!(found.event_id, confirmed.event_id);
+        assert_eq!(app.count("orders").await, 1);
+        assert_eq!(app.count("outbox_event").await, 1);
+    }
+
+    async fn after_a_rollback_the_submitter_resubmits_with_the_same_ids(backend: Backend) {
+        let app = TestApp::spawn(backend).await;
+        arm(BEFORE_ORDER_TRANSACTION_COMMIT, "2*return");
+        let event_id = uuid::Uuid::now_v7().to_string();
+
+        let confirmed = submitter(&app)
+            .submit(pb::SubmitOrderRequest { event_id: event_id.clone(), ..order(7, "req-1") })
+            .await
+            .unwrap();
+
+        assert_eq!(confirmed.confirmation, Confirmation::Committed);
+        assert_eq!(confirmed.calls, 3);
+        assert_eq!(confirmed.event_id, event_id);
+        assert_eq!(app.count("outbox_event").await, 1);
+    }
+}

@@ -1,0 +1,247 @@
+//! Fresh databases, a running order service on port 0, and assertions over what was stored.
+
+use std::sync::LazyLock;
+
+use outpost::order::{Application, Settings};
+use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_migration::{Migrator, MigratorTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tonic_types::StatusExt;
+use uuid::Uuid;
+
+/// Logs stay silent unless `TEST_LOG` is set.
+static TRACING: LazyLock<()> = LazyLock::new(|| {
+    if std::env::var_os("TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt().with_env_filter("info,outpost=debug").with_test_writer().try_init();
+    }
+});
+
+/// The three databases every order-service test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    MariaDb,
+    Postgres,
+    Sqlite,
+}
+
+/// Generates one `#[tokio::test]` per backend for each named `async fn(Backend)`.
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use $crate::helpers::Backend;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mariadb() {
+                super::$name(Backend::MariaDb).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(Backend::Postgres).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(Backend::Sqlite).await;
+            }
+        }
+    )*};
+}
+pub(crate) use on_every_backend;
+
+fn server_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+/// A database made for one test, migrated, and dropped by the test script's clean-up.
+pub struct TestDb {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    /// An empty, unmigrated database.
+    pub async fn empty(backend: Backend) -> Self {
+        LazyLock::force(&TRACING);
+        let name = format!("outpost_t_{}", Uuid::new_v4().simple());
+        match backend {
+            Backend::MariaDb => {
+                let server = server_url("OUTPOST_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306");
+                admin(&format!("{server}/mysql"), &format!("CREATE DATABASE {name}")).await;
+                Self { url: format!("{server}/{name}"), _dir: None }
+            }
+            Backend::Postgres => {
+                let server = server_url("OUTPOST_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432");
+                admin(&format!("{server}/postgres"), &format!("CREATE DATABASE {name}")).await;
+                Self { url: format!("{server}/{name}"), _dir: None }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let url = format!("sqlite://{}/outpost.db?mode=rwc", dir.path().display());
+                Self { url, _dir: Some(dir) }
+            }
+        }
+    }
+
+    /// A fresh database with every migration applied.
+    pub async fn migrated(backend: Backend) -> Self {
+        let db = Self::empty(backend).await;
+        let conn = db.connect().await;
+        Migrator::up(&conn, None).await.unwrap();
+        conn.close().await.unwrap();
+        db
+    }
+
+    pub async fn connect(&self) -> DatabaseConnection {
+        outpost::db::connect(&self.url, 4).await.unwrap()
+    }
+}
+
+async fn admin(url: &str, sql: &str) {
+    let conn = outpost::db::connect(url, 1).await.unwrap();
+    conn.execute_unprepared(sql).await.unwrap();
+    conn.close().await.unwrap();
+}
+
+/// An order service on port 0 over a fresh, migrated database.
+pub struct TestApp {
+    _db: TestDb,
+    pub conn: DatabaseConnection,
+    pub port: u16,
+    pub client: OrderServiceClient<Channel>,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestApp {
+    pub async fn spawn(backend: Backend) -> Self {
+        let db = TestDb::migrated(backend).await;
+        let app = Application::build(Settings::for_database(&db.url)).await.unwrap();
+        let port = app.port();
+        let (stop, stopped) = oneshot::channel();
+        let server = tokio::spawn(async move {
+            app.run_until_stopped(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        let client = OrderServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
+        let conn = db.connect().await;
+        Self { _db: db, conn, port, client, stop: Some(stop), server: Some(server) }
+    }
+
+    pub fn channel_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.channel_url()).unwrap().connect().await.unwrap()
+    }
+
+    pub async fn submit(
+        &self,
+        request: pb::SubmitOrderRequest,
+    ) -> Result<pb::SubmitOrderResponse, tonic::Status> {
+        self.client.clone().submit_order(request).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn reconcile(
+        &self,
+        tenant_id: i64,
+        request_id: &str,
+    ) -> Result<pb::ReconcileResponse, tonic::Status> {
+        let request = pb::ReconcileRequest { tenant_id, request_id: request_id.to_owned() };
+        self.client.clone().reconcile(request).await.map(tonic::Response::into_inner)
+    }
+
+    /// Stops the server as SIGTERM would, and waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.unwrap();
+        }
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        self.scalar_i64(&format!("SELECT COUNT(*) FROM {table}")).await
+    }
+
+    pub async fn scalar_i64(&self, sql: &str) -> i64 {
+        let row = self
+            .conn
+            .query_one_raw(Statement::from_string(self.conn.get_database_backend(), sql.to_owned()))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    }
+
+    /// `(status, payload)` of the outbox row for `event_id`, if there is one.
+    pub async fn outbox_row(&self, event_id: &str) -> Option<(String, Vec<u8>)> {
+        let backend = self.conn.get_database_backend();
+        let placeholder = if backend == DbBackend::Postgres { "$1" } else { "?" };
+        let sql = format!("SELECT status, payload FROM outbox_event WHERE event_id = {placeholder}");
+        let row = self
+            .conn
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
+            .await
+            .unwrap()?;
+        Some((row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap()))
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A valid two-line order.
+pub fn order(tenant_id: i64, request_id: &str) -> pb::SubmitOrderRequest {
+    pb::SubmitOrderRequest {
+        tenant_id,
+        request_id: request_id.to_owned(),
+        customer_id: "customer-42".to_owned(),
+        currency: "EUR".to_owned(),
+        line_items: vec![
+            pb::LineItem { sku: "SKU-RED-MUG".to_owned(), quantity: 2, unit_price_minor: 1_250 },
+            pb::LineItem { sku: "SKU-TEA".to_owned(), quantity: 1, unit_price_minor: 799 },
+        ],
+        event_id: String::new(),
+    }
+}
+
+/// The `ErrorInfo.reason` of a status, and its metadata value for `key`.
+pub fn reason(status: &tonic::Status) -> String {
+    status.get_details_error_info().map(|info| info.reason).unwrap_or_default()
+}
+
+pub fn metadata(status: &tonic::Status, key: &str) -> Option<String> {
+    status.get_details_error_info().and_then(|info| info.metadata.get(key).cloned())
+}
+
+/// The fields a status's BadRequest details name.
+pub fn violated_fields(status: &tonic::Status) -> Vec<String> {
+    status
+        .get_details_bad_request()
+        .map(|bad| bad.field_violations.into_iter().map(|v| v.field).collect())
+        .unwrap_or_default()
+}
+
+/// Arms a failpoint for this test process. Failpoints are process-global, so this refuses to
+/// run outside nextest, which gives each test a process of its own.
+#[cfg(feature = "failpoints")]
+pub fn arm(point: &str, actions: &str) {
+    assert!(
+        std::env::var_os("NEXTEST").is_some(),
+        "failpoint tests need a process per test: run them with `cargo nextest run`"
+    );
+    fail::cfg(point, actions).unwrap();
+}

@@ -1,0 +1,12 @@
+//! End-to-end tests of the order service against real MariaDB, PostgreSQL and SQLite servers,
+//! through a real gRPC client. Run with `cargo nextest`: failpoints are process-global, and
+//! nextest gives every test its own process.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub, missing_debug_implementations)]
+
+mod helpers;
+
+mod classify;
+mod client;
+mod reconcile;
+mod service;
+mod submit_order;
