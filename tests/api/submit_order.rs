@@ -99,7 +99,11 @@ async fn the_same_request_id_with_different_content_is_rejected_and_changes_noth
 
     assert_eq!(app.count("orders").await, 1);
     assert_eq!(app.count("outbox_event").await, 1);
-    assert_eq!(app.count("order_line WHERE line_no = 1 AND quantity = 2").await, 1, "the stored order is unchanged");
+    assert_eq!(
+        app.count("order_line WHERE line_no = 1 AND quantity = 2").await,
+        1,
+        "the stored order is unchanged"
+    );
 }
 
 async fn fifty_concurrent_submissions_of_one_request_make_one_order_and_one_event(backend: Backend) {

@@ -1,0 +1,127 @@
+//! The README demo's client: submits a few orders to a running order service and prints what
+//! the service answered, including a replay, an invalid order and a reused request id.
+//!
+//! `cargo run --example demo -- http://127.0.0.1:50051 [DATABASE_URL]`: with a database URL it
+//! also prints the order and outbox rows, read straight from the database.
+#![allow(clippy::expect_used)] // a demo: failing loudly is the point
+
+use std::time::Duration;
+
+use outpost::client::{RetryPolicy, SafeSubmitter};
+use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use sea_orm::{ConnectionTrait, Statement};
+use tonic_types::StatusExt;
+
+fn order(request_id: &str, sku: &str, quantity: u32) -> pb::SubmitOrderRequest {
+    pb::SubmitOrderRequest {
+        tenant_id: 1,
+        request_id: request_id.to_owned(),
+        customer_id: "ada@example.com".to_owned(),
+        currency: "EUR".to_owned(),
+        line_items: vec![
+            pb::LineItem { sku: sku.to_owned(), quantity, unit_price_minor: 1_250 },
+            pb::LineItem { sku: "SKU-TEA-LOOSE".to_owned(), quantity: 1, unit_price_minor: 799 },
+        ],
+        event_id: String::new(),
+    }
+}
+
+fn show(label: &str, answer: Result<tonic::Response<pb::SubmitOrderResponse>, tonic::Status>) {
+    match answer {
+        Ok(ok) => {
+            let ok = ok.into_inner();
+            println!(
+                "{label:<44} OK {:?} replayed={} order_id={} event_id={} total={}",
+                ok.outcome(),
+                ok.replayed,
+                ok.order_id,
+                ok.event_id,
+                ok.total_minor
+            );
+        }
+        Err(status) => {
+            let reason = status.get_details_error_info().map(|i| i.reason).unwrap_or_default();
+            println!("{label:<44} {:?} reason={reason}: {}", status.code(), status.message());
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let address = std::env::args().nth(1).unwrap_or_else(|| "http://127.0.0.1:50051".to_owned());
+    let endpoint = tonic::transport::Endpoint::from_shared(address.clone()).expect("a valid URL");
+    // The service may still be starting: try for a few seconds.
+    let mut channel = None;
+    for _ in 0..50 {
+        match endpoint.connect().await {
+            Ok(c) => {
+                channel = Some(c);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let mut client = OrderServiceClient::new(channel.expect("the order service answers"));
+    println!("Submitting to the order service at {address}\n");
+
+    let run = std::process::id();
+    let first = format!("demo-{run}-1");
+    show("new order", client.submit_order(order(&first, "SKU-RED-MUG", 2)).await);
+    show("same order again (a client retry)", client.submit_order(order(&first, "SKU-RED-MUG", 2)).await);
+    show("same request id, different content", client.submit_order(order(&first, "SKU-RED-MUG", 5)).await);
+    let mut invalid = order(&format!("demo-{run}-2"), "SKU-RED-MUG", 0);
+    invalid.currency = "euro".to_owned();
+    show("invalid order (quantity 0, currency euro)", client.submit_order(invalid).await);
+
+    match client.reconcile(pb::ReconcileRequest { tenant_id: 1, request_id: first.clone() }).await {
+        Ok(found) => {
+            let found = found.into_inner();
+            println!(
+                "{:<44} OK order_id={} event_id={} status={:?}",
+                "reconcile the first request",
+                found.order_id,
+                found.event_id,
+                found.status()
+            );
+        }
+        Err(status) => {
+            println!("{:<44} {:?}: {}", "reconcile the first request", status.code(), status.message())
+        }
+    }
+
+    let mut submitter = SafeSubmitter::new(client, RetryPolicy::default());
+    match submitter.submit(order(&format!("demo-{run}-3"), "SKU-BLUE-MUG", 1)).await {
+        Ok(confirmed) => println!(
+            "{:<44} {:?} after {} call(s): order_id={} event_id={}",
+            "safe submitter (submit/reconcile protocol)",
+            confirmed.confirmation,
+            confirmed.calls,
+            confirmed.order_id,
+            confirmed.event_id
+        ),
+        Err(e) => println!("{:<44} {e}", "safe submitter"),
+    }
+
+    if let Some(database_url) = std::env::args().nth(2) {
+        print_rows(&database_url).await;
+    }
+}
+
+async fn print_rows(database_url: &str) {
+    let db = outpost::db::connect(database_url, 1).await.expect("the database opens");
+    let backend = db.get_database_backend();
+    let sql = "SELECT o.id, o.request_id, o.total, e.event_id, e.status \
+               FROM orders o JOIN outbox_event e ON e.event_id = o.acceptance_event_id ORDER BY o.id";
+    let rows = db.query_all_raw(Statement::from_string(backend, sql)).await.expect("the rows read");
+    println!("\norders joined to their outbox events (one transaction wrote each pair):");
+    println!("{:<9}{:<20}{:<9}{:<38}outbox status", "order_id", "request_id", "total", "event_id");
+    for row in rows {
+        let get = |i: usize| -> String {
+            row.try_get_by_index::<i64>(i)
+                .map(|v| v.to_string())
+                .or_else(|_| row.try_get_by_index::<String>(i))
+                .unwrap_or_default()
+        };
+        println!("{:<9}{:<20}{:<9}{:<38}{}", get(0), get(1), get(2), get(3), get(4));
+    }
+}

@@ -1,0 +1,29 @@
+# Outpost's everyday commands. The README's two commands need no `just`: these are conveniences.
+
+default:
+    @just --list
+
+# Run the demo end to end on the embedded SQLite default.
+demo:
+    scripts/demo
+
+# Run the whole test suite (fmt, clippy, every test on MariaDB, PostgreSQL and SQLite).
+test *ARGS:
+    scripts/test {{ARGS}}
+
+# Apply migrations to DATABASE_URL: the deploy step before any service starts.
+migrate url:
+    cargo run --quiet --bin outpost-migrate -- -u '{{url}}' up
+
+# Show which migrations DATABASE_URL has.
+migrate-status url:
+    cargo run --quiet --bin outpost-migrate -- -u '{{url}}' status
+
+# Run the order service against a migrated database.
+order url listen="127.0.0.1:50051":
+    OUTPOST_DATABASE_URL='{{url}}' OUTPOST_ORDER_LISTEN='{{listen}}' cargo run --bin outpost-order
+
+# Format and lint as CI does.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets --all-features -- -D warnings
