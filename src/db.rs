@@ -4,8 +4,10 @@
 //! under this module, so the rest of the code speaks one dialect.
 
 mod classify;
+mod clock;
 mod connect;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
+pub use clock::now;
 pub use connect::{SchemaError, connect, ensure_migrated};
 pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

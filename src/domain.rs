@@ -4,10 +4,12 @@
 
 mod ids;
 mod order;
+mod outbox;
 mod violation;
 
 pub use ids::{EventId, RequestId, TenantId};
 pub use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
+pub use outbox::OutboxStatus;
 pub use violation::{FieldViolation, InvalidInput};
 
 /// `true` when `text` is 1 to `max` visible ASCII characters (0x21 to 0x7E).

@@ -13,10 +13,30 @@ pub const COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION: &str =
 /// because the server cannot tell this case from the one above.
 pub const COMMIT_FAILS_WITHOUT_COMMITTING: &str = "COMMIT_FAILS_WITHOUT_COMMITTING";
 
+/// In the relay, just before it claims: the committed event waits, unclaimed.
+pub const AFTER_COMMIT_BEFORE_RELAY_CLAIM: &str = "AFTER_COMMIT_BEFORE_RELAY_CLAIM";
+/// In the relay, after the claim and before publishing: a delay here lets the lease expire while
+/// its owner still works, so another relay claims the event and the old owner confirms late.
+pub const DURING_CONCURRENT_CLAIM: &str = "DURING_CONCURRENT_CLAIM";
+/// In the relay, after the broker confirmed and before the mark: the event is published again.
+pub const AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED: &str = "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED";
+
 /// A failure injected at a named failpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("failure injected at {0}")]
 pub struct Injected(pub &'static str);
+
+/// Arms failpoints from the `FAILPOINTS` environment variable (`NAME=ACTION;NAME=ACTION`), so
+/// that tests and the verifier can inject faults into real service processes. Does nothing
+/// without the `failpoints` feature.
+pub fn arm_from_env() {
+    #[cfg(feature = "failpoints")]
+    {
+        // The scenario's guard would disarm everything when dropped; a service keeps its
+        // failpoints for its whole life.
+        std::mem::forget(fail::FailScenario::setup());
+    }
+}
 
 /// Passes through `point`: `Err` when a test armed it to fail.
 #[allow(clippy::unnecessary_wraps)] // fallible only with the `failpoints` feature

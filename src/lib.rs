@@ -2,7 +2,8 @@
 //! deduplicating consumer. Duplicates are expected and absorbed; nothing is lost silently.
 //!
 //! The services in `services/` are thin binaries over this library:
-//! [`order`] accepts orders and writes each with its event in one local transaction.
+//! [`order`] accepts orders and writes each with its event in one local transaction;
+//! [`relay`] publishes the outbox to Kafka under leases.
 
 pub mod client;
 pub mod db;
@@ -11,6 +12,7 @@ mod entity;
 pub mod failpoint;
 pub mod order;
 pub mod proto;
+pub mod relay;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;

@@ -70,6 +70,9 @@ impl MigrationTrait for Migration {
                     .col(ColumnDef::new(OutboxEvent::LastError).string_len(1024).null())
                     .col(timestamp(db, OutboxEvent::CreatedAt).not_null())
                     .col(timestamp(db, OutboxEvent::PublishedAt).null())
+                    .col(ColumnDef::new(OutboxEvent::PublishedTopic).string_len(249).null())
+                    .col(ColumnDef::new(OutboxEvent::PublishedPartition).integer().null())
+                    .col(ColumnDef::new(OutboxEvent::PublishedOffset).big_integer().null())
                     .to_owned(),
             )
             .await?;
@@ -198,6 +201,9 @@ enum OutboxEvent {
     LastError,
     CreatedAt,
     PublishedAt,
+    PublishedTopic,
+    PublishedPartition,
+    PublishedOffset,
 }
 
 #[derive(DeriveIden)]

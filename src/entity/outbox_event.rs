@@ -17,6 +17,9 @@ pub struct Model {
     pub last_error: Option<String>,
     pub created_at: DateTimeUtc,
     pub published_at: Option<DateTimeUtc>,
+    pub published_topic: Option<String>,
+    pub published_partition: Option<i32>,
+    pub published_offset: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

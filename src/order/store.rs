@@ -10,7 +10,7 @@ use sea_orm::{
 use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
 use crate::db::{ErrorFacts, UniqueKey, violated_unique_key};
 use crate::domain::{
-    CustomerId, EventId, LineItem, NewOrder, OrderStatus, RequestId, Sku, SubmitOrder, TenantId,
+    CustomerId, EventId, LineItem, NewOrder, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder, TenantId,
 };
 use crate::entity::{order_line, orders, outbox_event};
 use crate::failpoint::{self, Injected};
@@ -324,13 +324,16 @@ async fn insert_order(
         event_type: Set(EVENT_TYPE.to_owned()),
         event_version: Set(FIRST_VERSION),
         payload: Set(encode_order_accepted(event_id, order_id, FIRST_VERSION, submit, accepted_at)),
-        status: Set("PENDING".to_owned()),
+        status: Set(OutboxStatus::Pending.as_str().to_owned()),
         lease_owner: Set(None),
         lease_until: Set(None),
         attempts: Set(0),
         last_error: Set(None),
         created_at: Set(accepted_at),
         published_at: Set(None),
+        published_topic: Set(None),
+        published_partition: Set(None),
+        published_offset: Set(None),
     })
     .exec_without_returning(txn)
     .await?;

@@ -3,12 +3,13 @@
 use std::process::ExitCode;
 
 use outpost::order::{Application, Settings};
-use outpost::{shutdown, startup, telemetry};
+use outpost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings: Settings = startup::settings();
     telemetry::init();
+    failpoint::arm_from_env();
     let app = match Application::build(settings).await {
         Ok(app) => app,
         Err(e) => return startup::fail("outpost-order", e),

@@ -1,0 +1,166 @@
+//! Builds the relay from its settings and runs it until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+use super::outbox::{Outbox, RetryPolicy};
+use super::publisher::{KafkaPublisher, ProducerConfigError};
+use super::worker::{Relay, Tuning};
+use super::{Redrive, Settings};
+use crate::db::{self, SchemaError};
+
+/// The relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The settings contradict each other or miss something.
+    #[error("invalid settings: {0}")]
+    Settings(String),
+    /// The database could not be reached.
+    #[error("cannot connect to the database: {0}")]
+    Database(#[source] sea_orm::DbErr),
+    /// The database is not migrated for this version.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// The Kafka producer could not be configured.
+    #[error(transparent)]
+    Producer(#[from] ProducerConfigError),
+    /// The health endpoint could not listen.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address from the settings.
+        addr: SocketAddr,
+        /// Why binding failed.
+        source: std::io::Error,
+    },
+    /// The health server failed.
+    #[error("health server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A built relay with its health endpoint bound.
+#[derive(Debug)]
+pub struct Application {
+    relay: Relay<KafkaPublisher>,
+    listener: TcpListener,
+    port: u16,
+    settings: Settings,
+}
+
+impl Application {
+    /// Checks the settings, connects to the database (which must be migrated), creates the
+    /// producer and binds the health endpoint. Publishing starts in
+    /// [`Application::run_until_stopped`].
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        check(&settings)?;
+        let db = db::connect(&settings.database_url, settings.db_max_connections)
+            .await
+            .map_err(StartupError::Database)?;
+        db::ensure_migrated(&db).await?;
+        let publisher = KafkaPublisher::new(
+            &settings.brokers,
+            settings.topic.clone(),
+            settings.delivery_timeout,
+            &settings.kafka_options,
+        )?;
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?
+            .port();
+        let relay = Relay::new(Outbox::new(db), publisher, tuning(&settings));
+        Ok(Self { relay, listener, port, settings })
+    }
+
+    /// The health endpoint's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// This relay's lease-owner id.
+    pub fn owner(&self) -> &super::WorkerId {
+        self.relay.owner()
+    }
+
+    /// Relays until `shutdown` completes, then drains: no new claims, the batch in flight is
+    /// published and marked (bounded by the lease), and the process may exit. Nothing is deleted.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), StartupError> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut server_stop = stop_rx.clone();
+        let server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .serve_with_incoming_shutdown(TcpIncoming::from(self.listener), async move {
+                let _ = server_stop.wait_for(|stop| *stop).await;
+            });
+        let server = tokio::spawn(server);
+
+        let relay = self.relay.run(stop_rx);
+        tokio::pin!(relay);
+        tokio::select! {
+            () = &mut relay => {}
+            () = shutdown => {
+                tracing::info!("shutdown requested; finishing the batch in flight");
+                health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+                let _ = stop_tx.send(true);
+                if tokio::time::timeout(self.settings.lease, &mut relay).await.is_err() {
+                    tracing::warn!("drain took longer than the lease; its events will be claimed again");
+                }
+            }
+        }
+        let _ = stop_tx.send(true);
+        server.await.map_err(|e| StartupError::Settings(format!("health server task: {e}")))??;
+        tracing::info!("relay stopped");
+        Ok(())
+    }
+}
+
+/// The operator's redrive: returns a FAILED event to PENDING.
+pub async fn redrive(settings: &Settings, event_id: &str) -> Result<Redrive, StartupError> {
+    if settings.database_url.is_empty() {
+        return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
+    }
+    let db = db::connect(&settings.database_url, 1).await.map_err(StartupError::Database)?;
+    db::ensure_migrated(&db).await?;
+    Outbox::new(db).redrive(event_id).await.map_err(StartupError::Database)
+}
+
+fn check(settings: &Settings) -> Result<(), StartupError> {
+    if settings.database_url.is_empty() {
+        return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
+    }
+    // A publish still running when its lease ends may be confirmed after another relay claimed
+    // the event: a duplicate. The lease must outlast the slowest publish plus time to mark.
+    if settings.lease <= settings.delivery_timeout + settings.lease_margin {
+        return Err(StartupError::Settings(format!(
+            "the lease ({:?}) must be longer than the delivery timeout ({:?}) plus the lease margin ({:?})",
+            settings.lease, settings.delivery_timeout, settings.lease_margin
+        )));
+    }
+    if settings.backoff_base > settings.backoff_max {
+        return Err(StartupError::Settings("--backoff-base must not exceed --backoff-max".into()));
+    }
+    Ok(())
+}
+
+fn tuning(settings: &Settings) -> Tuning {
+    Tuning {
+        batch_size: settings.batch_size,
+        lease: settings.lease,
+        retry: RetryPolicy {
+            max_attempts: settings.max_attempts,
+            backoff_base: settings.backoff_base,
+            backoff_max: settings.backoff_max,
+        },
+        max_idle_poll: settings.max_idle_poll,
+    }
+}

@@ -1,0 +1,317 @@
+//! The relay's side of the outbox table: leased claims, owner-fenced marks and releases.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
+use sea_orm::{
+    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, TransactionTrait, Value,
+};
+
+use super::WorkerId;
+use crate::db;
+use crate::domain::OutboxStatus;
+use crate::entity::outbox_event::{self, Column};
+
+/// An event this worker holds the lease on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedEvent {
+    /// The event's stable id.
+    pub event_id: String,
+    /// `order` for OrderAccepted.
+    pub aggregate_type: String,
+    /// The order id: the Kafka record key, so one order's events stay in order.
+    pub aggregate_id: String,
+    /// The protobuf message name of the payload.
+    pub event_type: String,
+    /// The version of the aggregate's facts the event describes.
+    pub event_version: i64,
+    /// The encoded event, published verbatim.
+    pub payload: Vec<u8>,
+    /// Claims so far, this one included.
+    pub attempts: i32,
+    /// When this worker's lease ends, by the database clock.
+    pub lease_until: DateTime<Utc>,
+}
+
+/// Where the broker put a confirmed record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The record's offset in the partition.
+    pub offset: i64,
+}
+
+/// The result of an owner-fenced update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced<T> {
+    /// This worker still held the lease; the update happened.
+    Done(T),
+    /// Another worker holds the lease now (or the row left PUBLISHING): nothing was changed.
+    LeaseLost,
+}
+
+/// What a release did to the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// Back to PENDING; claimable again from this database time.
+    RetryAt(DateTime<Utc>),
+    /// Out of attempts: FAILED until an operator redrives it.
+    Failed,
+}
+
+/// What a redrive found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redrive {
+    /// The FAILED event is PENDING again with its attempts reset.
+    Redriven,
+    /// The event exists but is not FAILED; nothing was changed.
+    NotFailed(OutboxStatus),
+    /// No event has that id.
+    NotFound,
+}
+
+/// Retry timing for failed publishes.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Attempts (claims) after which a failure is final.
+    pub max_attempts: i32,
+    /// Backoff after the first failure; doubled for each further one.
+    pub backoff_base: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+}
+
+impl RetryPolicy {
+    /// Exponential backoff with jitter for the given attempt count: a random point in the upper
+    /// half of the capped exponential, so released events spread out instead of returning in step.
+    pub fn backoff(&self, attempts: i32) -> Duration {
+        let exponent = Ord::min(u32::try_from(attempts.saturating_sub(1)).unwrap_or(0), 30);
+        let capped = Ord::min(self.backoff_base.saturating_mul(1 << exponent), self.backoff_max);
+        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+}
+
+/// The most characters of an error kept in `last_error`.
+const LAST_ERROR_CHARS: usize = 1000;
+
+/// The outbox table, as the relay uses it.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    db: DatabaseConnection,
+}
+
+impl Outbox {
+    /// The outbox in `db`.
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
+    /// Claims up to `batch_size` events for `owner` for `lease`, oldest first.
+    ///
+    /// Candidates are PENDING events whose retry time (if any) has come, and PUBLISHING events
+    /// whose lease has expired. On MariaDB/MySQL and PostgreSQL the candidates are locked with
+    /// `FOR UPDATE SKIP LOCKED` and leased in one short transaction, so concurrent relays take
+    /// disjoint batches without waiting on each other. SQLite has one writer at a time, so one
+    /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
+    pub async fn claim(
+        &self,
+        owner: &WorkerId,
+        lease: Duration,
+        batch_size: u64,
+    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        if self.db.get_database_backend() == DbBackend::Sqlite {
+            return self.claim_single_writer(owner, lease, batch_size).await;
+        }
+        let txn = self.db.begin().await?;
+        let now = db::now(&txn).await?;
+        let lease_until = lease_end(now, lease)?;
+        let rows = outbox_event::Entity::find()
+            .filter(claimable(now))
+            .order_by_asc(Column::CreatedAt)
+            .order_by_asc(Column::EventId)
+            .limit(batch_size)
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .all(&txn)
+            .await?;
+        if rows.is_empty() {
+            txn.commit().await?;
+            return Ok(Vec::new());
+        }
+        // At most `batch_size` placeholders, and never an empty `IN ()`.
+        let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
+        lease_to(outbox_event::Entity::update_many(), owner, lease_until)
+            .filter(Column::EventId.is_in(ids))
+            .exec(&txn)
+            .await?;
+        txn.commit().await?;
+        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until)).collect())
+    }
+
+    async fn claim_single_writer(
+        &self,
+        owner: &WorkerId,
+        lease: Duration,
+        batch_size: u64,
+    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let now = db::now(&self.db).await?;
+        let lease_until = lease_end(now, lease)?;
+        let candidates = Query::select()
+            .column(Column::EventId)
+            .from(outbox_event::Entity)
+            .cond_where(claimable(now))
+            .order_by(Column::CreatedAt, sea_orm::Order::Asc)
+            .order_by(Column::EventId, sea_orm::Order::Asc)
+            .limit(batch_size)
+            .to_owned();
+        let mut rows = lease_to(outbox_event::Entity::update_many(), owner, lease_until)
+            .filter(Column::EventId.in_subquery(candidates))
+            .exec_with_returning(&self.db)
+            .await?;
+        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+        // RETURNING shows the row after the update: its attempts already count this claim.
+        Ok(rows.into_iter().map(|row| claimed(row, 0, lease_until)).collect())
+    }
+
+    /// Marks the event PUBLISHED, only if `owner` still holds its lease.
+    ///
+    /// Call it only after the broker confirmed the record. `LeaseLost` means another worker
+    /// took the event over: it will publish again (a duplicate the consumer absorbs), and this
+    /// worker must neither mark nor republish it.
+    pub async fn mark_published(
+        &self,
+        event_id: &str,
+        owner: &WorkerId,
+        delivery: &Delivery,
+    ) -> Result<Fenced<()>, DbErr> {
+        let now = db::now(&self.db).await?;
+        let result = outbox_event::Entity::update_many()
+            .col_expr(Column::Status, Expr::value(OutboxStatus::Published.as_str()))
+            .col_expr(Column::PublishedAt, Expr::value(now))
+            .col_expr(Column::PublishedTopic, Expr::value(delivery.topic.as_str()))
+            .col_expr(Column::PublishedPartition, Expr::value(delivery.partition))
+            .col_expr(Column::PublishedOffset, Expr::value(delivery.offset))
+            .col_expr(Column::LeaseOwner, null_string())
+            .col_expr(Column::LeaseUntil, null_time())
+            .filter(fenced(event_id, owner))
+            .exec(&self.db)
+            .await?;
+        Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })
+    }
+
+    /// Gives the event back after a failed publish, only if `owner` still holds its lease:
+    /// PENDING with a backoff in database time, or FAILED once its attempts are used up.
+    pub async fn release(
+        &self,
+        event: &ClaimedEvent,
+        owner: &WorkerId,
+        error: &str,
+        policy: &RetryPolicy,
+    ) -> Result<Fenced<Released>, DbErr> {
+        let now = db::now(&self.db).await?;
+        let last_error: String = error.chars().take(LAST_ERROR_CHARS).collect();
+        let (status, retry_at, released) = if event.attempts >= policy.max_attempts {
+            (OutboxStatus::Failed, None, Released::Failed)
+        } else {
+            let at = lease_end(now, policy.backoff(event.attempts))?;
+            (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
+        };
+        let result = outbox_event::Entity::update_many()
+            .col_expr(Column::Status, Expr::value(status.as_str()))
+            .col_expr(Column::LeaseOwner, null_string())
+            .col_expr(Column::LeaseUntil, Expr::value(retry_at))
+            .col_expr(Column::LastError, Expr::value(last_error))
+            .filter(fenced(&event.event_id, owner))
+            .exec(&self.db)
+            .await?;
+        Ok(if result.rows_affected == 1 { Fenced::Done(released) } else { Fenced::LeaseLost })
+    }
+
+    /// Returns a FAILED event to PENDING with its attempts reset; any other state is left alone.
+    pub async fn redrive(&self, event_id: &str) -> Result<Redrive, DbErr> {
+        let result = outbox_event::Entity::update_many()
+            .col_expr(Column::Status, Expr::value(OutboxStatus::Pending.as_str()))
+            .col_expr(Column::Attempts, Expr::value(0))
+            .col_expr(Column::LeaseOwner, null_string())
+            .col_expr(Column::LeaseUntil, null_time())
+            .filter(Column::EventId.eq(event_id))
+            .filter(Column::Status.eq(OutboxStatus::Failed.as_str()))
+            .exec(&self.db)
+            .await?;
+        if result.rows_affected == 1 {
+            return Ok(Redrive::Redriven);
+        }
+        let current = outbox_event::Entity::find_by_id(event_id.to_owned()).one(&self.db).await?;
+        Ok(match current.and_then(|row| OutboxStatus::from_stored(&row.status)) {
+            Some(status) => Redrive::NotFailed(status),
+            None => Redrive::NotFound,
+        })
+    }
+}
+
+fn claimable(now: DateTime<Utc>) -> Condition {
+    Condition::any()
+        .add(
+            Condition::all()
+                .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
+                .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now))),
+        )
+        .add(
+            Condition::all()
+                .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
+                .add(Column::LeaseUntil.lt(now)),
+        )
+}
+
+fn lease_to(
+    update: sea_orm::UpdateMany<outbox_event::Entity>,
+    owner: &WorkerId,
+    lease_until: DateTime<Utc>,
+) -> sea_orm::UpdateMany<outbox_event::Entity> {
+    update
+        .col_expr(Column::Status, Expr::value(OutboxStatus::Publishing.as_str()))
+        .col_expr(Column::LeaseOwner, Expr::value(owner.as_str()))
+        .col_expr(Column::LeaseUntil, Expr::value(lease_until))
+        .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
+}
+
+/// The owner fence every post-claim update carries.
+fn fenced(event_id: &str, owner: &WorkerId) -> Condition {
+    Condition::all()
+        .add(Column::EventId.eq(event_id))
+        .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
+        .add(Column::LeaseOwner.eq(owner.as_str()))
+}
+
+fn claimed(row: outbox_event::Model, uncounted_attempts: i32, lease_until: DateTime<Utc>) -> ClaimedEvent {
+    ClaimedEvent {
+        event_id: row.event_id,
+        aggregate_type: row.aggregate_type,
+        aggregate_id: row.aggregate_id,
+        event_type: row.event_type,
+        event_version: row.event_version,
+        payload: row.payload,
+        attempts: row.attempts + uncounted_attempts,
+        lease_until,
+    }
+}
+
+fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>, DbErr> {
+    chrono::Duration::from_std(lease)
+        .ok()
+        .and_then(|lease| now.checked_add_signed(lease))
+        .ok_or_else(|| DbErr::Custom(format!("a lease of {lease:?} is out of range")))
+}
+
+fn null_string() -> Expr {
+    Expr::value(Value::String(None))
+}
+
+fn null_time() -> Expr {
+    Expr::value(Option::<DateTime<Utc>>::None)
+}

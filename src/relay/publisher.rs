@@ -1,0 +1,141 @@
+//! Publishing to a Kafka-protocol broker, and the contract every publisher keeps.
+
+use std::future::Future;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+
+use super::outbox::{ClaimedEvent, Delivery};
+
+/// `content-type` header of every record: the value is a protobuf message named by `event_type`.
+pub const CONTENT_TYPE: &str = "application/x-protobuf";
+
+/// Publishes one outbox event.
+///
+/// Contract: `publish` returns `Ok` only after the broker accepted the record at the configured
+/// acknowledgement level. Any rejection, timeout or unknown result is an `Err`, and the caller
+/// must then not mark the event PUBLISHED.
+pub trait Publisher: Send + Sync {
+    /// Publishes `event` and waits for the broker's verdict.
+    fn publish(&self, event: &ClaimedEvent) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
+}
+
+/// The broker did not confirm a record.
+#[derive(Debug, thiserror::Error)]
+#[error("publish of {event_id} not confirmed: {source}")]
+pub struct PublishError {
+    /// The event.
+    pub event_id: String,
+    /// What the client reported.
+    #[source]
+    pub source: KafkaError,
+}
+
+/// The producer's settings could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerConfigError {
+    /// A setting would weaken the delivery guarantee.
+    #[error("kafka option `{key}={value}` is not allowed: {why}")]
+    Weakens {
+        /// The option.
+        key: String,
+        /// Its value.
+        value: String,
+        /// Why it is refused.
+        why: &'static str,
+    },
+    /// librdkafka refused the configuration.
+    #[error("invalid kafka producer configuration: {0}")]
+    Client(#[from] KafkaError),
+}
+
+/// A confirmed publisher over librdkafka's idempotent producer with `acks=all`.
+pub struct KafkaPublisher {
+    producer: FutureProducer,
+    topic: String,
+    delivery_timeout: Duration,
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisher").field("topic", &self.topic).finish_non_exhaustive()
+    }
+}
+
+impl KafkaPublisher {
+    /// A producer for `topic` at `brokers`.
+    ///
+    /// `options` pass through to librdkafka (SASL, TLS, batching, ...), except that none may turn
+    /// off idempotence or lower `acks` below `all`. `delivery_timeout` bounds each publish,
+    /// retries included (`delivery.timeout.ms`).
+    pub fn new(
+        brokers: &str,
+        topic: impl Into<String>,
+        delivery_timeout: Duration,
+        options: &[(String, String)],
+    ) -> Result<Self, ProducerConfigError> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("delivery.timeout.ms", delivery_timeout.as_millis().to_string())
+            .set("linger.ms", "5");
+        for (key, value) in options {
+            let refused = match key.as_str() {
+                "enable.idempotence" if value != "true" => Some("idempotence keeps retries from duplicating"),
+                "acks" | "request.required.acks" if value != "all" && value != "-1" => {
+                    Some("only acks=all makes a confirm mean the record is replicated")
+                }
+                "delivery.timeout.ms" | "message.timeout.ms" => Some("set it with --delivery-timeout"),
+                _ => None,
+            };
+            if let Some(why) = refused {
+                return Err(ProducerConfigError::Weakens { key: key.clone(), value: value.clone(), why });
+            }
+            config.set(key, value);
+        }
+        let producer: FutureProducer = config.create()?;
+        Ok(Self { producer, topic: topic.into(), delivery_timeout })
+    }
+
+    /// Waits up to `timeout` for records still in the client's queue to be delivered.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer.flush(Timeout::After(timeout))
+    }
+}
+
+impl Publisher for KafkaPublisher {
+    async fn publish(&self, event: &ClaimedEvent) -> Result<Delivery, PublishError> {
+        let version = event.event_version.to_string();
+        let headers = OwnedHeaders::new_with_capacity(6)
+            .insert(header("event_id", &event.event_id))
+            .insert(header("event_type", &event.event_type))
+            .insert(header("event_version", &version))
+            .insert(header("aggregate_type", &event.aggregate_type))
+            .insert(header("aggregate_id", &event.aggregate_id))
+            .insert(header("content-type", CONTENT_TYPE));
+        let record = FutureRecord::to(&self.topic)
+            .key(event.aggregate_id.as_bytes())
+            .payload(event.payload.as_slice())
+            .headers(headers);
+        // The delivery report, not the enqueue, is the confirmation: `send` resolves only when
+        // librdkafka has the broker's answer for this record, or gave up on it.
+        match self.producer.send(record, Timeout::After(self.delivery_timeout)).await {
+            Ok(delivery) => Ok(Delivery {
+                topic: self.topic.clone(),
+                partition: delivery.partition,
+                offset: delivery.offset,
+            }),
+            Err((source, _)) => Err(PublishError { event_id: event.event_id.clone(), source }),
+        }
+    }
+}
+
+fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header { key, value: Some(value) }
+}

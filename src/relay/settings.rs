@@ -1,0 +1,117 @@
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::DEFAULT_TOPIC;
+
+/// The relay's settings, from flags or the environment (flags win).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "outpost-relay",
+    version,
+    about = "Outpost relay: publishes outbox events to Kafka under a lease"
+)]
+pub struct Settings {
+    /// What to do; without a command the relay runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// The database holding the outbox: mysql://, postgres:// or sqlite:// URL.
+    #[arg(long, global = true, env = "OUTPOST_DATABASE_URL", default_value = "")]
+    pub database_url: String,
+
+    /// Most database connections the relay holds.
+    #[arg(long, global = true, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub db_max_connections: u32,
+
+    /// Kafka bootstrap servers, comma-separated host:port.
+    #[arg(long, global = true, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+
+    /// Topic the events are published to.
+    #[arg(long, global = true, env = "OUTPOST_TOPIC", default_value = DEFAULT_TOPIC)]
+    pub topic: String,
+
+    /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...);
+    /// repeat the flag, or separate pairs with commas in the environment variable.
+    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = parse_option)]
+    pub kafka_options: Vec<(String, String)>,
+
+    /// Most events one claim takes.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub batch_size: u64,
+
+    /// How long a claimed event is leased; it is claimable again after that.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+
+    /// Longest a publish may take before it counts as failed (librdkafka's delivery.timeout.ms).
+    #[arg(long, global = true, env = "OUTPOST_RELAY_DELIVERY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub delivery_timeout: Duration,
+
+    /// Time the lease must leave beyond the delivery timeout for marking the event.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE_MARGIN", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub lease_margin: Duration,
+
+    /// Claims after which a failed publish moves the event to FAILED.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_MAX_ATTEMPTS", default_value_t = 12, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: i32,
+
+    /// Backoff after the first failed publish; doubles per attempt, with jitter.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_BACKOFF_BASE", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+
+    /// Longest backoff between attempts.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub backoff_max: Duration,
+
+    /// Longest wait between polls of an empty outbox.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_MAX_IDLE_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub max_idle_poll: Duration,
+
+    /// Address of the gRPC health endpoint; port 0 picks a free port.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_LISTEN", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
+}
+
+/// Operator commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Run the relay until SIGTERM (the default).
+    Run,
+    /// Return a FAILED event to PENDING with its attempts reset.
+    Redrive {
+        /// The event's id.
+        event_id: String,
+    },
+}
+
+impl Settings {
+    /// Settings for `database_url` and `brokers` with every other value at its default and an
+    /// OS-chosen health port.
+    pub fn new(database_url: impl Into<String>, brokers: impl Into<String>) -> Self {
+        Self {
+            command: None,
+            database_url: database_url.into(),
+            db_max_connections: 4,
+            brokers: brokers.into(),
+            topic: DEFAULT_TOPIC.to_owned(),
+            kafka_options: Vec::new(),
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            delivery_timeout: Duration::from_secs(10),
+            lease_margin: Duration::from_secs(5),
+            max_attempts: 12,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            max_idle_poll: Duration::from_secs(1),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+fn parse_option(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.trim().to_owned())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}

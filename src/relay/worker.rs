@@ -1,0 +1,202 @@
+//! One relay step (claim, publish, mark or release) and the polling loop around it.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use sea_orm::DbErr;
+use tokio::sync::watch;
+
+use super::WorkerId;
+use super::outbox::{ClaimedEvent, Fenced, Outbox, Released, RetryPolicy};
+use super::publisher::Publisher;
+use crate::failpoint;
+
+/// How a relay claims.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Most events one claim takes.
+    pub batch_size: u64,
+    /// How long a claim is leased.
+    pub lease: Duration,
+    /// Retry timing after failed publishes.
+    pub retry: RetryPolicy,
+    /// Longest wait between polls of an empty outbox.
+    pub max_idle_poll: Duration,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Events claimed.
+    pub claimed: usize,
+    /// Confirmed by the broker and marked PUBLISHED.
+    pub published: usize,
+    /// Confirmed (or failed) after another worker took the lease: left alone.
+    pub lease_lost: usize,
+    /// Failed to publish and released for a later retry.
+    pub released: usize,
+    /// Failed to publish for the last allowed time: now FAILED.
+    pub failed: usize,
+    /// Outcomes that could not be written (the database failed); their leases will expire.
+    pub unrecorded: usize,
+}
+
+/// What a step found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// Nothing was claimable.
+    Idle,
+    /// A batch was claimed and handled.
+    Worked(StepReport),
+}
+
+/// A relay worker: one lease owner, one publisher.
+#[derive(Debug)]
+pub struct Relay<P> {
+    outbox: Outbox,
+    publisher: P,
+    owner: WorkerId,
+    tuning: Tuning,
+}
+
+impl<P: Publisher> Relay<P> {
+    /// A worker with a fresh lease-owner id.
+    pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
+        Self { outbox, publisher, owner: WorkerId::generate(), tuning }
+    }
+
+    /// This worker's lease-owner id.
+    pub fn owner(&self) -> &WorkerId {
+        &self.owner
+    }
+
+    /// Claims a batch, publishes it outside any transaction, and records each outcome under the
+    /// owner fence. Errs only when the claim itself fails.
+    pub async fn step(&self) -> Result<StepOutcome, DbErr> {
+        if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
+            return Ok(StepOutcome::Idle);
+        }
+        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, self.tuning.batch_size).await?;
+        if claimed.is_empty() {
+            return Ok(StepOutcome::Idle);
+        }
+        for event in &claimed {
+            tracing::debug!(
+                outpost.event_id = %event.event_id,
+                lease_owner = %self.owner,
+                lease_until = %event.lease_until,
+                attempts = event.attempts,
+                "claimed; PUBLISHING"
+            );
+        }
+        let mut report = StepReport { claimed: claimed.len(), ..StepReport::default() };
+        if failpoint::hit(failpoint::DURING_CONCURRENT_CLAIM).is_err() {
+            // As if the worker died here: the leases run out and another worker takes over.
+            return Ok(StepOutcome::Worked(report));
+        }
+        // Sends are queued in claim order, so one key's records keep their order on the
+        // partition; the confirmations are awaited together.
+        let results = join_all(claimed.iter().map(|event| self.publisher.publish(event))).await;
+        for (event, result) in claimed.iter().zip(results) {
+            match result {
+                Ok(delivery) => {
+                    if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
+                        report.unrecorded += 1;
+                        continue;
+                    }
+                    match self.outbox.mark_published(&event.event_id, &self.owner, &delivery).await {
+                        Ok(Fenced::Done(())) => {
+                            report.published += 1;
+                            tracing::info!(
+                                outpost.event_id = %event.event_id,
+                                messaging.destination.name = %delivery.topic,
+                                messaging.destination.partition.id = delivery.partition,
+                                messaging.kafka.offset = delivery.offset,
+                                "broker confirmed; PUBLISHED"
+                            );
+                        }
+                        Ok(Fenced::LeaseLost) => {
+                            self.lease_lost(event, &mut report, "after the broker confirmed")
+                        }
+                        Err(e) => self.unrecorded(event, &mut report, &e),
+                    }
+                }
+                Err(e) => self.release(event, &e.to_string(), &mut report).await,
+            }
+        }
+        Ok(StepOutcome::Worked(report))
+    }
+
+    async fn release(&self, event: &ClaimedEvent, error: &str, report: &mut StepReport) {
+        match self.outbox.release(event, &self.owner, error, &self.tuning.retry).await {
+            Ok(Fenced::Done(Released::RetryAt(at))) => {
+                report.released += 1;
+                tracing::warn!(
+                    outpost.event_id = %event.event_id,
+                    attempts = event.attempts,
+                    retry_at = %at,
+                    error,
+                    "publish failed; released to PENDING with backoff"
+                );
+            }
+            Ok(Fenced::Done(Released::Failed)) => {
+                report.failed += 1;
+                tracing::error!(
+                    outpost.event_id = %event.event_id,
+                    attempts = event.attempts,
+                    error,
+                    "publish failed for the last allowed time; FAILED until redriven"
+                );
+            }
+            Ok(Fenced::LeaseLost) => self.lease_lost(event, report, "after the publish failed"),
+            Err(e) => self.unrecorded(event, report, &e),
+        }
+    }
+
+    fn lease_lost(&self, event: &ClaimedEvent, report: &mut StepReport, when: &str) {
+        report.lease_lost += 1;
+        tracing::warn!(
+            outpost.event_id = %event.event_id,
+            lease_owner = %self.owner,
+            "lease lost {when}; another worker owns the event now, so it is left alone"
+        );
+    }
+
+    fn unrecorded(&self, event: &ClaimedEvent, report: &mut StepReport, error: &DbErr) {
+        report.unrecorded += 1;
+        tracing::error!(
+            outpost.event_id = %event.event_id,
+            %error,
+            "could not record the outcome; the lease will expire and the event be published again"
+        );
+    }
+
+    /// Steps until `stop` turns true: at once again after a batch, backing off up to
+    /// `max_idle_poll` while the outbox is empty or the database fails. A step in progress
+    /// always finishes, so a stop never abandons a confirmed publish before its mark.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
+        let mut idle = shortest;
+        tracing::info!(lease_owner = %self.owner, "relay started");
+        while !*stop.borrow() {
+            let wait = match self.step().await {
+                Ok(StepOutcome::Worked(report)) => {
+                    tracing::debug!(?report, "relay step");
+                    idle = shortest;
+                    continue;
+                }
+                Ok(StepOutcome::Idle) => idle,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; backing off");
+                    idle
+                }
+            };
+            idle = (idle * 2).min(self.tuning.max_idle_poll);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                changed = stop.changed() => if changed.is_err() { break },
+            }
+        }
+        tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
+    }
+}
