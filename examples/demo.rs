@@ -1,8 +1,9 @@
-//! The README demo's client: submits a few orders to a running order service and prints what
-//! the service answered, including a replay, an invalid order and a reused request id.
+//! The README demo's client.
 //!
-//! `cargo run --example demo -- http://127.0.0.1:50051 [DATABASE_URL]`: with a database URL it
-//! also prints the order and outbox rows, read straight from the database.
+//! `demo submit GRPC_URL`: submits a few orders to a running order service and prints what the
+//! service answered, including a replay, an invalid order and a reused request id.
+//! `demo show DATABASE_URL BROKERS TOPIC COUNT`: waits until COUNT outbox events are PUBLISHED,
+//! then prints the order and outbox rows and the records on the topic.
 #![allow(clippy::expect_used)] // a demo: failing loudly is the point
 
 use std::time::Duration;
@@ -48,7 +49,20 @@ fn show(label: &str, answer: Result<tonic::Response<pb::SubmitOrderResponse>, to
 
 #[tokio::main]
 async fn main() {
-    let address = std::env::args().nth(1).unwrap_or_else(|| "http://127.0.0.1:50051".to_owned());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["submit", address] => submit(address).await,
+        ["show", database_url, brokers, topic, count] => {
+            let count = count.parse().expect("COUNT is a number");
+            print_rows(database_url, count).await;
+            print_records(brokers, topic, count).await;
+        }
+        _ => eprintln!("usage: demo submit GRPC_URL | demo show DATABASE_URL BROKERS TOPIC COUNT"),
+    }
+}
+
+async fn submit(address: &str) {
+    let address = address.to_owned();
     let endpoint = tonic::transport::Endpoint::from_shared(address.clone()).expect("a valid URL");
     // The service may still be starting: try for a few seconds.
     let mut channel = None;
@@ -101,20 +115,36 @@ async fn main() {
         ),
         Err(e) => println!("{:<44} {e}", "safe submitter"),
     }
-
-    if let Some(database_url) = std::env::args().nth(2) {
-        print_rows(&database_url).await;
-    }
 }
 
-async fn print_rows(database_url: &str) {
+async fn print_rows(database_url: &str, count: i64) {
     let db = outpost::db::connect(database_url, 1).await.expect("the database opens");
     let backend = db.get_database_backend();
-    let sql = "SELECT o.id, o.request_id, o.total, e.event_id, e.status \
+    for _ in 0..300 {
+        let published = db
+            .query_one_raw(Statement::from_string(
+                backend,
+                "SELECT COUNT(*) FROM outbox_event WHERE status = 'PUBLISHED'",
+            ))
+            .await
+            .expect("the outbox reads")
+            .and_then(|row| row.try_get_by_index::<i64>(0).ok())
+            .unwrap_or(0);
+        if published >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sql = "SELECT o.id, o.request_id, o.total, e.event_id, e.status, e.published_partition, e.published_offset \
                FROM orders o JOIN outbox_event e ON e.event_id = o.acceptance_event_id ORDER BY o.id";
     let rows = db.query_all_raw(Statement::from_string(backend, sql)).await.expect("the rows read");
-    println!("\norders joined to their outbox events (one transaction wrote each pair):");
-    println!("{:<9}{:<20}{:<9}{:<38}outbox status", "order_id", "request_id", "total", "event_id");
+    println!(
+        "\norders joined to their outbox events (one transaction wrote each pair; the relay marked them):"
+    );
+    println!(
+        "{:<9}{:<20}{:<9}{:<38}{:<12}partition/offset",
+        "order_id", "request_id", "total", "event_id", "status"
+    );
     for row in rows {
         let get = |i: usize| -> String {
             row.try_get_by_index::<i64>(i)
@@ -122,6 +152,54 @@ async fn print_rows(database_url: &str) {
                 .or_else(|_| row.try_get_by_index::<String>(i))
                 .unwrap_or_default()
         };
-        println!("{:<9}{:<20}{:<9}{:<38}{}", get(0), get(1), get(2), get(3), get(4));
+        let place = |i: usize| row.try_get_by_index::<Option<i32>>(i).ok().flatten().map(i64::from);
+        let offset = row.try_get_by_index::<Option<i64>>(6).ok().flatten();
+        let at = match (place(5), offset) {
+            (Some(p), Some(o)) => format!("{p}/{o}"),
+            _ => "-".to_owned(),
+        };
+        println!("{:<9}{:<20}{:<9}{:<38}{:<12}{at}", get(0), get(1), get(2), get(3), get(4));
+    }
+}
+
+/// Reads the topic from the start, as any Kafka consumer would, and decodes each OrderAccepted.
+async fn print_records(brokers: &str, topic: &str, count: i64) {
+    use prost::Message as _;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("outpost-demo-{}", std::process::id()))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("a consumer");
+    consumer.subscribe(&[topic]).expect("subscribed");
+    println!("\nrecords on Kafka topic {topic}:");
+    for _ in 0..count {
+        let Ok(Ok(message)) = tokio::time::timeout(Duration::from_secs(10), consumer.recv()).await else {
+            println!("(no more records within 10 s)");
+            break;
+        };
+        let event =
+            pb::OrderAccepted::decode(message.payload().unwrap_or_default()).expect("an OrderAccepted");
+        let event_id_header = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        println!(
+            "partition {} offset {}: key={} event_id={} (header {}) order {} of tenant {}, {} {} in {} line(s)",
+            message.partition(),
+            message.offset(),
+            String::from_utf8_lossy(message.key().unwrap_or_default()),
+            event.event_id,
+            if event_id_header == event.event_id { "matches" } else { "differs" },
+            event.order_id,
+            event.tenant_id,
+            event.total_minor,
+            event.currency,
+            event.line_items.len(),
+        );
     }
 }

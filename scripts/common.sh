@@ -9,6 +9,7 @@ cd "$repo_root"
 # A build cache outside the clone keeps warm runs fast; a fresh machine simply starts it empty.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/outpost/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -37,6 +38,16 @@ ensure_nextest() {
     log "installing cargo-nextest"
     cargo install cargo-nextest --locked
   fi
+}
+
+# Tansu, a Kafka-protocol broker from crates.io; the tests start one per test on SQLite storage.
+TANSU_VERSION=0.6.0
+ensure_tansu() {
+  if command -v tansu >/dev/null 2>&1 && tansu --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    return 0
+  fi
+  log "installing tansu $TANSU_VERSION (about 17 minutes on a fresh machine; once per machine)"
+  cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore,libsql
 }
 
 # Tests make databases named outpost_t_<uuid>; remove any a previous run left behind.

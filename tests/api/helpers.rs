@@ -107,7 +107,7 @@ async fn admin(url: &str, sql: &str) {
 
 /// An order service on port 0 over a fresh, migrated database.
 pub struct TestApp {
-    _db: TestDb,
+    pub db: TestDb,
     pub conn: DatabaseConnection,
     pub port: u16,
     pub client: OrderServiceClient<Channel>,
@@ -130,7 +130,7 @@ impl TestApp {
         });
         let client = OrderServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
         let conn = db.connect().await;
-        Self { _db: db, conn, port, client, stop: Some(stop), server: Some(server) }
+        Self { db, conn, port, client, stop: Some(stop), server: Some(server) }
     }
 
     pub fn channel_url(&self) -> String {
@@ -244,4 +244,169 @@ pub fn arm(point: &str, actions: &str) {
         "failpoint tests need a process per test: run them with `cargo nextest run`"
     );
     fail::cfg(point, actions).unwrap();
+}
+
+/// Polls `check` until it holds, failing the test with `what` after `timeout`.
+pub async fn assert_eventually<F, Fut>(what: &str, timeout: std::time::Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// One outbox row as the relay left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxState {
+    pub status: String,
+    pub attempts: i32,
+    pub lease_owner: Option<String>,
+    pub last_error: Option<String>,
+    pub published: bool,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+}
+
+/// Reads outbox rows and seeds backlogs with plain SQL, as an operator would see them.
+pub struct OutboxProbe<'a> {
+    pub conn: &'a DatabaseConnection,
+}
+
+impl OutboxProbe<'_> {
+    fn placeholder(&self, n: usize) -> String {
+        if self.conn.get_database_backend() == DbBackend::Postgres { format!("${n}") } else { "?".to_owned() }
+    }
+
+    pub async fn state(&self, event_id: &str) -> OutboxState {
+        let sql = format!(
+            "SELECT status, attempts, lease_owner, last_error, published_at IS NOT NULL, published_partition, \
+             published_offset FROM outbox_event WHERE event_id = {}",
+            self.placeholder(1)
+        );
+        let backend = self.conn.get_database_backend();
+        let row = self
+            .conn
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no outbox row {event_id}"));
+        OutboxState {
+            status: row.try_get_by_index(0).unwrap(),
+            attempts: row.try_get_by_index(1).unwrap(),
+            lease_owner: row.try_get_by_index(2).unwrap(),
+            last_error: row.try_get_by_index(3).unwrap(),
+            published: row.try_get_by_index::<bool>(4).unwrap(),
+            partition: row.try_get_by_index(5).unwrap(),
+            offset: row.try_get_by_index(6).unwrap(),
+        }
+    }
+
+    /// How many rows have `status`.
+    pub async fn count_with_status(&self, status: &str) -> i64 {
+        let backend = self.conn.get_database_backend();
+        let sql = format!("SELECT COUNT(*) FROM outbox_event WHERE status = {}", self.placeholder(1));
+        let row = self
+            .conn
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [status.into()]))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    }
+
+    /// Writes `count` PENDING events directly (the relay publishes payloads verbatim, so any
+    /// bytes do) and returns their ids, oldest first.
+    pub async fn seed(&self, count: usize) -> Vec<String> {
+        let backend = self.conn.get_database_backend();
+        let mut ids = Vec::with_capacity(count);
+        let created = chrono::Utc::now();
+        for chunk_start in (0..count).step_by(100) {
+            let chunk = (chunk_start..count.min(chunk_start + 100)).collect::<Vec<_>>();
+            let mut values = Vec::new();
+            let mut rows = Vec::new();
+            for i in chunk {
+                let id = uuid::Uuid::now_v7().to_string();
+                let n = values.len();
+                rows.push(format!(
+                    "({}, 'order', {}, 'outpost.v1.OrderAccepted', 1, {}, 'PENDING', 0, {})",
+                    self.placeholder(n + 1),
+                    self.placeholder(n + 2),
+                    self.placeholder(n + 3),
+                    self.placeholder(n + 4)
+                ));
+                values.push(id.clone().into());
+                values.push(format!("{}", 100_000 + i).into());
+                values.push(format!("payload-{i}").into_bytes().into());
+                values.push((created + chrono::Duration::microseconds(i as i64)).into());
+                ids.push(id);
+            }
+            let sql = format!(
+                "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
+                 payload, status, attempts, created_at) VALUES {}",
+                rows.join(", ")
+            );
+            self.conn.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.unwrap();
+        }
+        ids
+    }
+}
+
+/// A service binary of this workspace, built next to the test binary (scripts/test builds
+/// them with the same features before running the tests).
+pub fn service_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(std::path::Path::parent).unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --all-features --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// A service running as its own process, killed when dropped.
+pub struct ServiceProcess {
+    child: Option<tokio::process::Child>,
+}
+
+impl ServiceProcess {
+    pub fn spawn(name: &str, args: &[String], env: &[(&str, String)]) -> Self {
+        let mut command = tokio::process::Command::new(service_binary(name));
+        command.args(args).env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").kill_on_drop(true);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        if std::env::var_os("TEST_LOG").is_none() {
+            command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        }
+        Self { child: Some(command.spawn().unwrap()) }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().and_then(tokio::process::Child::id).unwrap() as i32
+    }
+
+    /// Sends `signal` (e.g. "KILL", "TERM") with kill(1): a real signal, not an in-process stop.
+    pub async fn signal(&self, signal: &str) {
+        let status = tokio::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+    }
+
+    pub async fn wait(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        tokio::time::timeout(timeout, child.wait()).await.expect("the process did not exit in time").unwrap()
+    }
 }

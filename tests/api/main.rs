@@ -3,10 +3,12 @@
 //! nextest gives every test its own process.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub, missing_debug_implementations)]
 
+mod broker;
 mod helpers;
 
 mod classify;
 mod client;
 mod reconcile;
+mod relay;
 mod service;
 mod submit_order;

@@ -1,0 +1,181 @@
+//! A real Kafka-protocol broker (Tansu, SQLite storage) per test, and a reader that counts a
+//! topic's records by consuming them.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+
+/// A Tansu broker on its own port and storage file, killed when dropped.
+pub struct TestBroker {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+/// A port nothing listens on yet.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn tansu() -> String {
+    std::env::var("OUTPOST_TANSU").unwrap_or_else(|_| "tansu".to_owned())
+}
+
+impl TestBroker {
+    /// Starts a broker on a free port.
+    pub async fn start() -> Self {
+        let mut broker = Self::reserve();
+        broker.run().await;
+        broker
+    }
+
+    /// A broker with its port and storage chosen but not running: its address refuses
+    /// connections until [`TestBroker::run`].
+    pub fn reserve() -> Self {
+        Self { port: free_port(), dir: tempfile::tempdir().unwrap(), child: None }
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (or restarts) the broker on its port with its storage.
+    pub async fn run(&mut self) {
+        assert!(self.child.is_none(), "broker already running");
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let child = Command::new(tansu())
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "sqlite://broker.db"])
+            .current_dir(self.dir.path())
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{}` (scripts/test installs it): {e}", tansu()));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "broker did not listen on {}", self.port);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills the broker with SIGKILL; its storage stays for a restart.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn create_topic(&self, name: &str, partitions: u32) {
+        let status = tokio::process::Command::new(tansu())
+            .args(["topic", "create", name, "--partitions", &partitions.to_string()])
+            .args(["--broker", &format!("tcp://127.0.0.1:{}", self.port)])
+            .stdout(Stdio::null())
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success(), "tansu topic create {name} failed");
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One consumed record.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub headers: HashMap<String, String>,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl Record {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+}
+
+/// Reads `topic` from the beginning with a fresh consumer group until at least `at_least`
+/// records arrived, then keeps reading for `settle` to catch any extra copies. Panics if
+/// `at_least` records do not arrive within `timeout`.
+pub async fn read_topic(
+    brokers: &str,
+    topic: &str,
+    at_least: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Vec<Record> {
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || read_topic_blocking(&brokers, &topic, at_least, timeout, settle))
+        .await
+        .unwrap()
+}
+
+fn read_topic_blocking(
+    brokers: &str,
+    topic: &str,
+    at_least: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Vec<Record> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("outpost-test-reader-{}", uuid::Uuid::new_v4()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut records = Vec::new();
+    let deadline = Instant::now() + timeout;
+    let mut settle_until: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if settle_until.is_some_and(|until| now >= until) {
+            return records;
+        }
+        assert!(
+            settle_until.is_some() || now < deadline,
+            "only {} of {at_least} records arrived on {topic} within {timeout:?}",
+            records.len()
+        );
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            let message = message.unwrap();
+            let headers = message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            records.push(Record {
+                key: message.key().unwrap_or_default().to_vec(),
+                value: message.payload().unwrap_or_default().to_vec(),
+                headers,
+                partition: message.partition(),
+                offset: message.offset(),
+            });
+        }
+        if settle_until.is_none() && records.len() >= at_least {
+            settle_until = Some(Instant::now() + settle);
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! The relay against real databases and a real broker: every event reaches the topic at least
+//! once, and none is marked PUBLISHED before the broker confirmed it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use outpost::relay::{self, Fenced, Outbox, StepOutcome, Tuning};
+use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
+use tokio::sync::oneshot;
+
+use crate::broker::{TestBroker, read_topic};
+use crate::helpers::{
+    Backend, OutboxProbe, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+const SETTLE: Duration = Duration::from_millis(1500);
+
+fn topic() -> String {
+    format!("outpost-test-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Short, test-sized timings that still satisfy the relay's start-up check.
+fn relay_settings(app: &TestApp, brokers: &str, topic: &str) -> relay::Settings {
+    let mut settings = relay::Settings::new(&app.db.url, brokers);
+    settings.topic = topic.to_owned();
+    settings.lease = Duration::from_secs(5);
+    settings.delivery_timeout = Duration::from_secs(3);
+    settings.lease_margin = Duration::from_secs(1);
+    settings.backoff_base = Duration::from_millis(100);
+    settings.backoff_max = Duration::from_millis(500);
+    settings.max_idle_poll = Duration::from_millis(100);
+    settings
+}
+
+/// The same settings as command-line flags for a relay process.
+fn relay_args(settings: &relay::Settings) -> Vec<String> {
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    vec![
+        format!("--database-url={}", settings.database_url),
+        format!("--brokers={}", settings.brokers),
+        format!("--topic={}", settings.topic),
+        format!("--lease={}", ms(settings.lease)),
+        format!("--delivery-timeout={}", ms(settings.delivery_timeout)),
+        format!("--lease-margin={}", ms(settings.lease_margin)),
+        format!("--backoff-base={}", ms(settings.backoff_base)),
+        format!("--backoff-max={}", ms(settings.backoff_max)),
+        format!("--max-idle-poll={}", ms(settings.max_idle_poll)),
+        format!("--max-attempts={}", settings.max_attempts),
+        "--listen=127.0.0.1:0".to_owned(),
+    ]
+}
+
+/// A relay running in this process until dropped or stopped.
+struct RunningRelay {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningRelay {
+    async fn start(settings: relay::Settings) -> Self {
+        let app = relay::Application::build(settings).await.unwrap();
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            app.run_until_stopped(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self { stop: Some(stop), task }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        (&mut self.task).await.unwrap();
+    }
+}
+
+impl Drop for RunningRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn all_published(probe: &OutboxProbe<'_>, total: i64) -> bool {
+    probe.count_with_status("PUBLISHED").await == total
+}
+
+on_every_backend!(
+    orders_reach_the_topic_with_key_value_and_headers_and_end_published,
+    two_relay_processes_drain_a_backlog_of_a_thousand_events,
+    a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing,
+    a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
+    while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off,
+    a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
+    an_event_that_keeps_failing_ends_failed_and_redrive_returns_it,
+);
+
+async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 3).await;
+    let mut accepted = Vec::new();
+    for i in 0..5 {
+        accepted.push(app.submit(order(7, &format!("req-{i}"))).await.unwrap());
+    }
+
+    let relay = RunningRelay::start(relay_settings(&app, &broker.address(), &topic)).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    assert_eventually("every event is PUBLISHED", WAIT, || all_published(&probe, 5)).await;
+    relay.stop().await;
+
+    let records = read_topic(&broker.address(), &topic, 5, WAIT, SETTLE).await;
+    assert_eq!(records.len(), 5, "one record per event when nothing failed");
+    for answer in &accepted {
+        let record =
+            records.iter().find(|r| r.header("event_id") == answer.event_id).expect("event on the topic");
+        let (_, payload) = app.outbox_row(&answer.event_id).await.unwrap();
+        assert_eq!(record.key, answer.order_id.to_string().into_bytes(), "key = aggregate id");
+        assert_eq!(record.value, payload, "value = stored payload, verbatim");
+        assert_eq!(record.header("event_type"), "outpost.v1.OrderAccepted");
+        assert_eq!(record.header("event_version"), "1");
+        assert_eq!(record.header("aggregate_type"), "order");
+        assert_eq!(record.header("aggregate_id"), answer.order_id.to_string());
+        assert_eq!(record.header("content-type"), relay::CONTENT_TYPE);
+        let state = probe.state(&answer.event_id).await;
+        assert!(state.published && state.lease_owner.is_none() && state.attempts == 1, "{state:?}");
+        assert_eq!((state.partition, state.offset), (Some(record.partition), Some(record.offset)));
+    }
+}
+
+async fn two_relay_processes_drain_a_backlog_of_a_thousand_events(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 4).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1_000).await;
+
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    settings.batch_size = 50;
+    let args = relay_args(&settings);
+    let mut relays = [
+        ServiceProcess::spawn("outpost-relay", &args, &[]),
+        ServiceProcess::spawn("outpost-relay", &args, &[]),
+    ];
+    assert_eventually("all 1000 events are PUBLISHED", Duration::from_secs(120), || {
+        all_published(&probe, 1_000)
+    })
+    .await;
+
+    // SIGTERM drains and exits 0.
+    for relay in &mut relays {
+        relay.signal("TERM").await;
+        assert!(relay.wait(Duration::from_secs(15)).await.success());
+    }
+    let records = read_topic(&broker.address(), &topic, 1_000, WAIT, SETTLE).await;
+    let seen: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert!(ids.iter().all(|id| seen.contains(id.as_str())), "every event reached the topic");
+}
+
+async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let event_id = &ids[0];
+    let outbox = Outbox::new(app.db.connect().await);
+    let publisher =
+        || KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(3), &[]).unwrap();
+    let tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(800),
+        retry: RetryPolicy {
+            max_attempts: 10,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(1),
+        },
+        max_idle_poll: Duration::from_millis(100),
+    };
+    let old = Relay::new(outbox.clone(), publisher(), tuning.clone());
+    let new = Relay::new(outbox.clone(), publisher(), tuning.clone());
+
+    // The old owner claims, then its lease runs out before it gets to publish.
+    let claimed = outbox.claim(old.owner(), tuning.lease, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eventually("the new relay claims the expired lease", WAIT, || async {
+        matches!(new.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
+    })
+    .await;
+    let after_new = probe.state(event_id).await;
+    assert_eq!(after_new.status, "PUBLISHED");
+
+    // The old owner now confirms late: its owner-fenced mark must change nothing.
+    let delivery = outpost::relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
+    assert_eq!(outbox.mark_published(event_id, old.owner(), &delivery).await.unwrap(), Fenced::LeaseLost);
+    assert_eq!(probe.state(event_id).await, after_new, "the new owner's result is intact");
+
+    // While a newer owner still holds the lease, a stale worker cannot touch it either.
+    let more = probe.seed(1).await;
+    let first = outbox.claim(old.owner(), Duration::from_millis(300), 10).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        // Claimable again only once the 300 ms lease has passed by the database clock.
+        if !outbox.claim(new.owner(), Duration::from_secs(30), 10).await.unwrap().is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the expired lease was never claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(outbox.mark_published(&more[0], old.owner(), &delivery).await.unwrap(), Fenced::LeaseLost);
+    let released = outbox.release(&first[0], old.owner(), "late failure", &tuning.retry).await.unwrap();
+    assert_eq!(released, Fenced::LeaseLost);
+    let state = probe.state(&more[0]).await;
+    assert_eq!(state.status, "PUBLISHING");
+    assert_eq!(state.lease_owner.as_deref(), Some(new.owner().as_str()));
+    assert_eq!(state.last_error, None);
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 2).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(20).await;
+    let args = relay_args(&relay_settings(&app, &broker.address(), &topic));
+
+    // This relay claims, then hangs before publishing until it is killed.
+    let stalled = ServiceProcess::spawn(
+        "outpost-relay",
+        &args,
+        &[("FAILPOINTS", "DURING_CONCURRENT_CLAIM=sleep(600000)".into())],
+    );
+    assert_eventually("the first relay holds leases", WAIT, || async {
+        probe.count_with_status("PUBLISHING").await > 0
+    })
+    .await;
+    let leased_to_first = probe.state(&ids[0]).await.lease_owner.expect("a lease owner");
+    stalled.signal("KILL").await;
+
+    let _rescuer = ServiceProcess::spawn("outpost-relay", &args, &[]);
+    assert_eventually("the second relay publishes every event", WAIT, || all_published(&probe, 20)).await;
+    assert!(leased_to_first.contains(&format!("/{}/", stalled.pid())), "{leased_to_first}");
+    let records = read_topic(&broker.address(), &topic, 20, WAIT, SETTLE).await;
+    let seen: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert!(ids.iter().all(|id| seen.contains(id.as_str())));
+}
+
+async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut broker = TestBroker::reserve();
+    let topic = topic();
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(3).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    settings.delivery_timeout = Duration::from_millis(500);
+    settings.lease = Duration::from_secs(2);
+    settings.lease_margin = Duration::from_millis(500);
+    let relay = RunningRelay::start(settings).await;
+
+    assert_eventually("every event failed at least twice", WAIT, || async {
+        let mut all = true;
+        for id in &ids {
+            let state = probe.state(id).await;
+            assert!(!state.published, "published without a broker: {state:?}");
+            all &= state.attempts >= 2 && state.last_error.is_some();
+        }
+        all
+    })
+    .await;
+    assert_eq!(probe.count_with_status("PUBLISHED").await, 0);
+
+    broker.run().await;
+    broker.create_topic(&topic, 1).await;
+    assert_eventually("the backlog drains once the broker is back", WAIT, || all_published(&probe, 3)).await;
+    relay.stop().await;
+    let records = read_topic(&broker.address(), &topic, 3, WAIT, SETTLE).await;
+    assert!(records.len() >= 3);
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let accepted = app.submit(order(7, "req-1")).await.unwrap();
+    let probe = OutboxProbe { conn: &app.conn };
+    let args = relay_args(&relay_settings(&app, &broker.address(), &topic));
+
+    let mut crashing = ServiceProcess::spawn(
+        "outpost-relay",
+        &args,
+        &[("FAILPOINTS", "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED=return(abort)".into())],
+    );
+    let exit = crashing.wait(WAIT).await;
+    assert!(!exit.success(), "the relay crashed right after the confirm");
+    let first_copy = read_topic(&broker.address(), &topic, 1, WAIT, Duration::ZERO).await;
+    assert_eq!(first_copy[0].header("event_id"), accepted.event_id);
+    assert_eq!(probe.state(&accepted.event_id).await.status, "PUBLISHING", "confirmed but never marked");
+
+    let _second = ServiceProcess::spawn("outpost-relay", &args, &[]);
+    assert_eventually("the event is published again and marked", WAIT, || all_published(&probe, 1)).await;
+    let records = read_topic(&broker.address(), &topic, 2, WAIT, SETTLE).await;
+    let copies = records.iter().filter(|r| r.header("event_id") == accepted.event_id).count();
+    assert_eq!(copies, 2, "the duplicate is on the topic: at least once, never exactly once");
+}
+
+async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut broker = TestBroker::reserve();
+    let topic = topic();
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    settings.delivery_timeout = Duration::from_millis(500);
+    settings.lease = Duration::from_secs(2);
+    settings.lease_margin = Duration::from_millis(500);
+    settings.max_attempts = 2;
+    let relay = RunningRelay::start(settings.clone()).await;
+
+    assert_eventually("the event is FAILED", WAIT, || async {
+        probe.state(&ids[0]).await.status == "FAILED"
+    })
+    .await;
+    let failed = probe.state(&ids[0]).await;
+    assert_eq!(failed.attempts, 2);
+    assert!(failed.last_error.is_some());
+    relay.stop().await;
+
+    // The operator's command, as a real process.
+    let mut redrive = ServiceProcess::spawn(
+        "outpost-relay",
+        &[format!("--database-url={}", settings.database_url), "redrive".to_owned(), ids[0].clone()],
+        &[],
+    );
+    assert!(redrive.wait(WAIT).await.success());
+    let redriven = probe.state(&ids[0]).await;
+    assert_eq!((redriven.status.as_str(), redriven.attempts), ("PENDING", 0));
+
+    broker.run().await;
+    broker.create_topic(&topic, 1).await;
+    let relay = RunningRelay::start(settings).await;
+    assert_eventually("the redriven event is published", WAIT, || all_published(&probe, 1)).await;
+    relay.stop().await;
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(_: Backend) {}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(_: Backend) {}
+
+#[tokio::test]
+async fn a_lease_not_longer_than_the_delivery_timeout_is_refused_at_start() {
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let args = [
+        format!("--database-url={}", app.db.url),
+        "--lease=5s".to_owned(),
+        "--delivery-timeout=10s".to_owned(),
+    ];
+    let output = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
+        .args(&args)
+        .output()
+        .await
+        .unwrap();
+
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("lease") && stderr.contains("delivery timeout"), "{stderr}");
+}
