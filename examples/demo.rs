@@ -56,6 +56,7 @@ async fn main() {
             let count = count.parse().expect("COUNT is a number");
             print_rows(database_url, count).await;
             print_records(brokers, topic, count).await;
+            print_jobs(database_url, count).await;
         }
         _ => eprintln!("usage: demo submit GRPC_URL | demo show DATABASE_URL BROKERS TOPIC COUNT"),
     }
@@ -159,6 +160,34 @@ async fn print_rows(database_url: &str, count: i64) {
             _ => "-".to_owned(),
         };
         println!("{:<9}{:<20}{:<9}{:<38}{:<12}{at}", get(0), get(1), get(2), get(3), get(4));
+    }
+}
+
+/// Waits for the consumer's notification jobs and prints them with their dedup rows.
+async fn print_jobs(database_url: &str, count: i64) {
+    let db = outpost::db::connect(database_url, 1).await.expect("the database opens");
+    let backend = db.get_database_backend();
+    let count_sql = "SELECT COUNT(*) FROM notification_job";
+    for _ in 0..300 {
+        let jobs = db
+            .query_one_raw(Statement::from_string(backend, count_sql))
+            .await
+            .expect("the jobs read")
+            .and_then(|row| row.try_get_by_index::<i64>(0).ok())
+            .unwrap_or(0);
+        if jobs >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sql = "SELECT j.event_id, j.order_id, j.status, c.consumer_name FROM notification_job j \
+               JOIN consumed_event c ON c.event_id = j.event_id ORDER BY j.order_id";
+    let rows = db.query_all_raw(Statement::from_string(backend, sql)).await.expect("the jobs read");
+    println!("\nnotification jobs (one per event, committed with its consumed_event row):");
+    for row in rows {
+        let text = |i: usize| row.try_get_by_index::<String>(i).unwrap_or_default();
+        let order_id = row.try_get_by_index::<i64>(1).unwrap_or_default();
+        println!("event {} order {order_id} {} (consumer {})", text(0), text(2), text(3));
     }
 }
 

@@ -6,8 +6,10 @@
 mod classify;
 mod clock;
 mod connect;
+mod failure;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
 pub use clock::now;
 pub use connect::{SchemaError, connect, ensure_migrated};
+pub use failure::TxFailure;
 pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

@@ -1,6 +1,9 @@
 //! SeaORM entities for the tables the migrations create. Crate-private: the stores wrap them.
 #![allow(unreachable_pub)]
 
+pub(crate) mod consumed_event;
+pub(crate) mod dead_letter;
+pub(crate) mod notification_job;
 pub(crate) mod order_line;
 pub(crate) mod orders;
 pub(crate) mod outbox_event;

@@ -21,6 +21,13 @@ pub const DURING_CONCURRENT_CLAIM: &str = "DURING_CONCURRENT_CLAIM";
 /// In the relay, after the broker confirmed and before the mark: the event is published again.
 pub const AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED: &str = "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED";
 
+/// In the consumer, after its transaction committed and before the offset is stored.
+pub const AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK: &str = "AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK";
+/// In the consumer's transaction, after the dedup row: a failure that is not a violation of
+/// `uq_consumed_event_identity` must roll back and leave the message unacknowledged.
+pub const NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING: &str =
+    "NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING";
+
 /// A failure injected at a named failpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("failure injected at {0}")]

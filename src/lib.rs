@@ -3,9 +3,11 @@
 //!
 //! The services in `services/` are thin binaries over this library:
 //! [`order`] accepts orders and writes each with its event in one local transaction;
-//! [`relay`] publishes the outbox to Kafka under leases.
+//! [`relay`] publishes the outbox to Kafka under leases; [`consumer`] turns each event into one
+//! local effect.
 
 pub mod client;
+pub mod consumer;
 pub mod db;
 pub mod domain;
 mod entity;

@@ -11,4 +11,4 @@ pub use application::{Application, StartupError};
 pub use event::{AGGREGATE_TYPE, EVENT_TYPE};
 pub use grpc::ERROR_DOMAIN;
 pub use settings::Settings;
-pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted, TxFailure};
+pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};

@@ -35,3 +35,11 @@ pub fn fail(service: &str, error: impl Display) -> ExitCode {
     eprintln!("{service}: {error}");
     ExitCode::FAILURE
 }
+
+/// Parses a `KEY=VALUE` setting, such as a pass-through Kafka client option.
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.trim().to_owned())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}

@@ -124,11 +124,43 @@ impl MigrationTrait for Migration {
                     .col(timestamp(db, NotificationJob::CreatedAt).not_null())
                     .to_owned(),
             )
-            .await
+            .await?;
+
+        manager
+            .create_table(
+                Table::create()
+                    .table(DeadLetter::Table)
+                    .col(
+                        ColumnDef::new(DeadLetter::Id)
+                            .big_integer()
+                            .not_null()
+                            .auto_increment()
+                            .primary_key(),
+                    )
+                    .col(ColumnDef::new(DeadLetter::ConsumerName).string_len(128).not_null())
+                    .col(ColumnDef::new(DeadLetter::Topic).string_len(249).not_null())
+                    .col(ColumnDef::new(DeadLetter::PartitionId).integer().not_null())
+                    .col(ColumnDef::new(DeadLetter::OffsetId).big_integer().not_null())
+                    .col(ColumnDef::new(DeadLetter::RecordKey).blob().null())
+                    .col(ColumnDef::new(DeadLetter::Payload).blob().not_null())
+                    .col(ColumnDef::new(DeadLetter::EventId).string_len(128).null())
+                    .col(ColumnDef::new(DeadLetter::Error).string_len(1024).not_null())
+                    .col(timestamp(db, DeadLetter::CreatedAt).not_null())
+                    .to_owned(),
+            )
+            .await?;
+        unique(
+            manager,
+            "uq_dead_letter_coordinates",
+            DeadLetter::Table,
+            [DeadLetter::ConsumerName, DeadLetter::Topic, DeadLetter::PartitionId, DeadLetter::OffsetId],
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         for table in [
+            DeadLetter::Table.into_iden(),
             NotificationJob::Table.into_iden(),
             ConsumedEvent::Table.into_iden(),
             OutboxEvent::Table.into_iden(),
@@ -222,5 +254,20 @@ enum NotificationJob {
     OrderId,
     SourceVersion,
     Status,
+    CreatedAt,
+}
+
+#[derive(DeriveIden)]
+enum DeadLetter {
+    Table,
+    Id,
+    ConsumerName,
+    Topic,
+    PartitionId,
+    OffsetId,
+    RecordKey,
+    Payload,
+    EventId,
+    Error,
     CreatedAt,
 }

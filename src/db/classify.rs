@@ -19,6 +19,9 @@ pub enum UniqueKey {
     OrdersAcceptanceEvent,
     /// `consumed_event (consumer_name, event_id)`: the consumer already handled the event.
     ConsumedEventIdentity,
+    /// `dead_letter (consumer_name, topic, partition_id, offset_id)`: the record is already
+    /// in the dead-letter table.
+    DeadLetterCoordinates,
 }
 
 impl UniqueKey {
@@ -31,6 +34,7 @@ impl UniqueKey {
             Self::OrdersTenantRequest => "uq_orders_tenant_request",
             Self::OrdersAcceptanceEvent => "uq_orders_acceptance_event",
             Self::ConsumedEventIdentity => "uq_consumed_event_identity",
+            Self::DeadLetterCoordinates => "uq_dead_letter_coordinates",
         }
     }
 
@@ -40,6 +44,9 @@ impl UniqueKey {
             Self::OrdersTenantRequest => "orders.tenant_id, orders.request_id",
             Self::OrdersAcceptanceEvent => "orders.acceptance_event_id",
             Self::ConsumedEventIdentity => "consumed_event.consumer_name, consumed_event.event_id",
+            Self::DeadLetterCoordinates => {
+                "dead_letter.consumer_name, dead_letter.topic, dead_letter.partition_id, dead_letter.offset_id"
+            }
         }
     }
 }

@@ -8,12 +8,12 @@ use sea_orm::{
 };
 
 use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
-use crate::db::{ErrorFacts, UniqueKey, violated_unique_key};
+use crate::db::{TxFailure, UniqueKey, violated_unique_key};
 use crate::domain::{
     CustomerId, EventId, LineItem, NewOrder, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder, TenantId,
 };
 use crate::entity::{order_line, orders, outbox_event};
-use crate::failpoint::{self, Injected};
+use crate::failpoint;
 
 /// The version of an order's facts when it is accepted.
 const FIRST_VERSION: i64 = 1;
@@ -42,29 +42,6 @@ pub struct Submitted {
     pub order: AcceptedOrder,
     /// True when an identical earlier submission had committed it; nothing new was written.
     pub replayed: bool,
-}
-
-/// Why a transaction did not commit (or may not have).
-#[derive(Debug, thiserror::Error)]
-pub enum TxFailure {
-    /// The database reported an error.
-    #[error("{source} ({facts})")]
-    Database {
-        /// The error.
-        source: DbErr,
-        /// SQLSTATE, vendor code and constraint, for the logs.
-        facts: ErrorFacts,
-    },
-    /// A test armed a failpoint.
-    #[error(transparent)]
-    Injected(#[from] Injected),
-}
-
-impl From<DbErr> for TxFailure {
-    fn from(source: DbErr) -> Self {
-        let facts = ErrorFacts::of(&source);
-        Self::Database { source, facts }
-    }
 }
 
 /// A submission that did not produce a committed order.
@@ -191,11 +168,7 @@ impl OrderStore {
             tracing::warn!(error = %e, "rollback failed; outcome unknown");
             return Err(unknown(event_id, cause));
         }
-        let key = match &cause {
-            TxFailure::Database { source, .. } => violated_unique_key(source),
-            TxFailure::Injected(_) => None,
-        };
-        match key {
+        match cause.db_err().and_then(violated_unique_key) {
             // SQLite reports only one violated index, and names the event id key when both
             // keys clash. Either way the decision below rests on the stored row that holds
             // this request's key, never on a guess from some other constraint.

@@ -33,7 +33,7 @@ pub struct Settings {
 
     /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...);
     /// repeat the flag, or separate pairs with commas in the environment variable.
-    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = parse_option)]
+    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
     /// Most events one claim takes.
@@ -106,12 +106,5 @@ impl Settings {
             max_idle_poll: Duration::from_secs(1),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
-    }
-}
-
-fn parse_option(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.trim().to_owned())),
-        _ => Err(format!("`{text}` is not KEY=VALUE")),
     }
 }

@@ -8,6 +8,7 @@ mod helpers;
 
 mod classify;
 mod client;
+mod consumer;
 mod reconcile;
 mod relay;
 mod service;

@@ -1,0 +1,22 @@
+//! The consumer: turns each OrderAccepted into exactly one local effect (a notification job),
+//! however often Kafka delivers it.
+//!
+//! One message, one transaction: the `consumed_event` row and the effect commit together, and the
+//! offset is stored only after that commit, or after the event is proven already consumed by a
+//! violation of `uq_consumed_event_identity` and nothing else. Undecodable records go to the
+//! dead-letter table, in one transaction, before their offset is stored.
+
+mod application;
+mod decode;
+mod inbox;
+mod settings;
+mod worker;
+
+pub use application::{Application, StartupError};
+pub use decode::{OrderAcceptedEvent, Poison, decode};
+pub use inbox::{Consumed, Inbox, PoisonRecord};
+pub use settings::Settings;
+pub use worker::{ConsumerStats, StatsSnapshot};
+
+/// The consumer name (dedup identity) unless configured otherwise.
+pub const DEFAULT_CONSUMER_NAME: &str = "notification-planner";

@@ -1,0 +1,234 @@
+//! The Kafka side: receive, handle in one transaction, store the offset only after it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientContext, TopicPartitionList};
+use tokio::sync::watch;
+
+use super::decode::decode;
+use super::inbox::{Consumed, Inbox, PoisonRecord};
+use crate::db::TxFailure;
+use crate::failpoint;
+
+/// Counts of what the consumer did since it started.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    assigned_partitions: AtomicU64,
+    handled: AtomicU64,
+    consumed: AtomicU64,
+    duplicates: AtomicU64,
+    dead_lettered: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// A point-in-time copy of [`ConsumerStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Partitions this consumer holds now.
+    pub assigned_partitions: u64,
+    /// Deliveries handled (each attempt counts, retries included).
+    pub handled: u64,
+    /// Events whose dedup row and effect committed.
+    pub consumed: u64,
+    /// Deliveries of events already consumed: the duplicate branch.
+    pub duplicates: u64,
+    /// Records stored in the dead-letter table.
+    pub dead_lettered: u64,
+    /// Attempts that failed and were not acknowledged.
+    pub failures: u64,
+}
+
+impl ConsumerStats {
+    /// The counts now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            assigned_partitions: get(&self.assigned_partitions),
+            handled: get(&self.handled),
+            consumed: get(&self.consumed),
+            duplicates: get(&self.duplicates),
+            dead_lettered: get(&self.dead_lettered),
+            failures: get(&self.failures),
+        }
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Commits the offsets of finished work before partitions are taken away, so the next owner
+/// starts after it; unfinished work has no stored offset and is redelivered.
+#[derive(Debug, Default)]
+pub(crate) struct CommitOnRevoke {
+    pub(crate) stats: std::sync::Arc<ConsumerStats>,
+}
+
+impl ClientContext for CommitOnRevoke {}
+
+impl ConsumerContext for CommitOnRevoke {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(partitions) = rebalance {
+            commit_stored(consumer, "revoke");
+            self.stats.assigned_partitions.store(0, Ordering::Relaxed);
+            tracing::info!(partitions = ?partition_list(partitions), "partitions revoked");
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(partitions) = rebalance {
+            self.stats.assigned_partitions.store(partitions.count() as u64, Ordering::Relaxed);
+            tracing::info!(partitions = ?partition_list(partitions), "partitions assigned");
+        }
+    }
+}
+
+fn partition_list(list: &TopicPartitionList) -> Vec<i32> {
+    list.elements().iter().map(|e| e.partition()).collect()
+}
+
+/// Commits the stored offsets (those of committed work) now.
+pub(crate) fn commit_stored<C: Consumer<CommitOnRevoke>>(consumer: &C, when: &str) {
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) => tracing::debug!(when, "offsets committed"),
+        // Nothing finished since the last commit.
+        Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => {
+            tracing::warn!(when, error = %e, "offset commit failed; the work since the last commit will be redelivered")
+        }
+    }
+}
+
+/// Receives and handles records until `stop` turns true.
+#[allow(missing_debug_implementations)] // the librdkafka handle has no Debug
+pub(crate) struct Worker<'a> {
+    pub(crate) consumer: &'a StreamConsumer<CommitOnRevoke>,
+    pub(crate) inbox: &'a Inbox,
+    pub(crate) stats: &'a ConsumerStats,
+    pub(crate) backoff_max: Duration,
+}
+
+impl Worker<'_> {
+    /// Handles one record at a time, so offsets advance in order. A record whose handling fails
+    /// is retried in place with backoff; on stop it is left unacknowledged for redelivery.
+    pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) {
+        let mut receive_backoff = Duration::from_millis(100);
+        while !*stop.borrow() {
+            let received = tokio::select! {
+                received = self.consumer.recv() => received,
+                changed = stop.changed() => { if changed.is_err() { break } continue }
+            };
+            match received {
+                Ok(message) => {
+                    receive_backoff = Duration::from_millis(100);
+                    self.handle_until_done(&message, &mut stop).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed");
+                    tokio::time::sleep(receive_backoff).await;
+                    receive_backoff = (receive_backoff * 2).min(self.backoff_max);
+                }
+            }
+        }
+    }
+
+    async fn handle_until_done(&self, message: &BorrowedMessage<'_>, stop: &mut watch::Receiver<bool>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            ConsumerStats::bump(&self.stats.handled);
+            match self.handle(message).await {
+                Ok(()) => {
+                    // Stored, not committed: the auto-commit (and the commits on revoke and
+                    // shutdown) send only offsets stored here, after the local commit.
+                    if let Err(e) = self.consumer.store_offset_from_message(message) {
+                        tracing::warn!(error = %e, "could not store the offset; the record will be redelivered");
+                    }
+                    return;
+                }
+                Err(failure) => {
+                    ConsumerStats::bump(&self.stats.failures);
+                    tracing::warn!(
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        error = %failure,
+                        retry_in = ?backoff,
+                        "handling failed; not acknowledged"
+                    );
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                return;
+            }
+            backoff = (backoff * 2).min(self.backoff_max);
+        }
+    }
+
+    async fn handle(&self, message: &BorrowedMessage<'_>) -> Result<(), TxFailure> {
+        let header = |name: &str| {
+            message.headers().and_then(|headers| {
+                headers
+                    .iter()
+                    .find(|h| h.key == name)
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+        };
+        match decode(message.payload(), header) {
+            Ok(event) => match self.inbox.consume(&event).await? {
+                Consumed::Committed => {
+                    ConsumerStats::bump(&self.stats.consumed);
+                    tracing::info!(
+                        outpost.event_id = %event.event_id,
+                        messaging.message.id = %event.event_id,
+                        order_id = event.order_id,
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "consumed: dedup row and notification job committed"
+                    );
+                    failpoint::hit(failpoint::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK)?;
+                }
+                Consumed::AlreadyConsumed => {
+                    ConsumerStats::bump(&self.stats.duplicates);
+                    tracing::info!(
+                        outpost.event_id = %event.event_id,
+                        messaging.message.id = %event.event_id,
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "duplicate delivery: already consumed, acknowledged without effect"
+                    );
+                }
+            },
+            Err(poison) => {
+                let record = PoisonRecord {
+                    topic: message.topic(),
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    key: message.key(),
+                    payload: message.payload().unwrap_or_default(),
+                    event_id: poison.event_id.as_deref(),
+                    error: &poison.reason,
+                };
+                self.inbox.dead_letter(&record).await?;
+                ConsumerStats::bump(&self.stats.dead_lettered);
+                tracing::error!(
+                    outpost.event_id = poison.event_id.as_deref().unwrap_or("-"),
+                    topic = message.topic(),
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    error = %poison,
+                    "undecodable record dead-lettered"
+                );
+            }
+        }
+        Ok(())
+    }
+}
