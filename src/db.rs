@@ -4,12 +4,12 @@
 //! under this module, so the rest of the code speaks one dialect.
 
 mod classify;
-mod clock;
 mod connect;
+mod dialect;
 mod failure;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
-pub use clock::now;
 pub use connect::{SchemaError, connect, ensure_migrated};
+pub use dialect::{has_skip_locked, now};
 pub use failure::TxFailure;
 pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

@@ -16,7 +16,7 @@ pub use application::{Application, StartupError, redrive};
 pub use outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Redrive, Released, RetryPolicy};
 pub use publisher::{CONTENT_TYPE, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
-pub use worker::{Relay, StepOutcome, StepReport, Tuning};
+pub use worker::{PublisherFailed, Relay, StepOutcome, StepReport, Tuning};
 
 /// The Kafka topic OrderAccepted events go to unless configured otherwise.
 pub const DEFAULT_TOPIC: &str = "outpost.order-accepted.v1";

@@ -9,7 +9,7 @@ use tonic::transport::server::TcpIncoming;
 
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
-use super::worker::{Relay, Tuning};
+use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, Settings};
 use crate::db::{self, SchemaError};
 
@@ -39,6 +39,9 @@ pub enum StartupError {
     /// The health server failed.
     #[error("health server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The producer failed for good while relaying.
+    #[error(transparent)]
+    Publisher(#[from] PublisherFailed),
 }
 
 /// A built relay with its health endpoint bound.
@@ -106,19 +109,21 @@ impl Application {
 
         let relay = self.relay.run(stop_rx);
         tokio::pin!(relay);
-        tokio::select! {
-            () = &mut relay => {}
+        let outcome = tokio::select! {
+            outcome = &mut relay => outcome,
             () = shutdown => {
                 tracing::info!("shutdown requested; finishing the batch in flight");
                 health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
                 let _ = stop_tx.send(true);
-                if tokio::time::timeout(self.settings.lease, &mut relay).await.is_err() {
+                tokio::time::timeout(self.settings.lease, &mut relay).await.unwrap_or_else(|_| {
                     tracing::warn!("drain took longer than the lease; its events will be claimed again");
-                }
+                    Ok(())
+                })
             }
-        }
+        };
         let _ = stop_tx.send(true);
         server.await.map_err(|e| StartupError::Settings(format!("health server task: {e}")))??;
+        outcome?;
         tracing::info!("relay stopped");
         Ok(())
     }

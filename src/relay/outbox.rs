@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, TransactionTrait, Value,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    TransactionTrait, Value,
 };
 
 use super::WorkerId;
@@ -125,7 +125,7 @@ impl Outbox {
         lease: Duration,
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
-        if self.db.get_database_backend() == DbBackend::Sqlite {
+        if !db::has_skip_locked(&self.db) {
             return self.claim_single_writer(owner, lease, batch_size).await;
         }
         let txn = self.db.begin().await?;

@@ -22,6 +22,13 @@ pub const CONTENT_TYPE: &str = "application/x-protobuf";
 pub trait Publisher: Send + Sync {
     /// Publishes `event` and waits for the broker's verdict.
     fn publish(&self, event: &ClaimedEvent) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
+
+    /// A reason this publisher can never publish again, if it has one (librdkafka's idempotent
+    /// producer raises such fatal errors). The relay then stops, so that a fresh process with a
+    /// fresh producer takes over.
+    fn fatal_error(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The broker did not confirm a record.
@@ -133,6 +140,10 @@ impl Publisher for KafkaPublisher {
             }),
             Err((source, _)) => Err(PublishError { event_id: event.event_id.clone(), source }),
         }
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        self.producer.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
     }
 }
 

@@ -174,12 +174,19 @@ impl<P: Publisher> Relay<P> {
     /// Steps until `stop` turns true: at once again after a batch, backing off up to
     /// `max_idle_poll` while the outbox is empty or the database fails. A step in progress
     /// always finishes, so a stop never abandons a confirmed publish before its mark.
-    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+    ///
+    /// Ends early with an error only when the publisher can never publish again.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
         let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
         let mut idle = shortest;
         tracing::info!(lease_owner = %self.owner, "relay started");
         while !*stop.borrow() {
-            let wait = match self.step().await {
+            let step = self.step().await;
+            if let Some(reason) = self.publisher.fatal_error() {
+                tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
+                return Err(PublisherFailed(reason));
+            }
+            let wait = match step {
                 Ok(StepOutcome::Worked(report)) => {
                     tracing::debug!(?report, "relay step");
                     idle = shortest;
@@ -198,5 +205,12 @@ impl<P: Publisher> Relay<P> {
             }
         }
         tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
+        Ok(())
     }
 }
+
+/// The publisher hit an unrecoverable error; its leases will expire and another relay (or this
+/// one, restarted) publishes the events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the Kafka producer failed for good: {0}")]
+pub struct PublisherFailed(pub String);

@@ -91,6 +91,7 @@ on_every_backend!(
     orders_reach_the_topic_with_key_value_and_headers_and_end_published,
     two_relay_processes_drain_a_backlog_of_a_thousand_events,
     a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing,
+    a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing,
     a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
     while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off,
     a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
@@ -263,6 +264,8 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_
     settings.delivery_timeout = Duration::from_millis(500);
     settings.lease = Duration::from_secs(2);
     settings.lease_margin = Duration::from_millis(500);
+    // However long the broker takes to come back, the events must not run out of attempts.
+    settings.max_attempts = 1_000;
     let relay = RunningRelay::start(settings).await;
 
     assert_eventually("every event failed at least twice", WAIT, || async {
@@ -347,10 +350,65 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
 
     broker.run().await;
     broker.create_topic(&topic, 1).await;
-    let relay = RunningRelay::start(settings).await;
+    // A relay with ordinary timings: a first publish to a fresh broker may take longer than the
+    // 500 ms the failing phase allowed.
+    let relay = RunningRelay::start(relay_settings(&app, &broker.address(), &topic)).await;
     assert_eventually("the redriven event is published", WAIT, || all_published(&probe, 1)).await;
     relay.stop().await;
 }
+
+#[cfg(feature = "failpoints")]
+async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(backend: Backend) {
+    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
+    use std::sync::Arc;
+
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let publisher =
+        || KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(3), &[]).unwrap();
+    let tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(1000),
+        retry: RetryPolicy {
+            max_attempts: 10,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(1),
+        },
+        max_idle_poll: Duration::from_millis(100),
+    };
+    // Only the first pass through the window stalls, for longer than the lease.
+    crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(3000)");
+    let slow = Arc::new(Relay::new(outbox.clone(), publisher(), tuning.clone()));
+    let fast = Relay::new(outbox.clone(), publisher(), tuning);
+
+    let slow_step = tokio::spawn({
+        let slow = Arc::clone(&slow);
+        async move { slow.step().await.unwrap() }
+    });
+    assert_eventually("the slow relay holds the lease", WAIT, || async {
+        probe.state(&ids[0]).await.lease_owner.as_deref() == Some(slow.owner().as_str())
+    })
+    .await;
+    assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
+        matches!(fast.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
+    })
+    .await;
+    let after_fast = probe.state(&ids[0]).await;
+
+    let StepOutcome::Worked(late) = slow_step.await.unwrap() else { panic!("the slow relay had claimed") };
+    assert_eq!((late.published, late.lease_lost), (0, 1), "{late:?}");
+    assert_eq!(probe.state(&ids[0]).await, after_fast, "the late mark changed nothing");
+    let records = read_topic(&broker.address(), &topic, 2, WAIT, SETTLE).await;
+    assert_eq!(records.len(), 2, "the late confirm is a duplicate on the topic, not a loss");
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(_: Backend) {}
 
 #[cfg(not(feature = "failpoints"))]
 async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(_: Backend) {}

@@ -1,3 +1,5 @@
+//! The few places where SQL differs per backend beyond what SeaORM's builder hides.
+
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement};
 
@@ -30,4 +32,11 @@ pub async fn now(conn: &impl ConnectionTrait) -> Result<DateTime<Utc>, DbErr> {
         }
     };
     Ok(now.trunc_subsecs(6))
+}
+
+/// Whether the backend can lock rows with `FOR UPDATE SKIP LOCKED`, letting concurrent workers
+/// take disjoint batches without waiting. SQLite cannot, but it has only one writer at a time, so
+/// a single `UPDATE … RETURNING` claims atomically there.
+pub fn has_skip_locked(conn: &impl ConnectionTrait) -> bool {
+    conn.get_database_backend() != DbBackend::Sqlite
 }
