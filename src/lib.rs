@@ -15,6 +15,7 @@ pub mod failpoint;
 pub mod order;
 pub mod proto;
 pub mod relay;
+pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;

@@ -1,7 +1,6 @@
 //! Builds the consumer from its settings and runs it until shutdown.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rdkafka::ClientConfig;
@@ -9,12 +8,11 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use super::Settings;
 use super::inbox::Inbox;
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
-use crate::db::{self, SchemaError};
+use crate::service::{self, HealthEndpoint, ReadyError};
 
 /// The consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -22,23 +20,12 @@ pub enum StartupError {
     /// The settings contradict each other or miss something.
     #[error("invalid settings: {0}")]
     Settings(String),
-    /// The database could not be reached.
-    #[error("cannot connect to the database: {0}")]
-    Database(#[source] sea_orm::DbErr),
-    /// The database is not migrated for this version.
+    /// The database or the health endpoint could not get ready.
     #[error(transparent)]
-    Schema(#[from] SchemaError),
+    Ready(#[from] ReadyError),
     /// The Kafka consumer could not be created or subscribed.
     #[error("kafka consumer: {0}")]
     Kafka(#[from] KafkaError),
-    /// The health endpoint could not listen.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address from the settings.
-        addr: SocketAddr,
-        /// Why binding failed.
-        source: std::io::Error,
-    },
     /// The health server failed.
     #[error("health server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -67,20 +54,11 @@ impl Application {
     /// Connects to the (migrated) database, creates and subscribes the Kafka consumer, and binds
     /// the health endpoint. Records are received in [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        let db = db::connect(&settings.database_url, settings.db_max_connections)
-            .await
-            .map_err(StartupError::Database)?;
-        db::ensure_migrated(&db).await?;
+        let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
         let consumer = kafka_consumer(&settings, Arc::clone(&stats))?;
         consumer.subscribe(&[&settings.topic])?;
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?
-            .port();
+        let (listener, port) = service::bind(settings.listen).await?;
         let inbox = Inbox::new(db, settings.consumer_name.clone());
         Ok(Self { consumer, inbox, stats, listener, port, settings })
     }
@@ -101,18 +79,8 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut server_stop = stop_rx.clone();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder().add_service(health_service).serve_with_incoming_shutdown(
-                TcpIncoming::from(self.listener),
-                async move {
-                    let _ = server_stop.wait_for(|stop| *stop).await;
-                },
-            ),
-        );
+        let health = HealthEndpoint::serve(self.listener, stop_rx.clone()).await;
 
         let worker = Worker {
             consumer: &self.consumer,
@@ -131,7 +99,7 @@ impl Application {
             () = &mut run => {}
             () = shutdown => {
                 tracing::info!("shutdown requested; finishing the record in hand");
-                health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+                health.draining().await;
                 let _ = stop_tx.send(true);
                 if tokio::time::timeout(self.settings.shutdown_grace, &mut run).await.is_err() {
                     tracing::warn!("grace period over; the record in hand will be redelivered");
@@ -141,7 +109,7 @@ impl Application {
         commit_stored(&self.consumer, "shutdown");
         self.consumer.unsubscribe();
         let _ = stop_tx.send(true);
-        server.await.map_err(|e| StartupError::Settings(format!("health server task: {e}")))??;
+        health.stopped().await?;
         tracing::info!(stats = ?self.stats.snapshot(), "consumer stopped");
         Ok(())
     }

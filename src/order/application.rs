@@ -1,7 +1,6 @@
 //! Builds the order service from its settings and runs it until shutdown.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,26 +11,15 @@ use tonic::transport::server::TcpIncoming;
 use super::Settings;
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
-use crate::db::{self, SchemaError};
 use crate::proto;
+use crate::service::{self, ReadyError};
 
 /// The order service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
-    /// The database could not be reached.
-    #[error("cannot connect to the database: {0}")]
-    Database(#[source] sea_orm::DbErr),
-    /// The database is not migrated for this version.
+    /// The database or the listener could not get ready.
     #[error(transparent)]
-    Schema(#[from] SchemaError),
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address from the settings.
-        addr: SocketAddr,
-        /// Why binding failed.
-        source: std::io::Error,
-    },
+    Ready(#[from] ReadyError),
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -54,17 +42,8 @@ impl Application {
     ///
     /// Nothing is served until [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        let db = db::connect(&settings.database_url, settings.db_max_connections)
-            .await
-            .map_err(StartupError::Database)?;
-        db::ensure_migrated(&db).await?;
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?
-            .port();
+        let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
+        let (listener, port) = service::bind(settings.listen).await?;
         Ok(Self { listener, port, store: OrderStore::new(db), shutdown_grace: settings.shutdown_grace })
     }
 

@@ -1,17 +1,15 @@
 //! Builds the relay from its settings and runs it until shutdown.
 
 use std::future::Future;
-use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, Settings};
-use crate::db::{self, SchemaError};
+use crate::service::{self, HealthEndpoint, ReadyError};
 
 /// The relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -19,23 +17,12 @@ pub enum StartupError {
     /// The settings contradict each other or miss something.
     #[error("invalid settings: {0}")]
     Settings(String),
-    /// The database could not be reached.
-    #[error("cannot connect to the database: {0}")]
-    Database(#[source] sea_orm::DbErr),
-    /// The database is not migrated for this version.
+    /// The database or the health endpoint could not get ready.
     #[error(transparent)]
-    Schema(#[from] SchemaError),
+    Ready(#[from] ReadyError),
     /// The Kafka producer could not be configured.
     #[error(transparent)]
     Producer(#[from] ProducerConfigError),
-    /// The health endpoint could not listen.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address from the settings.
-        addr: SocketAddr,
-        /// Why binding failed.
-        source: std::io::Error,
-    },
     /// The health server failed.
     #[error("health server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -59,23 +46,14 @@ impl Application {
     /// [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         check(&settings)?;
-        let db = db::connect(&settings.database_url, settings.db_max_connections)
-            .await
-            .map_err(StartupError::Database)?;
-        db::ensure_migrated(&db).await?;
+        let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let publisher = KafkaPublisher::new(
             &settings.brokers,
             settings.topic.clone(),
             settings.delivery_timeout,
             &settings.kafka_options,
         )?;
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Listen { addr: settings.listen, source })?
-            .port();
+        let (listener, port) = service::bind(settings.listen).await?;
         let relay = Relay::new(Outbox::new(db), publisher, tuning(&settings));
         Ok(Self { relay, listener, port, settings })
     }
@@ -96,16 +74,8 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut server_stop = stop_rx.clone();
-        let server = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .serve_with_incoming_shutdown(TcpIncoming::from(self.listener), async move {
-                let _ = server_stop.wait_for(|stop| *stop).await;
-            });
-        let server = tokio::spawn(server);
+        let health = HealthEndpoint::serve(self.listener, stop_rx.clone()).await;
 
         let relay = self.relay.run(stop_rx);
         tokio::pin!(relay);
@@ -113,7 +83,7 @@ impl Application {
             outcome = &mut relay => outcome,
             () = shutdown => {
                 tracing::info!("shutdown requested; finishing the batch in flight");
-                health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+                health.draining().await;
                 let _ = stop_tx.send(true);
                 tokio::time::timeout(self.settings.lease, &mut relay).await.unwrap_or_else(|_| {
                     tracing::warn!("drain took longer than the lease; its events will be claimed again");
@@ -122,7 +92,7 @@ impl Application {
             }
         };
         let _ = stop_tx.send(true);
-        server.await.map_err(|e| StartupError::Settings(format!("health server task: {e}")))??;
+        health.stopped().await?;
         outcome?;
         tracing::info!("relay stopped");
         Ok(())
@@ -134,9 +104,8 @@ pub async fn redrive(settings: &Settings, event_id: &str) -> Result<Redrive, Sta
     if settings.database_url.is_empty() {
         return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
     }
-    let db = db::connect(&settings.database_url, 1).await.map_err(StartupError::Database)?;
-    db::ensure_migrated(&db).await?;
-    Outbox::new(db).redrive(event_id).await.map_err(StartupError::Database)
+    let db = service::open_database(&settings.database_url, 1).await?;
+    Outbox::new(db).redrive(event_id).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
 }
 
 fn check(settings: &Settings) -> Result<(), StartupError> {

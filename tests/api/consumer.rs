@@ -11,10 +11,11 @@ use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::{ConnectionTrait, Statement};
-use tokio::sync::oneshot;
 
 use crate::broker::TestBroker;
-use crate::helpers::{Backend, ServiceProcess, TestApp, assert_eventually, on_every_backend, order};
+use crate::helpers::{
+    Backend, InProcess, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -40,34 +41,18 @@ fn fast_group_options() -> Vec<(String, String)> {
 /// A consumer running in this process, with its counters.
 struct RunningConsumer {
     stats: Arc<ConsumerStats>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    service: InProcess,
 }
 
 impl RunningConsumer {
     async fn start(settings: consumer::Settings) -> Self {
         let app = consumer::Application::build(settings).await.unwrap();
         let stats = app.stats();
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            app.run_until_stopped(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        });
-        Self { stats, stop: Some(stop), task }
+        Self { stats, service: InProcess::spawn(|shutdown| app.run_until_stopped(shutdown)) }
     }
 
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        (&mut self.task).await.unwrap();
-    }
-}
-
-impl Drop for RunningConsumer {
-    fn drop(&mut self) {
-        self.task.abort();
+    async fn stop(self) {
+        self.service.stop().await;
     }
 }
 
@@ -133,10 +118,7 @@ async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_jo
     relay_settings.topic = topic.clone();
     relay_settings.max_idle_poll = Duration::from_millis(100);
     let relay = relay::Application::build(relay_settings).await.unwrap();
-    let (stop_relay, relay_stopped) = oneshot::channel::<()>();
-    let relay = tokio::spawn(relay.run_until_stopped(async {
-        let _ = relay_stopped.await;
-    }));
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
 
     let mut accepted = Vec::new();
@@ -160,8 +142,7 @@ async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_jo
         assert_eq!(job_order, answer.order_id);
     }
     consumer.stop().await;
-    let _ = stop_relay.send(());
-    relay.await.unwrap().unwrap();
+    relay.stop().await;
 }
 
 use outpost::relay;

@@ -105,14 +105,53 @@ async fn admin(url: &str, sql: &str) {
     conn.close().await.unwrap();
 }
 
+/// A service's `run_until_stopped` running in this process until stopped or dropped.
+pub struct InProcess {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Spawns `run(shutdown)`; the service must end without error once `shutdown` completes.
+    pub fn spawn<Fut, E>(
+        run: impl FnOnce(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) -> Fut,
+    ) -> Self
+    where
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Debug,
+    {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service = run(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        let task = tokio::spawn(async move { service.await.unwrap() });
+        Self { stop: Some(stop), task }
+    }
+
+    /// Stops the service as SIGTERM would, and waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.unwrap();
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
 /// An order service on port 0 over a fresh, migrated database.
 pub struct TestApp {
     pub db: TestDb,
     pub conn: DatabaseConnection,
     pub port: u16,
     pub client: OrderServiceClient<Channel>,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<tokio::task::JoinHandle<()>>,
+    server: Option<InProcess>,
 }
 
 impl TestApp {
@@ -120,17 +159,10 @@ impl TestApp {
         let db = TestDb::migrated(backend).await;
         let app = Application::build(Settings::for_database(&db.url)).await.unwrap();
         let port = app.port();
-        let (stop, stopped) = oneshot::channel();
-        let server = tokio::spawn(async move {
-            app.run_until_stopped(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        });
+        let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
         let client = OrderServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
         let conn = db.connect().await;
-        Self { db, conn, port, client, stop: Some(stop), server: Some(server) }
+        Self { db, conn, port, client, server: Some(server) }
     }
 
     pub fn channel_url(&self) -> String {
@@ -159,11 +191,8 @@ impl TestApp {
 
     /// Stops the server as SIGTERM would, and waits until it has.
     pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
         if let Some(server) = self.server.take() {
-            server.await.unwrap();
+            server.stop().await;
         }
     }
 
@@ -192,14 +221,6 @@ impl TestApp {
             .await
             .unwrap()?;
         Some((row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap()))
-    }
-}
-
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 

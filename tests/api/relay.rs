@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use outpost::relay::{self, Fenced, Outbox, StepOutcome, Tuning};
 use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
-use tokio::sync::oneshot;
 
 use crate::broker::{TestBroker, read_topic};
 use crate::helpers::{
-    Backend, OutboxProbe, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
+    Backend, InProcess, OutboxProbe, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -52,35 +51,9 @@ fn relay_args(settings: &relay::Settings) -> Vec<String> {
 }
 
 /// A relay running in this process until dropped or stopped.
-struct RunningRelay {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RunningRelay {
-    async fn start(settings: relay::Settings) -> Self {
-        let app = relay::Application::build(settings).await.unwrap();
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            app.run_until_stopped(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        });
-        Self { stop: Some(stop), task }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        (&mut self.task).await.unwrap();
-    }
-}
-
-impl Drop for RunningRelay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+async fn start_relay(settings: relay::Settings) -> InProcess {
+    let app = relay::Application::build(settings).await.unwrap();
+    InProcess::spawn(|shutdown| app.run_until_stopped(shutdown))
 }
 
 async fn all_published(probe: &OutboxProbe<'_>, total: i64) -> bool {
@@ -108,7 +81,7 @@ async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(bac
         accepted.push(app.submit(order(7, &format!("req-{i}"))).await.unwrap());
     }
 
-    let relay = RunningRelay::start(relay_settings(&app, &broker.address(), &topic)).await;
+    let relay = start_relay(relay_settings(&app, &broker.address(), &topic)).await;
     let probe = OutboxProbe { conn: &app.conn };
     assert_eventually("every event is PUBLISHED", WAIT, || all_published(&probe, 5)).await;
     relay.stop().await;
@@ -266,7 +239,7 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_
     settings.lease_margin = Duration::from_millis(500);
     // However long the broker takes to come back, the events must not run out of attempts.
     settings.max_attempts = 1_000;
-    let relay = RunningRelay::start(settings).await;
+    let relay = start_relay(settings).await;
 
     assert_eventually("every event failed at least twice", WAIT, || async {
         let mut all = true;
@@ -327,7 +300,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     settings.lease = Duration::from_secs(2);
     settings.lease_margin = Duration::from_millis(500);
     settings.max_attempts = 2;
-    let relay = RunningRelay::start(settings.clone()).await;
+    let relay = start_relay(settings.clone()).await;
 
     assert_eventually("the event is FAILED", WAIT, || async {
         probe.state(&ids[0]).await.status == "FAILED"
@@ -352,7 +325,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     broker.create_topic(&topic, 1).await;
     // A relay with ordinary timings: a first publish to a fresh broker may take longer than the
     // 500 ms the failing phase allowed.
-    let relay = RunningRelay::start(relay_settings(&app, &broker.address(), &topic)).await;
+    let relay = start_relay(relay_settings(&app, &broker.address(), &topic)).await;
     assert_eventually("the redriven event is published", WAIT, || all_published(&probe, 1)).await;
     relay.stop().await;
 }

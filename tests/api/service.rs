@@ -1,6 +1,7 @@
 //! The service around the RPCs: start-up checks, health, reflection, commit-window faults.
 
 use outpost::order::{Application, Settings, StartupError};
+use outpost::service::ReadyError;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -14,7 +15,7 @@ async fn a_service_started_on_an_unmigrated_database_says_so_and_does_not_start(
 
     let error = Application::build(Settings::for_database(&db.url)).await.unwrap_err();
 
-    assert!(matches!(error, StartupError::Schema(_)), "{error:?}");
+    assert!(matches!(error, StartupError::Ready(ReadyError::Schema(_))), "{error:?}");
     assert!(error.to_string().contains("outpost-migrate up"), "{error}");
 }
 
