@@ -10,6 +10,6 @@ mod failure;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
 pub use connect::{SchemaError, connect, ensure_migrated};
-pub use dialect::{has_skip_locked, now};
+pub use dialect::{has_skip_locked, now, system_name};
 pub use failure::TxFailure;
 pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

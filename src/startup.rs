@@ -36,6 +36,14 @@ pub fn fail(service: &str, error: impl Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The exit code for how a service ended: success, or the error reported in one line.
+pub fn exit<E: Display>(service: &str, outcome: Result<(), E>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(service, e),
+    }
+}
+
 /// Parses a `KEY=VALUE` setting, such as a pass-through Kafka client option.
 pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {

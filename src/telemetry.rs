@@ -1,16 +1,96 @@
-//! Logging set-up shared by every service.
+//! Logs, traces and metrics for every service.
+//!
+//! Logs go to stderr (text, or JSON with `OUTPOST_LOG_FORMAT=json`). Traces and metrics leave over
+//! OTLP/gRPC only when the standard variables ask for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the
+//! per-signal `…_TRACES_ENDPOINT` / `…_METRICS_ENDPOINT`); `OTEL_SERVICE_NAME`,
+//! `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*` and `OTEL_METRIC_EXPORT_INTERVAL` work as everywhere else.
+//! Without an endpoint nothing is exported and nothing is said about it.
+//!
+//! Context crosses both hops in W3C trace-context form: the order service stores the SubmitOrder
+//! context in the outbox row, the relay continues it and puts `traceparent` in the Kafka headers,
+//! and the consumer continues that. One event, one trace.
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+mod context;
+mod metrics;
 
-/// Installs the global subscriber: `RUST_LOG` filters (default `info`), and
-/// `OUTPOST_LOG_FORMAT=json` switches to one JSON object per line.
-pub fn init() {
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{MetricExporter, SpanExporter};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::{EnvFilter, Layer, filter::Targets, fmt, prelude::*};
+
+pub use context::{TraceHeaders, context_from, follow, grpc_context, inject_into, record_trace_id};
+pub(crate) use metrics::metrics;
+
+/// The exporters of one process; [`Telemetry::shutdown`] flushes what they still hold.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    tracer_provider: Option<SdkTracerProvider>,
+    meter_provider: Option<SdkMeterProvider>,
+}
+
+impl Telemetry {
+    /// Exports what is still buffered and stops the exporters. Call it before the process exits.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.tracer_provider {
+            let _ = provider.force_flush();
+            let _ = provider.shutdown();
+        }
+        if let Some(provider) = self.meter_provider {
+            let _ = provider.force_flush();
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+fn configured(signal: &str) -> bool {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set(&format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")))
+}
+
+/// Installs logging, and tracing and metrics export where configured, for `service_name`
+/// (`OTEL_SERVICE_NAME` wins when set). `RUST_LOG` filters the logs (default `info`).
+pub fn init(service_name: &'static str) -> Telemetry {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let resource = if std::env::var_os("OTEL_SERVICE_NAME").is_some() {
+        Resource::builder().build()
+    } else {
+        Resource::builder().with_service_name(service_name).build()
+    };
+
+    let tracer_provider = configured("TRACES")
+        .then(|| SpanExporter::builder().with_tonic().build().ok())
+        .flatten()
+        .map(|exporter| {
+            SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.clone()).build()
+        });
+    let meter_provider = configured("METRICS")
+        .then(|| MetricExporter::builder().with_tonic().build().ok())
+        .flatten()
+        .map(|exporter| {
+            SdkMeterProvider::builder().with_periodic_exporter(exporter).with_resource(resource).build()
+        });
+    if let Some(provider) = &meter_provider {
+        opentelemetry::global::set_meter_provider(provider.clone());
+    }
+
+    // Only Outpost's own spans are exported: the exporter's own gRPC client must not trace
+    // itself into a loop.
+    let otel = tracer_provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(service_name))
+            .with_filter(Targets::new().with_target("outpost", tracing::Level::INFO))
+    });
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("OUTPOST_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
-    let registry = tracing_subscriber::registry().with(filter);
-    if json {
-        registry.with(fmt::layer().json().with_current_span(true)).init();
+    let logs = if json {
+        fmt::layer().json().with_current_span(true).with_span_list(false).with_writer(std::io::stderr).boxed()
     } else {
-        registry.with(fmt::layer()).init();
-    }
+        fmt::layer().with_writer(std::io::stderr).boxed()
+    };
+    let _ = tracing_subscriber::registry().with(logs.with_filter(filter)).with(otel).try_init();
+    Telemetry { tracer_provider, meter_provider }
 }

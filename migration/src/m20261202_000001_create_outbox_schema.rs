@@ -73,6 +73,10 @@ impl MigrationTrait for Migration {
                     .col(ColumnDef::new(OutboxEvent::PublishedTopic).string_len(249).null())
                     .col(ColumnDef::new(OutboxEvent::PublishedPartition).integer().null())
                     .col(ColumnDef::new(OutboxEvent::PublishedOffset).big_integer().null())
+                    // The W3C trace context of the SubmitOrder that wrote the event: the relay
+                    // continues that trace, so one event is one trace.
+                    .col(ColumnDef::new(OutboxEvent::Traceparent).string_len(55).null())
+                    .col(ColumnDef::new(OutboxEvent::Tracestate).string_len(512).null())
                     .to_owned(),
             )
             .await?;
@@ -236,6 +240,8 @@ enum OutboxEvent {
     PublishedTopic,
     PublishedPartition,
     PublishedOffset,
+    Traceparent,
+    Tracestate,
 }
 
 #[derive(DeriveIden)]

@@ -87,6 +87,7 @@ impl Application {
             inbox: &self.inbox,
             stats: &self.stats,
             backoff_max: self.settings.backoff_max,
+            group: self.settings.group(),
         };
         tracing::info!(
             consumer_name = self.inbox.consumer_name(),

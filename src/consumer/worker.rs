@@ -9,10 +9,24 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::watch;
 
+use tracing::{Instrument as _, Span};
+
 use super::decode::decode;
 use super::inbox::{Consumed, Inbox, PoisonRecord};
 use crate::db::TxFailure;
 use crate::failpoint;
+use crate::telemetry::{self, metrics};
+
+/// A header's value as text.
+fn header(message: &BorrowedMessage<'_>, name: &str) -> Option<String> {
+    message.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
 
 /// Counts of what the consumer did since it started.
 #[derive(Debug, Default)]
@@ -110,6 +124,7 @@ pub(crate) struct Worker<'a> {
     pub(crate) inbox: &'a Inbox,
     pub(crate) stats: &'a ConsumerStats,
     pub(crate) backoff_max: Duration,
+    pub(crate) group: &'a str,
 }
 
 impl Worker<'_> {
@@ -137,15 +152,54 @@ impl Worker<'_> {
     }
 
     async fn handle_until_done(&self, message: &BorrowedMessage<'_>, stop: &mut watch::Receiver<bool>) {
+        let span = self.process_span(message);
+        self.handle_in_span(message, stop).instrument(span).await;
+    }
+
+    /// A consumer span continuing the trace whose `traceparent` the relay put in the headers.
+    fn process_span(&self, message: &BorrowedMessage<'_>) -> Span {
+        let span = tracing::info_span!(
+            "process",
+            otel.name = format!("process {}", message.topic()),
+            otel.kind = "consumer",
+            otel.status_code = tracing::field::Empty,
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.operation.name = "process",
+            messaging.destination.name = message.topic(),
+            messaging.destination.partition.id = message.partition(),
+            messaging.kafka.offset = message.offset(),
+            messaging.consumer.group.name = self.group,
+            messaging.message.id = tracing::field::Empty,
+            outpost.event_id = tracing::field::Empty,
+            trace_id = tracing::field::Empty,
+        );
+        let traceparent = header(message, "traceparent");
+        let tracestate = header(message, "tracestate");
+        telemetry::follow(&span, telemetry::context_from(traceparent.as_deref(), tracestate.as_deref()));
+        span.in_scope(|| {
+            tracing::info!(partition = message.partition(), offset = message.offset(), "received")
+        });
+        span
+    }
+
+    async fn handle_in_span(&self, message: &BorrowedMessage<'_>, stop: &mut watch::Receiver<bool>) {
+        let received = std::time::Instant::now();
         let mut backoff = Duration::from_millis(100);
         loop {
             ConsumerStats::bump(&self.stats.handled);
-            match self.handle(message).await {
+            match self.handle(message, received).await {
                 Ok(()) => {
                     // Stored, not committed: the auto-commit (and the commits on revoke and
                     // shutdown) send only offsets stored here, after the local commit.
-                    if let Err(e) = self.consumer.store_offset_from_message(message) {
-                        tracing::warn!(error = %e, "could not store the offset; the record will be redelivered");
+                    match self.consumer.store_offset_from_message(message) {
+                        Ok(()) => tracing::info!(
+                            offset = message.offset(),
+                            "offset stored; it goes out with the next offset commit"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not store the offset; the record will be redelivered");
+                        }
                     }
                     return;
                 }
@@ -172,38 +226,42 @@ impl Worker<'_> {
         }
     }
 
-    async fn handle(&self, message: &BorrowedMessage<'_>) -> Result<(), TxFailure> {
-        let header = |name: &str| {
-            message.headers().and_then(|headers| {
-                headers
-                    .iter()
-                    .find(|h| h.key == name)
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            })
-        };
-        match decode(message.payload(), header) {
+    async fn handle(
+        &self,
+        message: &BorrowedMessage<'_>,
+        received: std::time::Instant,
+    ) -> Result<(), TxFailure> {
+        let decoded = decode(message.payload(), |name| header(message, name));
+        if let Ok(event) = &decoded {
+            let span = Span::current();
+            span.record("outpost.event_id", tracing::field::display(event.event_id));
+            span.record("messaging.message.id", tracing::field::display(event.event_id));
+        }
+        match decoded {
             Ok(event) => match self.inbox.consume(&event).await? {
                 Consumed::Committed => {
                     ConsumerStats::bump(&self.stats.consumed);
+                    metrics().consumed.add(1, &[]);
+                    metrics().consume_latency.record(received.elapsed().as_secs_f64(), &[]);
                     tracing::info!(
                         outpost.event_id = %event.event_id,
                         messaging.message.id = %event.event_id,
                         order_id = event.order_id,
                         partition = message.partition(),
                         offset = message.offset(),
-                        "consumed: dedup row and notification job committed"
+                        "dedup miss: consumed_event row and notification job committed"
                     );
                     failpoint::hit(failpoint::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK)?;
                 }
                 Consumed::AlreadyConsumed => {
                     ConsumerStats::bump(&self.stats.duplicates);
+                    metrics().duplicates.add(1, &[]);
                     tracing::info!(
                         outpost.event_id = %event.event_id,
                         messaging.message.id = %event.event_id,
                         partition = message.partition(),
                         offset = message.offset(),
-                        "duplicate delivery: already consumed, acknowledged without effect"
+                        "dedup hit: already consumed; acknowledged without effect"
                     );
                 }
             },
@@ -219,6 +277,7 @@ impl Worker<'_> {
                 };
                 self.inbox.dead_letter(&record).await?;
                 ConsumerStats::bump(&self.stats.dead_lettered);
+                metrics().dead_letters.add(1, &[]);
                 tracing::error!(
                     outpost.event_id = poison.event_id.as_deref().unwrap_or("-"),
                     topic = message.topic(),

@@ -40,3 +40,12 @@ pub async fn now(conn: &impl ConnectionTrait) -> Result<DateTime<Utc>, DbErr> {
 pub fn has_skip_locked(conn: &impl ConnectionTrait) -> bool {
     conn.get_database_backend() != DbBackend::Sqlite
 }
+
+/// The OpenTelemetry `db.system.name` of the backend.
+pub fn system_name(conn: &impl ConnectionTrait) -> &'static str {
+    match conn.get_database_backend() {
+        DbBackend::MySql => "mysql",
+        DbBackend::Postgres => "postgresql",
+        _ => "sqlite",
+    }
+}

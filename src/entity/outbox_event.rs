@@ -20,6 +20,8 @@ pub struct Model {
     pub published_topic: Option<String>,
     pub published_partition: Option<i32>,
     pub published_offset: Option<i64>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
+use tracing::Instrument as _;
 
 use super::event::timestamp;
 use super::store::{AcceptedOrder, OrderStore, SubmitError, Submitted};
@@ -13,6 +14,7 @@ use crate::proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},
 };
+use crate::telemetry;
 
 /// `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "outpost.v1";
@@ -38,21 +40,45 @@ impl OrderService for OrderGrpc {
         &self,
         request: Request<pb::SubmitOrderRequest>,
     ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
-        let request = request.into_inner();
-        let key = ErrorKey::of(request.tenant_id, &request.request_id);
-        let submit = SubmitOrder::try_from(request)
-            .map_err(|e| SubmitOrderError::Invalid(e).into_status(key.clone()))?;
-        match self.store.submit(&submit).await {
-            Ok(submitted) => Ok(Response::new(submitted.into())),
-            Err(e) => Err(SubmitOrderError::Store(e).into_status(key)),
-        }
+        let span = rpc_span("SubmitOrder", request.metadata());
+        let answer = self.submit_order_inner(request.into_inner()).instrument(span.clone()).await;
+        record_status(&span, &answer);
+        answer
     }
 
     async fn reconcile(
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let request = request.into_inner();
+        let span = rpc_span("Reconcile", request.metadata());
+        let answer = self.reconcile_inner(request.into_inner()).instrument(span.clone()).await;
+        record_status(&span, &answer);
+        answer
+    }
+}
+
+impl OrderGrpc {
+    async fn submit_order_inner(
+        &self,
+        request: pb::SubmitOrderRequest,
+    ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
+        let key = ErrorKey::of(request.tenant_id, &request.request_id);
+        let submit = SubmitOrder::try_from(request)
+            .map_err(|e| SubmitOrderError::Invalid(e).into_status(key.clone()))?;
+        match self.store.submit(&submit).await {
+            Ok(submitted) => {
+                tracing::Span::current()
+                    .record("outpost.event_id", tracing::field::display(submitted.order.event_id));
+                Ok(Response::new(submitted.into()))
+            }
+            Err(e) => Err(SubmitOrderError::Store(e).into_status(key)),
+        }
+    }
+
+    async fn reconcile_inner(
+        &self,
+        request: pb::ReconcileRequest,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let key = ErrorKey::of(request.tenant_id, &request.request_id);
         let (tenant_id, request_id) =
             parse_key(request).map_err(|e| ReconcileError::Invalid(e).into_status(key.clone()))?;
@@ -63,6 +89,37 @@ impl OrderService for OrderGrpc {
                 tracing::warn!(error = %e, "reconcile failed");
                 Err(ReconcileError::Database.into_status(key))
             }
+        }
+    }
+}
+
+/// A server span for one call, continuing the caller's trace from its request metadata.
+fn rpc_span(method: &'static str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
+    let span = tracing::info_span!(
+        "rpc",
+        otel.name = format!("outpost.v1.OrderService/{method}"),
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = "outpost.v1.OrderService",
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        outpost.event_id = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+    );
+    telemetry::follow(&span, telemetry::grpc_context(metadata));
+    span
+}
+
+fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
+    let code = answer.as_ref().err().map_or(Code::Ok, Status::code);
+    span.record("rpc.grpc.status_code", code as i32);
+    if let Err(status) = answer {
+        span.record("otel.status_code", "ERROR");
+        if let Some(event_id) =
+            status.get_details_error_info().and_then(|i| i.metadata.get("event_id").cloned())
+        {
+            span.record("outpost.event_id", event_id);
         }
     }
 }

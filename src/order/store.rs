@@ -14,6 +14,7 @@ use crate::domain::{
 };
 use crate::entity::{order_line, orders, outbox_event};
 use crate::failpoint;
+use crate::telemetry::{self, TraceHeaders};
 
 /// The version of an order's facts when it is accepted.
 const FIRST_VERSION: i64 = 1;
@@ -92,6 +93,11 @@ impl OrderStore {
         Self { db }
     }
 
+    /// `db.system.name` of the database, for spans.
+    fn db_system(&self) -> &'static str {
+        crate::db::system_name(&self.db)
+    }
+
     /// Accepts `submit` idempotently by `(tenant_id, request_id)`.
     ///
     /// The event id exists before the transaction begins. The order row, its lines and the
@@ -99,13 +105,24 @@ impl OrderStore {
     /// order that already committed returns that order with `replayed = true`; only a violation
     /// of `uq_orders_tenant_request` is taken to mean that.
     #[tracing::instrument(
-        name = "order.submit",
+        name = "order transaction",
         skip_all,
-        fields(tenant_id = %submit.tenant_id, request_id = %submit.request_id, outpost.event_id)
+        fields(
+            otel.kind = "client",
+            db.system.name = self.db_system(),
+            db.operation.name = "INSERT orders, order_line, outbox_event",
+            tenant_id = %submit.tenant_id,
+            request_id = %submit.request_id,
+            outpost.event_id,
+            trace_id,
+        )
     )]
     pub async fn submit(&self, submit: &SubmitOrder) -> Result<Submitted, SubmitError> {
         let event_id = submit.event_id.unwrap_or_else(EventId::new);
-        tracing::Span::current().record("outpost.event_id", tracing::field::display(event_id));
+        let span = tracing::Span::current();
+        span.record("outpost.event_id", tracing::field::display(event_id));
+        telemetry::record_trace_id(&span);
+        let trace = TraceHeaders::of(&span);
         // The database keeps microseconds; truncating here makes the stored, published and
         // returned timestamps one and the same value.
         let accepted_at = Utc::now().trunc_subsecs(6);
@@ -116,7 +133,7 @@ impl OrderStore {
             Err(e) => return Err(rolled_back(event_id, e.into())),
         };
         let written = async {
-            let order_id = insert_order(&txn, submit, event_id, accepted_at).await?;
+            let order_id = insert_order(&txn, submit, event_id, accepted_at, &trace).await?;
             failpoint::hit(failpoint::BEFORE_ORDER_TRANSACTION_COMMIT)?;
             Ok::<_, TxFailure>(order_id)
         }
@@ -141,7 +158,7 @@ impl OrderStore {
         tracing::info!(
             order_id,
             outcome = "COMMITTED",
-            "order and outbox event committed; outbox event PENDING"
+            "transaction committed; order ACCEPTED, outbox event PENDING"
         );
         Ok(Submitted {
             order: AcceptedOrder {
@@ -262,6 +279,7 @@ async fn insert_order(
     submit: &SubmitOrder,
     event_id: EventId,
     accepted_at: DateTime<Utc>,
+    trace: &TraceHeaders,
 ) -> Result<i64, TxFailure> {
     let order = &submit.order;
     let inserted = orders::Entity::insert(orders::ActiveModel {
@@ -307,9 +325,12 @@ async fn insert_order(
         published_topic: Set(None),
         published_partition: Set(None),
         published_offset: Set(None),
+        traceparent: Set(trace.traceparent.clone()),
+        tracestate: Set(trace.tracestate.clone()),
     })
     .exec_without_returning(txn)
     .await?;
+    tracing::info!(order_id, "order and PENDING outbox row written; not yet committed");
     Ok(order_id)
 }
 

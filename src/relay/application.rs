@@ -10,6 +10,7 @@ use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, Settings};
 use crate::service::{self, HealthEndpoint, ReadyError};
+use crate::telemetry::metrics;
 
 /// The relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +77,7 @@ impl Application {
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let health = HealthEndpoint::serve(self.listener, stop_rx.clone()).await;
+        let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
 
         let relay = self.relay.run(stop_rx);
         tokio::pin!(relay);
@@ -92,6 +94,7 @@ impl Application {
             }
         };
         let _ = stop_tx.send(true);
+        let _ = backlog.await;
         health.stopped().await?;
         outcome?;
         tracing::info!("relay stopped");
@@ -106,6 +109,32 @@ pub async fn redrive(settings: &Settings, event_id: &str) -> Result<Redrive, Sta
     }
     let db = service::open_database(&settings.database_url, 1).await?;
     Outbox::new(db).redrive(event_id).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
+}
+
+/// How often the backlog gauges are refreshed.
+const BACKLOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Records the backlog size per status and the oldest waiting event's age until `stop`.
+async fn report_backlog(outbox: Outbox, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        match outbox.backlog().await {
+            Ok(backlog) => {
+                for (status, count) in &backlog.by_status {
+                    let status = opentelemetry::KeyValue::new("outpost.outbox.status", status.as_str());
+                    metrics().outbox_backlog.record(*count, &[status]);
+                }
+                let age = backlog.oldest_pending.map_or(0.0, |oldest| {
+                    (chrono::Utc::now() - oldest).to_std().unwrap_or_default().as_secs_f64()
+                });
+                metrics().outbox_oldest_pending_age.record(age, &[]);
+            }
+            Err(e) => tracing::debug!(error = %e, "backlog query failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(BACKLOG_INTERVAL) => {}
+            changed = stop.changed() => if changed.is_err() { break },
+        }
+    }
 }
 
 fn check(settings: &Settings) -> Result<(), StartupError> {

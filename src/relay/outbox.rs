@@ -34,6 +34,12 @@ pub struct ClaimedEvent {
     pub attempts: i32,
     /// When this worker's lease ends, by the database clock.
     pub lease_until: DateTime<Utc>,
+    /// When the order service wrote the event.
+    pub created_at: DateTime<Utc>,
+    /// The W3C `traceparent` of the SubmitOrder that wrote the event, if it was traced.
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with it.
+    pub tracestate: Option<String>,
 }
 
 /// Where the broker put a confirmed record.
@@ -74,6 +80,15 @@ pub enum Redrive {
     NotFailed(OutboxStatus),
     /// No event has that id.
     NotFound,
+}
+
+/// How many events wait, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Backlog {
+    /// Rows per non-terminal status (and FAILED), as `(status, count)`.
+    pub by_status: Vec<(OutboxStatus, u64)>,
+    /// Creation time of the oldest PENDING or PUBLISHING row.
+    pub oldest_pending: Option<DateTime<Utc>>,
 }
 
 /// Retry timing for failed publishes.
@@ -232,6 +247,34 @@ impl Outbox {
         Ok(if result.rows_affected == 1 { Fenced::Done(released) } else { Fenced::LeaseLost })
     }
 
+    /// Counts the rows that still need attention (PENDING, PUBLISHING, FAILED) and finds the oldest
+    /// waiting one. PUBLISHED rows are not counted: there may be millions, and they need nothing.
+    pub async fn backlog(&self) -> Result<Backlog, DbErr> {
+        let waiting = [OutboxStatus::Pending, OutboxStatus::Publishing, OutboxStatus::Failed];
+        let counts: Vec<(String, i64)> = outbox_event::Entity::find()
+            .select_only()
+            .column(Column::Status)
+            .column_as(Expr::col(Column::EventId).count(), "n")
+            .filter(Column::Status.is_in(waiting.map(OutboxStatus::as_str)))
+            .group_by(Column::Status)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let oldest = outbox_event::Entity::find()
+            .filter(Column::Status.is_in([OutboxStatus::Pending.as_str(), OutboxStatus::Publishing.as_str()]))
+            .order_by_asc(Column::CreatedAt)
+            .one(&self.db)
+            .await?;
+        let by_status = waiting
+            .into_iter()
+            .map(|status| {
+                let n = counts.iter().find(|(s, _)| s == status.as_str()).map_or(0, |(_, n)| *n);
+                (status, u64::try_from(n).unwrap_or(0))
+            })
+            .collect();
+        Ok(Backlog { by_status, oldest_pending: oldest.map(|row| row.created_at) })
+    }
+
     /// Returns a FAILED event to PENDING with its attempts reset; any other state is left alone.
     pub async fn redrive(&self, event_id: &str) -> Result<Redrive, DbErr> {
         let result = outbox_event::Entity::update_many()
@@ -298,6 +341,9 @@ fn claimed(row: outbox_event::Model, uncounted_attempts: i32, lease_until: DateT
         payload: row.payload,
         attempts: row.attempts + uncounted_attempts,
         lease_until,
+        created_at: row.created_at,
+        traceparent: row.traceparent,
+        tracestate: row.tracestate,
     }
 }
 

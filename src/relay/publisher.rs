@@ -9,7 +9,10 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
+use tracing::Instrument as _;
+
 use super::outbox::{ClaimedEvent, Delivery};
+use crate::telemetry;
 
 /// `content-type` header of every record: the value is a protobuf message named by `event_type`.
 pub const CONTENT_TYPE: &str = "application/x-protobuf";
@@ -118,27 +121,69 @@ impl KafkaPublisher {
 
 impl Publisher for KafkaPublisher {
     async fn publish(&self, event: &ClaimedEvent) -> Result<Delivery, PublishError> {
+        // A producer span in the event's own trace; its context travels in `traceparent`, so the
+        // consumer continues the same trace.
+        let span = tracing::info_span!(
+            "send",
+            otel.name = format!("send {}", self.topic),
+            otel.kind = "producer",
+            otel.status_code = tracing::field::Empty,
+            messaging.system = "kafka",
+            messaging.operation.type = "send",
+            messaging.operation.name = "send",
+            messaging.destination.name = %self.topic,
+            messaging.message.id = %event.event_id,
+            messaging.kafka.message.key = %event.aggregate_id,
+            messaging.destination.partition.id = tracing::field::Empty,
+            messaging.kafka.offset = tracing::field::Empty,
+            outpost.event_id = %event.event_id,
+            trace_id = tracing::field::Empty,
+        );
+        telemetry::record_trace_id(&span);
+        let mut trace_headers = Vec::new();
+        telemetry::inject_into(&span, |key, value| trace_headers.push((key.to_owned(), value)));
+
         let version = event.event_version.to_string();
-        let headers = OwnedHeaders::new_with_capacity(6)
+        let mut headers = OwnedHeaders::new_with_capacity(6 + trace_headers.len())
             .insert(header("event_id", &event.event_id))
             .insert(header("event_type", &event.event_type))
             .insert(header("event_version", &version))
             .insert(header("aggregate_type", &event.aggregate_type))
             .insert(header("aggregate_id", &event.aggregate_id))
             .insert(header("content-type", CONTENT_TYPE));
+        for (key, value) in &trace_headers {
+            headers = headers.insert(header(key, value));
+        }
         let record = FutureRecord::to(&self.topic)
             .key(event.aggregate_id.as_bytes())
             .payload(event.payload.as_slice())
             .headers(headers);
         // The delivery report, not the enqueue, is the confirmation: `send` resolves only when
         // librdkafka has the broker's answer for this record, or gave up on it.
-        match self.producer.send(record, Timeout::After(self.delivery_timeout)).await {
-            Ok(delivery) => Ok(Delivery {
-                topic: self.topic.clone(),
-                partition: delivery.partition,
-                offset: delivery.offset,
-            }),
-            Err((source, _)) => Err(PublishError { event_id: event.event_id.clone(), source }),
+        let sent =
+            self.producer.send(record, Timeout::After(self.delivery_timeout)).instrument(span.clone()).await;
+        match sent {
+            Ok(delivery) => {
+                span.record("messaging.destination.partition.id", delivery.partition);
+                span.record("messaging.kafka.offset", delivery.offset);
+                span.in_scope(|| {
+                    tracing::info!(
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        "broker confirmed"
+                    );
+                });
+                Ok(Delivery {
+                    topic: self.topic.clone(),
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                })
+            }
+            Err((source, _)) => {
+                span.record("otel.status_code", "ERROR");
+                span.in_scope(|| tracing::warn!(error = %source, "publish not confirmed"));
+                Err(PublishError { event_id: event.event_id.clone(), source })
+            }
         }
     }
 

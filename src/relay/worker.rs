@@ -2,14 +2,17 @@
 
 use std::time::Duration;
 
+use chrono::Utc;
 use futures::future::join_all;
 use sea_orm::DbErr;
 use tokio::sync::watch;
+use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
-use super::outbox::{ClaimedEvent, Fenced, Outbox, Released, RetryPolicy};
-use super::publisher::Publisher;
+use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
+use super::publisher::{PublishError, Publisher};
 use crate::failpoint;
+use crate::telemetry::{self, metrics};
 
 /// How a relay claims.
 #[derive(Debug, Clone)]
@@ -70,6 +73,11 @@ impl<P: Publisher> Relay<P> {
         &self.owner
     }
 
+    /// The outbox this worker relays.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
     /// Claims a batch, publishes it outside any transaction, and records each outcome under the
     /// owner fence. Errs only when the claim itself fails.
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
@@ -80,15 +88,9 @@ impl<P: Publisher> Relay<P> {
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
         }
-        for event in &claimed {
-            tracing::debug!(
-                outpost.event_id = %event.event_id,
-                lease_owner = %self.owner,
-                lease_until = %event.lease_until,
-                attempts = event.attempts,
-                "claimed; PUBLISHING"
-            );
-        }
+        // One span per event, continuing the trace of the SubmitOrder that wrote it: a batch
+        // claim serves many traces, so each event gets its own record of it.
+        let spans: Vec<Span> = claimed.iter().map(|event| self.event_span(event)).collect();
         let mut report = StepReport { claimed: claimed.len(), ..StepReport::default() };
         if failpoint::hit(failpoint::DURING_CONCURRENT_CLAIM).is_err() {
             // As if the worker died here: the leases run out and another worker takes over.
@@ -96,41 +98,79 @@ impl<P: Publisher> Relay<P> {
         }
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together.
-        let results = join_all(claimed.iter().map(|event| self.publisher.publish(event))).await;
-        for (event, result) in claimed.iter().zip(results) {
-            match result {
-                Ok(delivery) => {
-                    if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
-                        report.unrecorded += 1;
-                        continue;
-                    }
-                    match self.outbox.mark_published(&event.event_id, &self.owner, &delivery).await {
-                        Ok(Fenced::Done(())) => {
-                            report.published += 1;
-                            tracing::info!(
-                                outpost.event_id = %event.event_id,
-                                messaging.destination.name = %delivery.topic,
-                                messaging.destination.partition.id = delivery.partition,
-                                messaging.kafka.offset = delivery.offset,
-                                "broker confirmed; PUBLISHED"
-                            );
-                        }
-                        Ok(Fenced::LeaseLost) => {
-                            self.lease_lost(event, &mut report, "after the broker confirmed")
-                        }
-                        Err(e) => self.unrecorded(event, &mut report, &e),
-                    }
-                }
-                Err(e) => self.release(event, &e.to_string(), &mut report).await,
-            }
+        let sends = claimed
+            .iter()
+            .zip(&spans)
+            .map(|(event, span)| self.publisher.publish(event).instrument(span.clone()));
+        let results = join_all(sends).await;
+        for ((event, result), span) in claimed.iter().zip(results).zip(spans) {
+            self.record(event, result, &mut report).instrument(span).await;
         }
         Ok(StepOutcome::Worked(report))
+    }
+
+    fn event_span(&self, event: &ClaimedEvent) -> Span {
+        let span = tracing::info_span!(
+            "outbox relay",
+            outpost.event_id = %event.event_id,
+            lease_owner = %self.owner,
+            attempts = event.attempts,
+            trace_id = tracing::field::Empty,
+        );
+        telemetry::follow(
+            &span,
+            telemetry::context_from(event.traceparent.as_deref(), event.tracestate.as_deref()),
+        );
+        span.in_scope(|| {
+            tracing::info!(
+                lease_owner = %self.owner,
+                lease_until = %event.lease_until,
+                attempts = event.attempts,
+                "claimed; PUBLISHING"
+            );
+        });
+        span
+    }
+
+    /// Records one publish's outcome under the owner fence.
+    async fn record(
+        &self,
+        event: &ClaimedEvent,
+        result: Result<Delivery, PublishError>,
+        report: &mut StepReport,
+    ) {
+        let delivery = match result {
+            Ok(delivery) => delivery,
+            Err(e) => return self.release(event, &e.to_string(), report).await,
+        };
+        let latency = (Utc::now() - event.created_at).to_std().unwrap_or_default();
+        metrics().publish_latency.record(latency.as_secs_f64(), &[]);
+        if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
+            report.unrecorded += 1;
+            return;
+        }
+        match self.outbox.mark_published(&event.event_id, &self.owner, &delivery).await {
+            Ok(Fenced::Done(())) => {
+                report.published += 1;
+                metrics().published.add(1, &[]);
+                tracing::info!(
+                    outpost.event_id = %event.event_id,
+                    messaging.destination.name = %delivery.topic,
+                    messaging.destination.partition.id = delivery.partition,
+                    messaging.kafka.offset = delivery.offset,
+                    "marked PUBLISHED"
+                );
+            }
+            Ok(Fenced::LeaseLost) => self.lease_lost(event, report, "after the broker confirmed"),
+            Err(e) => self.unrecorded(event, report, &e),
+        }
     }
 
     async fn release(&self, event: &ClaimedEvent, error: &str, report: &mut StepReport) {
         match self.outbox.release(event, &self.owner, error, &self.tuning.retry).await {
             Ok(Fenced::Done(Released::RetryAt(at))) => {
                 report.released += 1;
+                metrics().releases.add(1, &[]);
                 tracing::warn!(
                     outpost.event_id = %event.event_id,
                     attempts = event.attempts,
@@ -141,6 +181,7 @@ impl<P: Publisher> Relay<P> {
             }
             Ok(Fenced::Done(Released::Failed)) => {
                 report.failed += 1;
+                metrics().failed.add(1, &[]);
                 tracing::error!(
                     outpost.event_id = %event.event_id,
                     attempts = event.attempts,
@@ -155,6 +196,7 @@ impl<P: Publisher> Relay<P> {
 
     fn lease_lost(&self, event: &ClaimedEvent, report: &mut StepReport, when: &str) {
         report.lease_lost += 1;
+        metrics().lease_losses.add(1, &[]);
         tracing::warn!(
             outpost.event_id = %event.event_id,
             lease_owner = %self.owner,

@@ -5,6 +5,7 @@
 
 mod broker;
 mod helpers;
+mod otlp;
 
 mod classify;
 mod client;
@@ -13,3 +14,4 @@ mod reconcile;
 mod relay;
 mod service;
 mod submit_order;
+mod traces;

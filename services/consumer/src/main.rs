@@ -9,14 +9,10 @@ use outpost::{failpoint, shutdown, startup, telemetry};
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings: Settings = startup::settings();
-    telemetry::init();
+    let telemetry = telemetry::init("outpost-consumer");
     failpoint::arm_from_env();
-    let app = match Application::build(settings).await {
-        Ok(app) => app,
-        Err(e) => return startup::fail("outpost-consumer", e),
-    };
-    match app.run_until_stopped(shutdown::signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => startup::fail("outpost-consumer", e),
-    }
+    let outcome =
+        async { Application::build(settings).await?.run_until_stopped(shutdown::signal()).await }.await;
+    telemetry.shutdown();
+    startup::exit("outpost-consumer", outcome)
 }

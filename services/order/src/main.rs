@@ -8,14 +8,10 @@ use outpost::{failpoint, shutdown, startup, telemetry};
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings: Settings = startup::settings();
-    telemetry::init();
+    let telemetry = telemetry::init("outpost-order");
     failpoint::arm_from_env();
-    let app = match Application::build(settings).await {
-        Ok(app) => app,
-        Err(e) => return startup::fail("outpost-order", e),
-    };
-    match app.run_until_stopped(shutdown::signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => startup::fail("outpost-order", e),
-    }
+    let outcome =
+        async { Application::build(settings).await?.run_until_stopped(shutdown::signal()).await }.await;
+    telemetry.shutdown();
+    startup::exit("outpost-order", outcome)
 }

@@ -9,27 +9,27 @@ use outpost::{failpoint, shutdown, startup, telemetry};
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings: Settings = startup::settings();
-    telemetry::init();
+    let telemetry = telemetry::init("outpost-relay");
     failpoint::arm_from_env();
-    if let Some(Command::Redrive { event_id }) = &settings.command {
-        return match relay::redrive(&settings, event_id).await {
-            Ok(Redrive::Redriven) => {
-                println!("{event_id}: FAILED -> PENDING");
-                ExitCode::SUCCESS
-            }
-            Ok(Redrive::NotFailed(status)) => {
-                startup::fail("outpost-relay", format!("{event_id} is {}, not FAILED", status.as_str()))
-            }
-            Ok(Redrive::NotFound) => startup::fail("outpost-relay", format!("no outbox event {event_id}")),
-            Err(e) => startup::fail("outpost-relay", e),
-        };
-    }
-    let app = match Application::build(settings).await {
-        Ok(app) => app,
-        Err(e) => return startup::fail("outpost-relay", e),
+    let outcome = match &settings.command {
+        Some(Command::Redrive { event_id }) => redrive(&settings, event_id).await,
+        Some(Command::Run) | None => run(settings).await.map_err(|e| e.to_string()),
     };
-    match app.run_until_stopped(shutdown::signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => startup::fail("outpost-relay", e),
+    telemetry.shutdown();
+    startup::exit("outpost-relay", outcome)
+}
+
+async fn run(settings: Settings) -> Result<(), relay::StartupError> {
+    Application::build(settings).await?.run_until_stopped(shutdown::signal()).await
+}
+
+async fn redrive(settings: &Settings, event_id: &str) -> Result<(), String> {
+    match relay::redrive(settings, event_id).await.map_err(|e| e.to_string())? {
+        Redrive::Redriven => {
+            println!("{event_id}: FAILED -> PENDING");
+            Ok(())
+        }
+        Redrive::NotFailed(status) => Err(format!("{event_id} is {}, not FAILED", status.as_str())),
+        Redrive::NotFound => Err(format!("no outbox event {event_id}")),
     }
 }

@@ -1,0 +1,87 @@
+//! Outpost's metric instruments, from the global meter (a no-op unless metrics export is on).
+
+use std::sync::LazyLock;
+
+use opentelemetry::metrics::{Counter, Gauge, Histogram};
+
+/// Every instrument Outpost records. Durations are in seconds.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    /// Outbox rows per status (attribute `outpost.outbox.status`).
+    pub(crate) outbox_backlog: Gauge<u64>,
+    /// Age of the oldest PENDING or PUBLISHING outbox row.
+    pub(crate) outbox_oldest_pending_age: Gauge<f64>,
+    /// From the event's creation to the broker's confirm.
+    pub(crate) publish_latency: Histogram<f64>,
+    /// Events confirmed and marked PUBLISHED.
+    pub(crate) published: Counter<u64>,
+    /// Marks and releases that found the lease taken over.
+    pub(crate) lease_losses: Counter<u64>,
+    /// Failed publishes released for a retry.
+    pub(crate) releases: Counter<u64>,
+    /// Events moved to FAILED.
+    pub(crate) failed: Counter<u64>,
+    /// From receiving a record to committing its effect.
+    pub(crate) consume_latency: Histogram<f64>,
+    /// Events whose effect committed.
+    pub(crate) consumed: Counter<u64>,
+    /// Deliveries of events already consumed.
+    pub(crate) duplicates: Counter<u64>,
+    /// Records stored in the dead-letter table.
+    pub(crate) dead_letters: Counter<u64>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let meter = opentelemetry::global::meter("outpost");
+    Metrics {
+        outbox_backlog: meter
+            .u64_gauge("outpost.outbox.backlog")
+            .with_description("Outbox rows per status")
+            .build(),
+        outbox_oldest_pending_age: meter
+            .f64_gauge("outpost.outbox.oldest_pending_age")
+            .with_unit("s")
+            .with_description("Age of the oldest PENDING or PUBLISHING outbox row")
+            .build(),
+        publish_latency: meter
+            .f64_histogram("outpost.relay.publish.latency")
+            .with_unit("s")
+            .with_description("From the event's creation to the broker's confirm")
+            .build(),
+        published: meter
+            .u64_counter("outpost.relay.published")
+            .with_description("Events marked PUBLISHED")
+            .build(),
+        lease_losses: meter
+            .u64_counter("outpost.relay.lease_losses")
+            .with_description("Marks or releases that found another owner's lease")
+            .build(),
+        releases: meter
+            .u64_counter("outpost.relay.releases")
+            .with_description("Failed publishes released for retry")
+            .build(),
+        failed: meter.u64_counter("outpost.relay.failed").with_description("Events moved to FAILED").build(),
+        consume_latency: meter
+            .f64_histogram("outpost.consumer.latency")
+            .with_unit("s")
+            .with_description("From receiving a record to committing its effect")
+            .build(),
+        consumed: meter
+            .u64_counter("outpost.consumer.consumed")
+            .with_description("Events whose effect committed")
+            .build(),
+        duplicates: meter
+            .u64_counter("outpost.consumer.duplicates")
+            .with_description("Deliveries of events already consumed")
+            .build(),
+        dead_letters: meter
+            .u64_counter("outpost.consumer.dead_letters")
+            .with_description("Records dead-lettered")
+            .build(),
+    }
+});
+
+/// The instruments; the first call binds them to the global meter provider.
+pub(crate) fn metrics() -> &'static Metrics {
+    &METRICS
+}
