@@ -23,6 +23,11 @@ migrate-status url:
 order url listen="127.0.0.1:50051":
     OUTPOST_DATABASE_URL='{{url}}' OUTPOST_ORDER_LISTEN='{{listen}}' cargo run --bin outpost-order
 
+# Run the fault-injection verifier against DATABASE_URL and BROKERS (migrate first).
+verify url brokers="127.0.0.1:9092":
+    cargo build --workspace --all-features --bins
+    target/debug/outpost-verify --database-url '{{url}}' --brokers '{{brokers}}'
+
 # Format and lint as CI does.
 lint:
     cargo fmt --all -- --check

@@ -28,6 +28,20 @@ pub const AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK: &str = "AFTER_CONSUMER_COMMI
 pub const NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING: &str =
     "NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING";
 
+/// Test-only switch: the consumer takes any integrity error for "already consumed".
+pub const BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE: &str =
+    "BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE";
+/// Test-only switch: the relay marks PUBLISHED without the owner and status condition.
+pub const BREAK_MARK_WITHOUT_OWNER_CONDITION: &str = "BREAK_MARK_WITHOUT_OWNER_CONDITION";
+/// Test-only switch: the consumer commits the offset before its local transaction.
+pub const BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT: &str = "BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT";
+
+/// Whether a test armed a `BREAK_*` switch. The switches exist so that the verifier can be shown
+/// to catch the guarantee each one breaks; without the `failpoints` feature they are always off.
+pub(crate) fn broken(switch: &'static str) -> bool {
+    hit(switch).is_err()
+}
+
 /// A failure injected at a named failpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("failure injected at {0}")]

@@ -19,3 +19,4 @@ pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;
+pub mod verify;

@@ -82,23 +82,32 @@ impl Inbox {
             return Err(e.into());
         }
         let effect = async {
-            failpoint::hit(failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING)?;
             // The event id doubles as the job's idempotency key for whatever sends the
             // notification: a remote side effect is only once if the remote honours it.
-            notification_job::Entity::insert(notification_job::ActiveModel {
+            let job = notification_job::ActiveModel {
                 event_id: Set(event_id.clone()),
                 order_id: Set(event.order_id),
                 source_version: Set(event.version),
                 status: Set("PENDING".to_owned()),
                 created_at: Set(now),
-            })
-            .exec_without_returning(&txn)
-            .await?;
+            };
+            notification_job::Entity::insert(job.clone()).exec_without_returning(&txn).await?;
+            if failpoint::hit(failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING).is_err() {
+                // A real integrity error on another key (the job's primary key), so the
+                // failure carries the database's own SQLSTATE, vendor code and constraint.
+                notification_job::Entity::insert(job).exec_without_returning(&txn).await?;
+            }
             Ok::<_, TxFailure>(())
         }
         .await;
         if let Err(failure) = effect {
             txn.rollback().await?;
+            let integrity_error = failure.db_err().and_then(sea_orm::DbErr::sql_err).is_some();
+            if integrity_error
+                && failpoint::broken(failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE)
+            {
+                return Ok(Consumed::AlreadyConsumed);
+            }
             return Err(failure);
         }
         // A failed commit may still have committed: the caller must not acknowledge, and the

@@ -185,6 +185,10 @@ impl Worker<'_> {
 
     async fn handle_in_span(&self, message: &BorrowedMessage<'_>, stop: &mut watch::Receiver<bool>) {
         let received = std::time::Instant::now();
+        if failpoint::broken(failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT) {
+            let _ = self.consumer.store_offset_from_message(message);
+            commit_stored(self.consumer, "before the local commit (broken on purpose)");
+        }
         let mut backoff = Duration::from_millis(100);
         loop {
             ConsumerStats::bump(&self.stats.handled);

@@ -11,9 +11,9 @@ use sea_orm::{
 };
 
 use super::WorkerId;
-use crate::db;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
+use crate::{db, failpoint};
 
 /// An event this worker holds the lease on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +213,11 @@ impl Outbox {
             .col_expr(Column::PublishedOffset, Expr::value(delivery.offset))
             .col_expr(Column::LeaseOwner, null_string())
             .col_expr(Column::LeaseUntil, null_time())
-            .filter(fenced(event_id, owner))
+            .filter(if failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION) {
+                Condition::all().add(Column::EventId.eq(event_id))
+            } else {
+                fenced(event_id, owner)
+            })
             .exec(&self.db)
             .await?;
         Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })

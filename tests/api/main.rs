@@ -15,3 +15,5 @@ mod relay;
 mod service;
 mod submit_order;
 mod traces;
+#[cfg(feature = "failpoints")]
+mod verify;

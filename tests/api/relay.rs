@@ -234,9 +234,10 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(3).await;
     let mut settings = relay_settings(&app, &broker.address(), &topic);
-    settings.delivery_timeout = Duration::from_millis(500);
-    settings.lease = Duration::from_secs(2);
-    settings.lease_margin = Duration::from_millis(500);
+    // Long enough for a first publish to a freshly started broker on a loaded machine.
+    settings.delivery_timeout = Duration::from_secs(2);
+    settings.lease = Duration::from_secs(4);
+    settings.lease_margin = Duration::from_secs(1);
     // However long the broker takes to come back, the events must not run out of attempts.
     settings.max_attempts = 1_000;
     let relay = start_relay(settings).await;

@@ -1,0 +1,91 @@
+//! `verify`: one event is followed through a fault at every commit window, with real service
+//! processes that the verifier starts, crashes and restarts, and the evidence is reported.
+//!
+//! The event is submitted (rolled back, then committed with its acknowledgement lost and
+//! reconciled), relayed (a relay dies before claiming, another after the broker's confirm and
+//! before its mark, a third stalls past its lease while a fourth takes over), and consumed (a
+//! consumer fails on a non-target integrity error and is killed, another dies after its commit
+//! and before acknowledging, a third absorbs the redeliveries). Every verdict rests on rows read
+//! by event id, records counted by consuming the topic, and the processes' own logs.
+
+mod evidence;
+mod journey;
+mod process;
+mod report;
+
+use std::path::PathBuf;
+
+pub use evidence::{Delivery, OutboxRow, Rows, create_topic, read_topic};
+pub use journey::run;
+pub use report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
+
+/// A guarantee to break on purpose, to show that the verifier catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Break {
+    /// The consumer takes any integrity error for "already consumed".
+    Classifier,
+    /// The relay marks PUBLISHED without the owner condition.
+    MarkWithoutOwner,
+    /// The consumer commits the offset before its local transaction.
+    OffsetBeforeCommit,
+}
+
+impl Break {
+    /// Parses `classifier`, `mark-without-owner` or `offset-before-commit`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "classifier" => Ok(Self::Classifier),
+            "mark-without-owner" => Ok(Self::MarkWithoutOwner),
+            "offset-before-commit" => Ok(Self::OffsetBeforeCommit),
+            _ => Err(format!("`{text}`: expected classifier, mark-without-owner or offset-before-commit")),
+        }
+    }
+
+    fn switch(self) -> &'static str {
+        match self {
+            Self::Classifier => crate::failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE,
+            Self::MarkWithoutOwner => crate::failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION,
+            Self::OffsetBeforeCommit => crate::failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT,
+        }
+    }
+
+    fn in_consumer(self) -> bool {
+        matches!(self, Self::Classifier | Self::OffsetBeforeCommit)
+    }
+}
+
+/// Where and how to verify.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A migrated database (`outpost-migrate up`) the services can share.
+    pub database_url: String,
+    /// Kafka bootstrap servers.
+    pub brokers: String,
+    /// Where `outpost-order`, `outpost-relay` and `outpost-consumer` are, built with the
+    /// `failpoints` feature.
+    pub bin_dir: PathBuf,
+    /// Where the processes' logs go (kept as evidence).
+    pub work_dir: PathBuf,
+    /// Guarantees to break on purpose (tests of the verifier itself).
+    pub breaks: Vec<Break>,
+}
+
+/// The experiment could not be carried out (as opposed to: it ran and an invariant failed).
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// A step did not happen in time.
+    #[error("{0}")]
+    Stuck(String),
+    /// The database failed.
+    #[error("database: {0}")]
+    Database(#[from] sea_orm::DbErr),
+    /// A process could not be started.
+    #[error("cannot start a service: {0}")]
+    Spawn(#[from] std::io::Error),
+    /// The broker refused something.
+    #[error("broker: {0}")]
+    Broker(String),
+    /// The order service refused a call it should have answered.
+    #[error("order service: {0}")]
+    Grpc(String),
+}

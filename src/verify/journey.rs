@@ -1,0 +1,533 @@
+//! The experiment: one event through a fault at every commit window.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use tonic_types::StatusExt as _;
+
+use super::evidence::{self, Delivery, OutboxRow};
+use super::process::ServiceProcess;
+use super::report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
+use super::{Settings, VerifyError};
+use crate::domain::EventId;
+use crate::failpoint as fp;
+use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+
+const STEP: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+
+type Evidence = Vec<(String, String)>;
+
+fn ev(pairs: &[(&str, String)]) -> Evidence {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
+}
+
+/// Polls `check` until it yields a value, or fails with `what` after `limit`.
+async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T, VerifyError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, VerifyError>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(VerifyError::Stuck(format!("timed out after {limit:?} waiting until {what}")));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+struct Run<'a> {
+    settings: &'a Settings,
+    db: DatabaseConnection,
+    topic: String,
+    group: String,
+    event_id: String,
+    processes: Vec<ServiceProcess>,
+}
+
+impl Run<'_> {
+    fn failpoints(&self, own: &str, consumer: bool) -> String {
+        let breaks = self
+            .settings
+            .breaks
+            .iter()
+            .filter(|b| b.in_consumer() == consumer)
+            .map(|b| format!("{}=return", b.switch()));
+        std::iter::once(own.to_owned()).chain(breaks).filter(|s| !s.is_empty()).collect::<Vec<_>>().join(";")
+    }
+
+    fn start(
+        &mut self,
+        binary: &str,
+        label: &str,
+        args: Vec<String>,
+        failpoints: String,
+    ) -> Result<usize, VerifyError> {
+        let process = ServiceProcess::start(
+            &self.settings.bin_dir,
+            binary,
+            label,
+            &args,
+            &failpoints,
+            &self.settings.work_dir,
+        )?;
+        self.processes.push(process);
+        Ok(self.processes.len() - 1)
+    }
+
+    fn relay_args(&self) -> Vec<String> {
+        [
+            format!("--database-url={}", self.settings.database_url),
+            format!("--brokers={}", self.settings.brokers),
+            format!("--topic={}", self.topic),
+            "--lease=3s".into(),
+            "--delivery-timeout=1s".into(),
+            "--lease-margin=1s".into(),
+            "--max-idle-poll=100ms".into(),
+            "--backoff-base=100ms".into(),
+            "--backoff-max=500ms".into(),
+            "--listen=127.0.0.1:0".into(),
+        ]
+        .into()
+    }
+
+    fn consumer_args(&self) -> Vec<String> {
+        [
+            format!("--database-url={}", self.settings.database_url),
+            format!("--brokers={}", self.settings.brokers),
+            format!("--topic={}", self.topic),
+            format!("--group-id={}", self.group),
+            "--backoff-max=300ms".into(),
+            "--kafka-option=session.timeout.ms=6000".into(),
+            "--kafka-option=heartbeat.interval.ms=500".into(),
+            "--listen=127.0.0.1:0".into(),
+        ]
+        .into()
+    }
+
+    async fn state(&self) -> Result<Option<OutboxRow>, VerifyError> {
+        Ok(evidence::outbox_row(&self.db, &self.event_id).await?)
+    }
+
+    async fn deliveries(&self) -> Result<Vec<Delivery>, VerifyError> {
+        let all = evidence::read_topic(&self.settings.brokers, &self.topic, Duration::from_secs(3), STEP)
+            .await
+            .map_err(VerifyError::Broker)?;
+        Ok(all.into_iter().filter(|d| d.event_id == self.event_id).collect())
+    }
+
+    fn consumer_lines(&self, prefix: &str) -> Vec<serde_json::Value> {
+        self.processes
+            .iter()
+            .filter(|p| p.label.starts_with("consumer"))
+            .flat_map(|p| p.lines_about(prefix, &self.event_id))
+            .collect()
+    }
+}
+
+fn describe(state: Option<&OutboxRow>) -> String {
+    state.map_or_else(
+        || "no outbox row".to_owned(),
+        |s| {
+            format!(
+                "status={} attempts={} lease_owner={} published_at={} partition/offset={}/{}",
+                s.status,
+                s.attempts,
+                s.lease_owner.as_deref().unwrap_or("-"),
+                s.published_at.as_deref().unwrap_or("-"),
+                s.partition.map_or("-".into(), |p| p.to_string()),
+                s.offset.map_or("-".into(), |o| o.to_string())
+            )
+        },
+    )
+}
+
+fn outcome(result: &Result<tonic::Response<pb::SubmitOrderResponse>, tonic::Status>) -> String {
+    match result {
+        Ok(ok) => format!("OK {:?} replayed={}", ok.get_ref().outcome(), ok.get_ref().replayed),
+        Err(status) => {
+            let reason = status.get_details_error_info().map(|i| i.reason).unwrap_or_default();
+            format!("{:?} reason={reason}", status.code())
+        }
+    }
+}
+
+async fn database_version(db: &DatabaseConnection) -> String {
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        sea_orm::DbBackend::Sqlite => "SELECT 'SQLite ' || sqlite_version()",
+        _ => "SELECT VERSION()",
+    };
+    let version = db
+        .query_one_raw(Statement::from_string(backend, sql))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|row| row.try_get_by_index::<String>(0).ok())
+        .unwrap_or_else(|| "unknown".into());
+    format!("{version}; driver sqlx 0.9 via SeaORM 2")
+}
+
+/// Runs the experiment and returns its report. `Err` means the experiment could not be carried
+/// out; a report with a FAIL means it ran and a guarantee did not hold.
+pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
+    std::fs::create_dir_all(&settings.work_dir)?;
+    let db = crate::service::open_database(&settings.database_url, 2)
+        .await
+        .map_err(|e| VerifyError::Stuck(e.to_string()))?;
+    let experiment = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("outpost-verify-{experiment}");
+    evidence::create_topic(&settings.brokers, &topic, 1).await.map_err(VerifyError::Broker)?;
+    let event_id = EventId::new().to_string();
+    let tenant_id = i64::from(rand::random::<u32>() >> 1) + 1;
+    let request_id = format!("verify-{experiment}");
+    let mut run = Run {
+        settings,
+        db,
+        topic,
+        group: format!("outpost-verify-{experiment}"),
+        event_id: event_id.clone(),
+        processes: Vec::new(),
+    };
+    let mut report = Report {
+        experiment_id: experiment,
+        versions: Versions {
+            application: format!("outpost {}", env!("CARGO_PKG_VERSION")),
+            database_and_driver: database_version(&run.db).await,
+            broker_and_client: format!(
+                "Kafka protocol at {}; librdkafka {}",
+                settings.brokers,
+                rdkafka::util::get_rdkafka_version().1
+            ),
+        },
+        event: EventFacts {
+            request_id: format!("{tenant_id}/{request_id}"),
+            event_id: event_id.clone(),
+            order_id: 0,
+            event_type_and_version: format!("{} v1", crate::order::EVENT_TYPE),
+        },
+        ..Report::default()
+    };
+
+    // Order service: rolled back, then committed with the acknowledgement lost.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.local_addr()?.port()
+    };
+    let order = run.start(
+        "outpost-order",
+        "order",
+        vec![format!("--database-url={}", settings.database_url), format!("--listen=127.0.0.1:{port}")],
+        format!(
+            "{}=1*return;{}=1*return",
+            fp::BEFORE_ORDER_TRANSACTION_COMMIT,
+            fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION
+        ),
+    )?;
+    let url = format!("http://127.0.0.1:{port}");
+    let mut client = until("the order service answers", STEP, || {
+        let url = url.clone();
+        async move { Ok(OrderServiceClient::connect(url).await.ok()) }
+    })
+    .await?;
+    let request = pb::SubmitOrderRequest {
+        tenant_id,
+        request_id: request_id.clone(),
+        customer_id: "verify".into(),
+        currency: "EUR".into(),
+        line_items: vec![pb::LineItem { sku: "VERIFY".into(), quantity: 1, unit_price_minor: 100 }],
+        event_id: event_id.clone(),
+    };
+    let first = client.submit_order(request.clone()).await;
+    let rows_after_first = evidence::rows(&run.db, &event_id).await?;
+    report.injections.push(Injection {
+        point: fp::BEFORE_ORDER_TRANSACTION_COMMIT,
+        expected: "ROLLED_BACK; neither the order nor its event exists; the retry reuses the same ids",
+        observed: ev(&[
+            ("outcome", outcome(&first)),
+            ("ordersWithEventId", rows_after_first.orders.to_string()),
+            ("outboxRowsWithEventId", rows_after_first.outbox.to_string()),
+            ("retryEventId", request.event_id.clone()),
+        ]),
+    });
+    let second = client.submit_order(request.clone()).await;
+    let reconciled = client
+        .reconcile(pb::ReconcileRequest { tenant_id, request_id: request_id.clone() })
+        .await
+        .map(tonic::Response::into_inner);
+    let key_orders = evidence::orders_for_key(&run.db, tenant_id, &request_id).await?;
+    let reconciled_event = reconciled.as_ref().map(|r| r.event_id.clone()).unwrap_or_default();
+    report.event.order_id = reconciled.as_ref().map(|r| r.order_id).unwrap_or_default();
+    report.injections.push(Injection {
+        point: fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
+        expected: "UNKNOWN, then Reconcile by (tenant_id, request_id) finds the order and its event id; no blind replay",
+        observed: ev(&[
+            ("outcome", outcome(&second)),
+            ("reconcile", reconciled.as_ref().map_or_else(|s| format!("{:?}", s.code()), |r| format!("order {} event {}", r.order_id, r.event_id))),
+            ("ordersForRequestKey", key_orders.to_string()),
+        ]),
+    });
+    let unknown_reconciled = second.as_ref().err().is_some_and(|s| s.code() == tonic::Code::Unknown)
+        && first.as_ref().err().is_some_and(|s| s.code() == tonic::Code::Aborted)
+        && rows_after_first.orders == 0
+        && rows_after_first.outbox == 0
+        && reconciled_event == event_id
+        && key_orders == 1;
+    let _ = run.processes[order].terminate(STEP).await;
+
+    // Relay 1 dies before claiming: the event must stay discoverable.
+    let args = run.relay_args();
+    let fps = run.failpoints(&format!("{}=return(abort)", fp::AFTER_COMMIT_BEFORE_RELAY_CLAIM), false);
+    let relay1 = run.start("outpost-relay", "relay-1", args.clone(), fps)?;
+    let relay1_exit = run.processes[relay1].exited(STEP).await;
+    let discoverable = run.state().await?;
+    report.injections.push(Injection {
+        point: fp::AFTER_COMMIT_BEFORE_RELAY_CLAIM,
+        expected: "the relay dies before claiming; the committed event stays PENDING and discoverable by its id",
+        observed: ev(&[
+            ("relayExit", format!("{relay1_exit:?}")),
+            ("outboxRow", describe(discoverable.as_ref())),
+        ]),
+    });
+
+    // Relay 2 dies after the broker's confirm and before its mark.
+    let fps =
+        run.failpoints(&format!("{}=return(abort)", fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED), false);
+    let relay2 = run.start("outpost-relay", "relay-2", args.clone(), fps)?;
+    let relay2_exit = run.processes[relay2].exited(STEP).await;
+    let after_confirm = run.state().await?;
+    let copies_after_confirm = run.deliveries().await?.len();
+
+    // Relay 3 claims after relay 2's lease expires, then stalls past its own lease; relay 4
+    // takes over and marks; relay 3 confirms late and must change nothing.
+    let fps = run.failpoints(&format!("{}=1*sleep(7000)", fp::DURING_CONCURRENT_CLAIM), false);
+    let relay3 = run.start("outpost-relay", "relay-3", args.clone(), fps)?;
+    let relay3_pid = run.processes[relay3].pid().unwrap_or_default();
+    let stale_owner = until("relay 3 holds the lease", STEP, || async {
+        let state = run.state().await?;
+        Ok(state.and_then(|s| s.lease_owner).filter(|owner| owner.contains(&format!("/{relay3_pid}/"))))
+    })
+    .await?;
+    let relay4 = run.start("outpost-relay", "relay-4", args.clone(), run.failpoints("", false))?;
+    let marked_by_new_owner = until("relay 4 marks the event PUBLISHED", STEP, || async {
+        Ok(run.state().await?.filter(|s| s.status == "PUBLISHED"))
+    })
+    .await?;
+    let late = until("relay 3 confirms late and records its outcome", STEP, || async {
+        let log = &run.processes[relay3];
+        let lines =
+            [log.lines_about("lease lost", &event_id), log.lines_about("marked PUBLISHED", &event_id)]
+                .concat();
+        Ok(lines.first().and_then(|l| l["fields"]["message"].as_str()).map(str::to_owned))
+    })
+    .await?;
+    let after_stale = run.state().await?;
+    for index in [relay3, relay4] {
+        let _ = run.processes[index].terminate(STEP).await;
+    }
+    let deliveries = run.deliveries().await?;
+    report.injections.push(Injection {
+        point: fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED,
+        expected: "the broker has the record but the row is still PUBLISHING: the event is published again; duplicates, no loss",
+        observed: ev(&[
+            ("relayExit", format!("{relay2_exit:?}")),
+            ("outboxRowAfterCrash", describe(after_confirm.as_ref())),
+            ("copiesOnTopicAfterCrash", copies_after_confirm.to_string()),
+        ]),
+    });
+    report.injections.push(Injection {
+        point: fp::DURING_CONCURRENT_CLAIM,
+        expected: "the stale owner's late mark changes nothing; lease ownership is traceable; the duplicate is tolerated",
+        observed: ev(&[
+            ("staleLeaseOwner", stale_owner.clone()),
+            ("markedByNewOwner", describe(Some(&marked_by_new_owner))),
+            ("staleOwnerOutcome", late.clone()),
+            ("rowAfterStaleOwner", describe(after_stale.as_ref())),
+            ("copiesOnTopic", deliveries.len().to_string()),
+        ]),
+    });
+
+    // Consumer 1 fails on an integrity error that is not uq_consumed_event_identity, and is
+    // killed while still failing.
+    let cargs = run.consumer_args();
+    let fps =
+        run.failpoints(&format!("{}=return", fp::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING), true);
+    let consumer1 = run.start("outpost-consumer", "consumer-1", cargs.clone(), fps)?;
+    until("consumer 1 has handled the event twice", STEP, || async {
+        let log = &run.processes[consumer1];
+        let attempts =
+            log.lines_about("handling failed", &event_id).len() + log.lines_about("dedup", &event_id).len();
+        Ok((attempts >= 2).then_some(()))
+    })
+    .await?;
+    run.processes[consumer1].kill().await;
+    let failures = run.processes[consumer1].lines_about("handling failed", &event_id);
+    let consumed_after_failures = evidence::rows(&run.db, &event_id).await?.consumed;
+    report.injections.push(Injection {
+        point: fp::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING,
+        expected: "the failure is not taken for already consumed: rolled back, not acknowledged, retried",
+        observed: ev(&[
+            ("failedAttempts", failures.len().to_string()),
+            (
+                "error",
+                failures
+                    .first()
+                    .and_then(|l| l["fields"]["error"].as_str())
+                    .unwrap_or("none logged")
+                    .to_owned(),
+            ),
+            ("consumedEventRowsAfterFailures", consumed_after_failures.to_string()),
+            (
+                "dedupHitsWhileFailing",
+                run.processes[consumer1].lines_about("dedup hit", &event_id).len().to_string(),
+            ),
+        ]),
+    });
+
+    // Consumer 2 commits and dies before acknowledging; consumer 3 absorbs the redeliveries.
+    let fps =
+        run.failpoints(&format!("{}=return(abort)", fp::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK), true);
+    let consumer2 = run.start("outpost-consumer", "consumer-2", cargs.clone(), fps)?;
+    let consumer2_exit = run.processes[consumer2].exited(Duration::from_secs(30)).await;
+    if consumer2_exit.is_none() {
+        run.processes[consumer2].kill().await;
+    }
+    let consumed_after_crash = evidence::rows(&run.db, &event_id).await?.consumed;
+    let consumer3 = run.start("outpost-consumer", "consumer-3", cargs, run.failpoints("", true))?;
+    // Done when every copy on the topic has been handled to a commit or a dedup hit, or after
+    // a quiet spell in which nothing more arrives.
+    let handled = |run: &Run<'_>| {
+        let mut seen: Vec<(i64, i64)> = ["dedup miss", "dedup hit"]
+            .iter()
+            .flat_map(|p| run.consumer_lines(p))
+            .map(|l| {
+                (
+                    l["fields"]["partition"].as_i64().unwrap_or(-1),
+                    l["fields"]["offset"].as_i64().unwrap_or(-1),
+                )
+            })
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen
+    };
+    let _ = until("consumer 3 has handled every copy", Duration::from_secs(40), || async {
+        let seen = handled(&run);
+        Ok(deliveries.iter().all(|d| seen.contains(&(i64::from(d.partition), d.offset))).then_some(()))
+    })
+    .await;
+    let _ = run.processes[consumer3].terminate(STEP).await;
+    report.injections.push(Injection {
+        point: fp::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK,
+        expected: "the redelivery meets uq_consumed_event_identity: a dedup hit, no second effect",
+        observed: ev(&[
+            ("consumerExit", format!("{consumer2_exit:?}")),
+            ("consumedEventRowsAfterCrash", consumed_after_crash.to_string()),
+            (
+                "dedupHitsAfterRestart",
+                run.processes[consumer3].lines_about("dedup hit", &event_id).len().to_string(),
+            ),
+        ]),
+    });
+
+    // Counts and verdicts.
+    let rows = evidence::rows(&run.db, &event_id).await?;
+    let final_state = run.state().await?;
+    let misses = run.consumer_lines("dedup miss");
+    let hits = run.consumer_lines("dedup hit");
+    let failed = run.consumer_lines("handling failed");
+    let attempts = (misses.len() + hits.len() + failed.len()) as u64;
+    report.counts = Counts {
+        committed_orders: evidence::orders_for_key(&run.db, tenant_id, &request_id).await?,
+        outbox_events_by_status: final_state.iter().map(|s| (s.status.clone(), 1)).collect(),
+        broker_deliveries_for_event: deliveries.len() as u64,
+        consumer_handle_attempts: attempts,
+        consumed_event_rows: rows.consumed,
+        notification_jobs: rows.jobs,
+    };
+    let stamp = |l: &serde_json::Value| l["timestamp"].as_str().unwrap_or_default().to_owned();
+    let first_commit = misses.iter().map(stamp).min();
+    let early_hits = hits.iter().filter(|h| first_commit.as_ref().is_none_or(|c| stamp(h) < *c)).count();
+    let seen = handled(&run);
+    let unhandled: Vec<String> = deliveries
+        .iter()
+        .filter(|d| !seen.contains(&(i64::from(d.partition), d.offset)))
+        .map(|d| format!("{}/{}", d.partition, d.offset))
+        .collect();
+    let queryable = discoverable.as_ref().is_some_and(|s| s.status == "PENDING" && s.lease_owner.is_none())
+        && after_confirm.as_ref().is_some_and(|s| s.status == "PUBLISHING" && s.lease_owner.is_some())
+        && final_state.as_ref().is_some_and(|s| s.status == "PUBLISHED");
+    let duplicate_seen = deliveries.len() > 1 && attempts > rows.consumed;
+    report.invariants = vec![
+        Invariant {
+            name: "committedOrderHasOutboxEvent",
+            pass: rows.orders == 1 && rows.outbox == 1,
+            because: format!("{} order(s) and {} outbox row(s) carry the event id", rows.orders, rows.outbox),
+        },
+        Invariant {
+            name: "unknownCommitReconciledByStableRequestId",
+            pass: unknown_reconciled,
+            because: format!(
+                "first attempt {}, second {}, Reconcile returned event {reconciled_event}, {key_orders} order(s) hold the key",
+                outcome(&first),
+                outcome(&second)
+            ),
+        },
+        Invariant {
+            name: "noEffectWithoutCommittedOrder",
+            pass: rows.jobs == 0 || rows.orders == 1,
+            because: format!("{} job(s), {} committed order(s) for the event", rows.jobs, rows.orders),
+        },
+        Invariant {
+            name: "onlyTargetUniqueConflictMeansAlreadyConsumed",
+            pass: early_hits == 0 && !misses.is_empty(),
+            because: format!(
+                "{} non-target failure(s) retried; {early_hits} dedup hit(s) before the first commit",
+                failed.len()
+            ),
+        },
+        Invariant {
+            name: "oneLocalEffectPerConsumerAndEvent",
+            pass: rows.consumed == 1 && rows.jobs == 1 && duplicate_seen,
+            because: format!(
+                "{} consumed row(s), {} job(s) after {} broker deliveries and {attempts} handle attempts",
+                rows.consumed,
+                rows.jobs,
+                deliveries.len()
+            ),
+        },
+        Invariant {
+            name: "everyNonTerminalStateIsQueryable",
+            pass: queryable,
+            because: format!(
+                "after relay 1: {}; after relay 2: {}; at the end: {}",
+                describe(discoverable.as_ref()),
+                describe(after_confirm.as_ref()),
+                describe(final_state.as_ref())
+            ),
+        },
+        Invariant {
+            name: "staleLeaseOwnerChangesNothing",
+            pass: after_stale.as_ref() == Some(&marked_by_new_owner),
+            because: format!(
+                "relay 3 said `{late}`; the row went from [{}] to [{}]",
+                describe(Some(&marked_by_new_owner)),
+                describe(after_stale.as_ref())
+            ),
+        },
+        Invariant {
+            name: "everyDeliveryHandledBeforeAcknowledged",
+            pass: unhandled.is_empty(),
+            because: if unhandled.is_empty() {
+                format!("all {} deliveries reached a commit or a dedup hit", deliveries.len())
+            } else {
+                format!("deliveries {} were acknowledged without being handled", unhandled.join(", "))
+            },
+        },
+    ];
+    Ok(report)
+}
