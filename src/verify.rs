@@ -8,6 +8,7 @@
 //! and before acknowledging, a third absorbs the redeliveries). Every verdict rests on rows read
 //! by event id, records counted by consuming the topic, and the processes' own logs.
 
+mod chaos;
 mod evidence;
 mod journey;
 mod process;
@@ -15,6 +16,7 @@ mod report;
 
 use std::path::PathBuf;
 
+pub use chaos::{BrokerControl, ChaosReport, ChaosSettings, chaos};
 pub use evidence::{Delivery, OutboxRow, Rows, create_topic, read_topic};
 pub use journey::run;
 pub use report::{Counts, EventFacts, Injection, Invariant, Report, Versions};

@@ -134,7 +134,9 @@ pub async fn read_topic(
         let mut deliveries = Vec::new();
         while last.elapsed() < quiet && started.elapsed() < limit {
             if let Some(message) = consumer.poll(Duration::from_millis(100)) {
-                let message = message.map_err(|e| e.to_string())?;
+                // Transient client errors (a broker connection dropping) are retried by
+                // librdkafka itself; only records count.
+                let Ok(message) = message else { continue };
                 let event_id = message
                     .headers()
                     .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))

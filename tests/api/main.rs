@@ -7,6 +7,8 @@ mod broker;
 mod helpers;
 mod otlp;
 
+#[cfg(feature = "failpoints")]
+mod chaos;
 mod classify;
 mod client;
 mod consumer;

@@ -30,6 +30,33 @@ struct Cli {
     /// the matching invariant fail.
     #[arg(long = "break", value_parser = Break::parse)]
     breaks: Vec<Break>,
+    /// Chaos mode: submit this many orders while relays and consumers are SIGKILLed at random,
+    /// then check every event id.
+    #[arg(long)]
+    chaos_orders: Option<usize>,
+    /// How long chaos lasts.
+    #[arg(long, default_value = "30s", value_parser = humantime_duration)]
+    chaos_duration: std::time::Duration,
+    /// A shell command that restarts the broker on durable storage; chaos runs it halfway.
+    #[arg(long)]
+    broker_restart_command: Option<String>,
+}
+
+fn humantime_duration(text: &str) -> Result<std::time::Duration, String> {
+    outpost::startup::parse_duration(text)
+}
+
+/// Restarts the broker by running the operator's command, if there is one.
+struct ShellBroker(Option<String>);
+
+impl verify::BrokerControl for ShellBroker {
+    fn restart(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(command) = &self.0 {
+                let _ = tokio::process::Command::new("sh").arg("-c").arg(command).status().await;
+            }
+        })
+    }
 }
 
 #[tokio::main]
@@ -46,6 +73,22 @@ async fn main() -> ExitCode {
         work_dir: cli.work_dir,
         breaks: cli.breaks,
     };
+    if let Some(orders) = cli.chaos_orders {
+        let chaos = verify::ChaosSettings { orders, duration: cli.chaos_duration };
+        let outcome = verify::chaos(&settings, &chaos, &mut ShellBroker(cli.broker_restart_command)).await;
+        telemetry.shutdown();
+        return match outcome {
+            Ok(report) => {
+                print!("{}", report.summary());
+                if report.violations.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    startup::fail("outpost-verify", "chaos found violations")
+                }
+            }
+            Err(e) => startup::fail("outpost-verify", e),
+        };
+    }
     let outcome = verify::run(&settings).await;
     telemetry.shutdown();
     let report = match outcome {
