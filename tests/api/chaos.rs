@@ -8,7 +8,7 @@ use std::time::Duration;
 use outpost::verify::{self, BrokerControl, ChaosSettings};
 
 use crate::broker::TestBroker;
-use crate::helpers::{Backend, TestDb, service_binary};
+use crate::helpers::{Backend, TestDb};
 
 impl BrokerControl for TestBroker {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
@@ -49,13 +49,7 @@ async fn a_short_chaos_run_loses_nothing_and_duplicates_nothing(backend: Backend
     let db = TestDb::migrated(backend).await;
     let mut broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
-    let settings = verify::Settings {
-        database_url: db.url.clone(),
-        brokers: broker.address(),
-        bin_dir: service_binary("outpost-relay").parent().unwrap().to_owned(),
-        work_dir: logs.path().to_owned(),
-        breaks: Vec::new(),
-    };
+    let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
 
     let report = verify::chaos(
         &settings,
