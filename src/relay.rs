@@ -13,7 +13,9 @@ mod worker;
 use std::fmt;
 
 pub use application::{Application, StartupError, redrive};
-pub use outbox::{Backlog, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, Released, RetryPolicy};
+pub use outbox::{
+    Backlog, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
+};
 pub use publisher::{CONTENT_TYPE, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
 pub use worker::{PublisherFailed, Relay, StepOutcome, StepReport, Tuning};

@@ -8,6 +8,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod column;
 mod m20261202_000001_create_outbox_schema;
+mod m20261202_000002_operations;
 
 /// Every migration Outpost knows, oldest first.
 #[derive(Debug)]
@@ -16,6 +17,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261202_000001_create_outbox_schema::Migration)]
+        vec![
+            Box::new(m20261202_000001_create_outbox_schema::Migration),
+            Box::new(m20261202_000002_operations::Migration),
+        ]
     }
 }

@@ -22,6 +22,10 @@ pub struct Model {
     pub published_offset: Option<i64>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    pub redrive_count: i32,
+    pub last_redriven_at: Option<DateTimeUtc>,
+    pub last_redriven_by: Option<String>,
+    pub last_redrive_reason: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

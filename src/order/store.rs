@@ -327,6 +327,10 @@ async fn insert_order(
         published_offset: Set(None),
         traceparent: Set(trace.traceparent.clone()),
         tracestate: Set(trace.tracestate.clone()),
+        redrive_count: Set(0),
+        last_redriven_at: Set(None),
+        last_redriven_by: Set(None),
+        last_redrive_reason: Set(None),
     })
     .exec_without_returning(txn)
     .await?;

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
-use super::{Redrive, Settings};
+use super::{Redrive, RedriveAudit, Settings};
 use crate::service::{self, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 
@@ -103,12 +103,16 @@ impl Application {
 }
 
 /// The operator's redrive: returns a FAILED event to PENDING.
-pub async fn redrive(settings: &Settings, event_id: &str) -> Result<Redrive, StartupError> {
+pub async fn redrive(
+    settings: &Settings,
+    event_id: &str,
+    audit: &RedriveAudit,
+) -> Result<Redrive, StartupError> {
     if settings.database_url.is_empty() {
         return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
     }
     let db = service::open_database(&settings.database_url, 1).await?;
-    Outbox::new(db).redrive(event_id).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
+    Outbox::new(db).redrive(event_id, audit).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
 }
 
 /// How often the backlog gauges are refreshed.

@@ -71,6 +71,19 @@ pub enum Released {
     Failed,
 }
 
+/// Who redrives an event and why: recorded on the row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedriveAudit {
+    /// The operator (or tool) asking.
+    pub requested_by: String,
+    /// Why the event may be published again now.
+    pub reason: String,
+}
+
+/// The most characters of an audit field kept on the row.
+const AUDIT_CHARS: usize = 128;
+const REASON_CHARS: usize = 512;
+
 /// What a redrive found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Redrive {
@@ -279,13 +292,22 @@ impl Outbox {
         Ok(Backlog { by_status, oldest_pending: oldest.map(|row| row.created_at) })
     }
 
-    /// Returns a FAILED event to PENDING with its attempts reset; any other state is left alone.
-    pub async fn redrive(&self, event_id: &str) -> Result<Redrive, DbErr> {
+    /// Returns a FAILED event to PENDING with its attempts reset, counting the redrive and
+    /// recording when (database clock), by whom and why on the row. Any other state is left
+    /// alone: a FAILED row has no lease, so no relay's lease can be overwritten.
+    pub async fn redrive(&self, event_id: &str, audit: &RedriveAudit) -> Result<Redrive, DbErr> {
+        let now = db::now(&self.db).await?;
+        let by: String = audit.requested_by.chars().take(AUDIT_CHARS).collect();
+        let reason: String = audit.reason.chars().take(REASON_CHARS).collect();
         let result = outbox_event::Entity::update_many()
             .col_expr(Column::Status, Expr::value(OutboxStatus::Pending.as_str()))
             .col_expr(Column::Attempts, Expr::value(0))
             .col_expr(Column::LeaseOwner, null_string())
             .col_expr(Column::LeaseUntil, null_time())
+            .col_expr(Column::RedriveCount, Expr::col(Column::RedriveCount).add(1))
+            .col_expr(Column::LastRedrivenAt, Expr::value(now))
+            .col_expr(Column::LastRedrivenBy, Expr::value(by))
+            .col_expr(Column::LastRedriveReason, Expr::value(reason))
             .filter(Column::EventId.eq(event_id))
             .filter(Column::Status.eq(OutboxStatus::Failed.as_str()))
             .exec(&self.db)

@@ -78,10 +78,16 @@ pub struct Settings {
 pub enum Command {
     /// Run the relay until SIGTERM (the default).
     Run,
-    /// Return a FAILED event to PENDING with its attempts reset.
+    /// Return a FAILED event to PENDING with its attempts reset; recorded on the row.
     Redrive {
         /// The event's id.
         event_id: String,
+        /// Why the event may be published again now: recorded on the row.
+        #[arg(long)]
+        reason: String,
+        /// Who asks: recorded on the row.
+        #[arg(long, env = "USER", default_value = "operator")]
+        requested_by: String,
     },
 }
 

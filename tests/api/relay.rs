@@ -315,7 +315,12 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     // The operator's command, as a real process.
     let mut redrive = ServiceProcess::spawn(
         "outpost-relay",
-        &[format!("--database-url={}", settings.database_url), "redrive".to_owned(), ids[0].clone()],
+        &[
+            format!("--database-url={}", settings.database_url),
+            "redrive".to_owned(),
+            ids[0].clone(),
+            "--reason=broker fixed".to_owned(),
+        ],
         &[],
     );
     assert!(redrive.wait(WAIT).await.success());

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use outpost::relay::{self, Application, Command, Redrive, Settings};
+use outpost::relay::{self, Application, Command, Redrive, RedriveAudit, Settings};
 use outpost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
@@ -12,7 +12,10 @@ async fn main() -> ExitCode {
     let telemetry = telemetry::init("outpost-relay");
     failpoint::arm_from_env();
     let outcome = match &settings.command {
-        Some(Command::Redrive { event_id }) => redrive(&settings, event_id).await,
+        Some(Command::Redrive { event_id, reason, requested_by }) => {
+            let audit = RedriveAudit { requested_by: requested_by.clone(), reason: reason.clone() };
+            redrive(&settings, event_id, &audit).await
+        }
         Some(Command::Run) | None => run(settings).await.map_err(|e| e.to_string()),
     };
     telemetry.shutdown();
@@ -23,8 +26,8 @@ async fn run(settings: Settings) -> Result<(), relay::StartupError> {
     Application::build(settings).await?.run_until_stopped(shutdown::signal()).await
 }
 
-async fn redrive(settings: &Settings, event_id: &str) -> Result<(), String> {
-    match relay::redrive(settings, event_id).await.map_err(|e| e.to_string())? {
+async fn redrive(settings: &Settings, event_id: &str, audit: &RedriveAudit) -> Result<(), String> {
+    match relay::redrive(settings, event_id, audit).await.map_err(|e| e.to_string())? {
         Redrive::Redriven => {
             println!("{event_id}: FAILED -> PENDING");
             Ok(())
