@@ -8,6 +8,7 @@ const PROTOS: &[&str] = &[
     "proto/outpost/v1/order.proto",
     "proto/outpost/v1/order_service.proto",
     "proto/outpost/v1/order_events.proto",
+    "proto/outpost/v1/admin_service.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

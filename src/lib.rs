@@ -6,6 +6,7 @@
 //! [`relay`] publishes the outbox to Kafka under leases; [`consumer`] turns each event into one
 //! local effect.
 
+pub mod admin;
 pub mod client;
 pub mod consumer;
 pub mod db;

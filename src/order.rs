@@ -8,7 +8,9 @@ mod settings;
 mod store;
 
 pub use application::{Application, StartupError};
+pub(crate) use event::timestamp;
 pub use event::{AGGREGATE_TYPE, EVENT_TYPE};
 pub use grpc::ERROR_DOMAIN;
+pub(crate) use grpc::{record_status, rpc_span};
 pub use settings::Settings;
 pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};

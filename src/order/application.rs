@@ -1,16 +1,17 @@
 //! Builds the order service from its settings and runs it until shutdown.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
+use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
 use super::Settings;
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
+use crate::admin::{AdminGrpc, Retention, RetentionError};
 use crate::proto;
 use crate::service::{self, ReadyError};
 
@@ -26,6 +27,9 @@ pub enum StartupError {
     /// Reflection could not load the service descriptors.
     #[error("cannot build gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The retention settings would purge dedup history that a redelivery may still need.
+    #[error("invalid retention settings: {0}")]
+    Retention(#[from] RetentionError),
 }
 
 /// A built, listening order service.
@@ -33,7 +37,11 @@ pub enum StartupError {
 pub struct Application {
     listener: TcpListener,
     port: u16,
-    store: OrderStore,
+    admin_listener: TcpListener,
+    admin_port: u16,
+    db: DatabaseConnection,
+    retention: Retention,
+    purge_every: Duration,
     shutdown_grace: Duration,
 }
 
@@ -42,14 +50,31 @@ impl Application {
     ///
     /// Nothing is served until [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let retention = settings.retention();
+        retention.check()?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let (listener, port) = service::bind(settings.listen).await?;
-        Ok(Self { listener, port, store: OrderStore::new(db), shutdown_grace: settings.shutdown_grace })
+        let (admin_listener, admin_port) = service::bind(settings.admin_listen).await?;
+        Ok(Self {
+            listener,
+            port,
+            admin_listener,
+            admin_port,
+            db,
+            retention,
+            purge_every: settings.purge_every,
+            shutdown_grace: settings.shutdown_grace,
+        })
     }
 
-    /// The port the service listens on (useful when the settings asked for port 0).
+    /// The port the OrderService listens on (useful when the settings asked for port 0).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port the AdminService listens on.
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
     }
 
     /// Serves gRPC until `shutdown` completes, then lets in-flight calls finish for at most the
@@ -65,35 +90,76 @@ impl Application {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
 
-        let stopping = Arc::new(Notify::new());
-        let signal = {
-            let stopping = Arc::clone(&stopping);
-            async move {
-                shutdown.await;
-                tracing::info!("shutdown requested; draining in-flight calls");
-                health
-                    .set_not_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>()
-                    .await;
-                stopping.notify_one();
-            }
+        let (stop, stopped) = watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutdown requested; draining in-flight calls");
+            health.set_not_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>().await;
+            let _ = stop.send(true);
         };
-        tracing::info!(port = self.port, "order service listening");
-        let server = tonic::transport::Server::builder()
+        tracing::info!(port = self.port, admin_port = self.admin_port, "order service listening");
+        let orders = tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(reflection)
-            .add_service(OrderGrpc::server(self.store))
+            .add_service(reflection.clone())
+            .add_service(OrderGrpc::server(OrderStore::new(self.db.clone())))
             .serve_with_incoming_shutdown(TcpIncoming::from(self.listener), signal);
-        tokio::pin!(server);
+        let admin = tonic::transport::Server::builder()
+            .add_service(reflection)
+            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone()))
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(self.admin_listener),
+                until_true(stopped.clone()),
+            );
+        let purger =
+            tokio::spawn(purge_periodically(self.db, self.retention, self.purge_every, stopped.clone()));
+        let servers = async { tokio::try_join!(orders, admin).map(|_| ()) };
+        tokio::pin!(servers);
+        let result = tokio::select! {
+            result = &mut servers => result,
+            () = until_true(stopped) => match tokio::time::timeout(self.shutdown_grace, servers).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!(grace = ?self.shutdown_grace, "grace period over; stopping with calls still in flight");
+                    Ok(())
+                }
+            },
+        };
+        purger.abort();
+        Ok(result?)
+    }
+}
+
+/// Completes once the flag turns true (or its sender is gone).
+async fn until_true(mut flag: watch::Receiver<bool>) {
+    let _ = flag.wait_for(|stop| *stop).await;
+}
+
+/// Purges on the configured period until stopped. A failed purge is logged and tried again at
+/// the next period: nothing depends on it finishing.
+async fn purge_periodically(
+    db: DatabaseConnection,
+    retention: Retention,
+    every: Duration,
+    stopped: watch::Receiver<bool>,
+) {
+    if every.is_zero() {
+        return;
+    }
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
         tokio::select! {
-            result = &mut server => return Ok(result?),
-            () = stopping.notified() => {}
+            _ = ticks.tick() => {}
+            () = until_true(stopped.clone()) => return,
         }
-        match tokio::time::timeout(self.shutdown_grace, server).await {
-            Ok(result) => Ok(result?),
-            Err(_) => {
-                tracing::warn!(grace = ?self.shutdown_grace, "grace period over; stopping with calls still in flight");
-                Ok(())
-            }
+        match retention.purge(&db, false).await {
+            Ok(report) => tracing::info!(
+                outbox_rows = report.outbox_rows,
+                consumed_rows = report.consumed_rows,
+                "retention purge"
+            ),
+            Err(e) => tracing::warn!(error = %e, "retention purge failed; trying again next period"),
         }
     }
 }

@@ -40,7 +40,7 @@ impl OrderService for OrderGrpc {
         &self,
         request: Request<pb::SubmitOrderRequest>,
     ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
-        let span = rpc_span("SubmitOrder", request.metadata());
+        let span = rpc_span(SERVICE, "SubmitOrder", request.metadata());
         let answer = self.submit_order_inner(request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer
@@ -50,7 +50,7 @@ impl OrderService for OrderGrpc {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let span = rpc_span("Reconcile", request.metadata());
+        let span = rpc_span(SERVICE, "Reconcile", request.metadata());
         let answer = self.reconcile_inner(request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer
@@ -93,14 +93,20 @@ impl OrderGrpc {
     }
 }
 
+const SERVICE: &str = "outpost.v1.OrderService";
+
 /// A server span for one call, continuing the caller's trace from its request metadata.
-fn rpc_span(method: &'static str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
+pub(crate) fn rpc_span(
+    service: &'static str,
+    method: &'static str,
+    metadata: &tonic::metadata::MetadataMap,
+) -> tracing::Span {
     let span = tracing::info_span!(
         "rpc",
-        otel.name = format!("outpost.v1.OrderService/{method}"),
+        otel.name = format!("{service}/{method}"),
         otel.kind = "server",
         rpc.system = "grpc",
-        rpc.service = "outpost.v1.OrderService",
+        rpc.service = service,
         rpc.method = method,
         rpc.grpc.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
@@ -111,7 +117,7 @@ fn rpc_span(method: &'static str, metadata: &tonic::metadata::MetadataMap) -> tr
     span
 }
 
-fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
+pub(crate) fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
     let code = answer.as_ref().err().map_or(Code::Ok, Status::code);
     span.record("rpc.grpc.status_code", code as i32);
     if let Err(status) = answer {

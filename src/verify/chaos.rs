@@ -144,7 +144,11 @@ pub async fn chaos(
         &settings.bin_dir,
         "outpost-order",
         "chaos-order",
-        &[format!("--database-url={}", settings.database_url), format!("--listen=127.0.0.1:{port}")],
+        &[
+            format!("--database-url={}", settings.database_url),
+            format!("--listen=127.0.0.1:{port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+        ],
         "",
         &settings.work_dir,
     )?;

@@ -221,7 +221,11 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     let order = run.start(
         "outpost-order",
         "order",
-        vec![format!("--database-url={}", settings.database_url), format!("--listen=127.0.0.1:{port}")],
+        vec![
+            format!("--database-url={}", settings.database_url),
+            format!("--listen=127.0.0.1:{port}"),
+            "--admin-listen=127.0.0.1:0".into(),
+        ],
         format!(
             "{}=1*return;{}=1*return",
             fp::BEFORE_ORDER_TRANSACTION_COMMIT,

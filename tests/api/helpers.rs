@@ -3,7 +3,9 @@
 use std::sync::LazyLock;
 
 use outpost::order::{Application, Settings};
-use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost::proto::v1::{
+    self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
+};
 use outpost_migration::{Migrator, MigratorTrait};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::sync::oneshot;
@@ -150,19 +152,29 @@ pub struct TestApp {
     pub db: TestDb,
     pub conn: DatabaseConnection,
     pub port: u16,
+    pub admin_port: u16,
     pub client: OrderServiceClient<Channel>,
+    pub admin: AdminServiceClient<Channel>,
     server: Option<InProcess>,
 }
 
 impl TestApp {
     pub async fn spawn(backend: Backend) -> Self {
+        Self::spawn_with(backend, |_| {}).await
+    }
+
+    /// An order service whose settings `adjust` changed first.
+    pub async fn spawn_with(backend: Backend, adjust: impl FnOnce(&mut Settings)) -> Self {
         let db = TestDb::migrated(backend).await;
-        let app = Application::build(Settings::for_database(&db.url)).await.unwrap();
-        let port = app.port();
+        let mut settings = Settings::for_database(&db.url);
+        adjust(&mut settings);
+        let app = Application::build(settings).await.unwrap();
+        let (port, admin_port) = (app.port(), app.admin_port());
         let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
         let client = OrderServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
+        let admin = AdminServiceClient::connect(format!("http://127.0.0.1:{admin_port}")).await.unwrap();
         let conn = db.connect().await;
-        Self { db, conn, port, client, server: Some(server) }
+        Self { db, conn, port, admin_port, client, admin, server: Some(server) }
     }
 
     pub fn channel_url(&self) -> String {

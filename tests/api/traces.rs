@@ -34,7 +34,11 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     let order_port = free_port();
     let mut order_service = ServiceProcess::spawn(
         "outpost-order",
-        &[database.clone(), format!("--listen=127.0.0.1:{order_port}")],
+        &[
+            database.clone(),
+            format!("--listen=127.0.0.1:{order_port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+        ],
         &env,
     );
     let common = [
