@@ -7,6 +7,7 @@ mod broker;
 mod helpers;
 mod otlp;
 
+mod admin;
 #[cfg(feature = "failpoints")]
 mod chaos;
 mod classify;

@@ -1,0 +1,24 @@
+//! `outpostctl`: the operators' command line over the AdminService; tables for people, `--json`
+//! for scripts.
+
+mod command;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = command::Cli::parse();
+    match command::run(&cli).await {
+        Ok(output) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("outpostctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

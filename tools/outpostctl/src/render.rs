@@ -1,0 +1,232 @@
+//! Replies as tables for people or JSON for scripts. Field names in JSON follow the proto's
+//! JSON mapping (lowerCamelCase), timestamps are RFC 3339, durations in seconds.
+
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use outpost::proto::v1 as pb;
+use serde_json::{Value, json};
+
+fn time(t: Option<&prost_types::Timestamp>) -> Option<String> {
+    t.and_then(|t| u32::try_from(t.nanos).ok().and_then(|n| chrono::DateTime::from_timestamp(t.seconds, n)))
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+}
+
+fn seconds(d: Option<&prost_types::Duration>) -> Option<f64> {
+    d.map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
+}
+
+fn text(value: Option<String>) -> String {
+    value.unwrap_or_else(|| "-".to_owned())
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    table
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+}
+
+fn outbox_json(o: &pb::OutboxRecord) -> Value {
+    json!({
+        "status": o.status,
+        "attempts": o.attempts,
+        "lastError": non_empty(&o.last_error),
+        "leaseOwner": non_empty(&o.lease_owner),
+        "leaseUntil": time(o.lease_until.as_ref()),
+        "createdAt": time(o.created_at.as_ref()),
+        "publishedAt": time(o.published_at.as_ref()),
+        "publishedTo": o.published_to.as_ref().map(|c| json!({"topic": c.topic, "partition": c.partition, "offset": c.offset})),
+        "redriveCount": o.redrive_count,
+        "lastRedrivenAt": time(o.last_redriven_at.as_ref()),
+        "lastRedrivenBy": non_empty(&o.last_redriven_by),
+        "lastRedriveReason": non_empty(&o.last_redrive_reason),
+    })
+}
+
+fn timeline_json(t: &pb::EventTimeline) -> Value {
+    json!({
+        "eventId": t.event_id,
+        "order": t.order.as_ref().map(|o| json!({
+            "orderId": o.order_id,
+            "tenantId": o.tenant_id,
+            "requestId": o.request_id,
+            "version": o.version,
+            "status": o.status,
+            "totalMinor": o.total_minor,
+            "currency": o.currency,
+            "createdAt": time(o.created_at.as_ref()),
+        })),
+        "outbox": t.outbox.as_ref().map(outbox_json),
+        "consumers": t.consumers.iter().map(|c| json!({
+            "consumerName": c.consumer_name,
+            "consumedAt": time(c.consumed_at.as_ref()),
+        })).collect::<Vec<_>>(),
+        "notificationJob": t.notification_job.as_ref().map(|j| json!({
+            "orderId": j.order_id,
+            "sourceVersion": j.source_version,
+            "status": j.status,
+            "createdAt": time(j.created_at.as_ref()),
+        })),
+        "deadLetters": t.dead_letters.iter().map(|d| json!({
+            "consumerName": d.consumer_name,
+            "coordinates": d.coordinates.as_ref().map(|c| json!({"topic": c.topic, "partition": c.partition, "offset": c.offset})),
+            "error": d.error,
+            "createdAt": time(d.created_at.as_ref()),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One event's timeline: a table of what happened when, in time order.
+pub(crate) fn timeline(t: pb::EventTimeline, as_json: bool) -> String {
+    if as_json {
+        return pretty(&timeline_json(&t));
+    }
+    let mut rows: Vec<(Option<String>, String, String)> = Vec::new();
+    if let Some(o) = &t.order {
+        rows.push((
+            time(o.created_at.as_ref()),
+            "order".into(),
+            format!(
+                "order {} tenant {} request {} v{} {} total {} {}",
+                o.order_id, o.tenant_id, o.request_id, o.version, o.status, o.total_minor, o.currency
+            ),
+        ));
+    }
+    if let Some(o) = &t.outbox {
+        rows.push((time(o.created_at.as_ref()), "outbox".into(), "written PENDING with the order".into()));
+        let mut now = format!("{} after {} attempt(s)", o.status, o.attempts);
+        if !o.lease_owner.is_empty() {
+            now.push_str(&format!(
+                ", leased by {} until {}",
+                o.lease_owner,
+                text(time(o.lease_until.as_ref()))
+            ));
+        }
+        if !o.last_error.is_empty() {
+            now.push_str(&format!(", last error: {}", o.last_error));
+        }
+        if let Some(c) = &o.published_to {
+            now.push_str(&format!(", at {}/{}/{}", c.topic, c.partition, c.offset));
+        }
+        rows.push((time(o.published_at.as_ref()), "outbox".into(), now));
+        if o.redrive_count > 0 {
+            rows.push((
+                time(o.last_redriven_at.as_ref()),
+                "redrive".into(),
+                format!("#{} by {}: {}", o.redrive_count, o.last_redriven_by, o.last_redrive_reason),
+            ));
+        }
+    } else {
+        rows.push((None, "outbox".into(), "no row (purged after publication, or never written)".into()));
+    }
+    for c in &t.consumers {
+        rows.push((time(c.consumed_at.as_ref()), "consumed".into(), format!("by {}", c.consumer_name)));
+    }
+    if let Some(j) = &t.notification_job {
+        rows.push((
+            time(j.created_at.as_ref()),
+            "effect".into(),
+            format!("notification job {} for order {} v{}", j.status, j.order_id, j.source_version),
+        ));
+    }
+    for d in &t.dead_letters {
+        let at = d.coordinates.as_ref().map(|c| format!("{}/{}/{}", c.topic, c.partition, c.offset));
+        rows.push((
+            time(d.created_at.as_ref()),
+            "dead letter".into(),
+            format!("{} at {}: {}", d.consumer_name, text(at), d.error),
+        ));
+    }
+    let mut out = table(&["when", "what", "details"]);
+    for (when, what, details) in rows {
+        out.add_row(vec![text(when), what, details]);
+    }
+    format!("event {}\n{out}", t.event_id)
+}
+
+/// The backlog listing and its counts.
+pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
+    let stats = reply.stats.unwrap_or_default();
+    if as_json {
+        return pretty(&json!({
+            "entries": reply.entries.iter().map(|e| json!({
+                "eventId": e.event_id,
+                "aggregateId": e.aggregate_id,
+                "outbox": e.outbox.as_ref().map(outbox_json),
+            })).collect::<Vec<_>>(),
+            "stats": {
+                "pending": stats.pending,
+                "publishing": stats.publishing,
+                "published": stats.published,
+                "failed": stats.failed,
+                "oldestPendingAgeSeconds": seconds(stats.oldest_pending_age.as_ref()),
+            },
+        }));
+    }
+    let mut out = table(&["event id", "order", "status", "attempts", "created", "lease owner / last error"]);
+    for e in &reply.entries {
+        let o = e.outbox.clone().unwrap_or_default();
+        let note = [o.lease_owner.as_str(), o.last_error.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" / ");
+        out.add_row(vec![
+            e.event_id.clone(),
+            e.aggregate_id.clone(),
+            o.status.clone(),
+            o.attempts.to_string(),
+            text(time(o.created_at.as_ref())),
+            note,
+        ]);
+    }
+    let oldest = seconds(stats.oldest_pending_age.as_ref()).map_or("-".to_owned(), |s| format!("{s:.1}s"));
+    format!(
+        "{out}\npending {}  publishing {}  published {}  failed {}  oldest pending {oldest}",
+        stats.pending, stats.publishing, stats.published, stats.failed
+    )
+}
+
+/// A redrive's result.
+pub(crate) fn redriven(event_id: &str, outbox: pb::OutboxRecord, as_json: bool) -> String {
+    if as_json {
+        return pretty(&json!({ "eventId": event_id, "outbox": outbox_json(&outbox) }));
+    }
+    format!(
+        "{event_id}: FAILED -> {} (redrive #{} by {}: {})",
+        outbox.status, outbox.redrive_count, outbox.last_redriven_by, outbox.last_redrive_reason
+    )
+}
+
+/// A purge's counts.
+pub(crate) fn purged(reply: pb::PurgeResponse, dry_run: bool, as_json: bool) -> String {
+    if as_json {
+        return pretty(&json!({
+            "dryRun": dry_run,
+            "outboxRows": reply.outbox_rows,
+            "consumedRows": reply.consumed_rows,
+            "outboxCutoff": time(reply.outbox_cutoff.as_ref()),
+            "consumedCutoff": time(reply.consumed_cutoff.as_ref()),
+            "redeliveryHorizonSeconds": seconds(reply.redelivery_horizon.as_ref()),
+        }));
+    }
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    let mut out = table(&["table", verb, "older than (database clock)"]);
+    out.add_row(vec![
+        "outbox_event (PUBLISHED)".to_owned(),
+        reply.outbox_rows.to_string(),
+        text(time(reply.outbox_cutoff.as_ref())),
+    ]);
+    out.add_row(vec![
+        "consumed_event".to_owned(),
+        reply.consumed_rows.to_string(),
+        text(time(reply.consumed_cutoff.as_ref())),
+    ]);
+    out.to_string()
+}
