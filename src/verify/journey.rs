@@ -120,6 +120,23 @@ impl Run<'_> {
         Ok(all.into_iter().filter(|d| d.event_id == self.event_id).collect())
     }
 
+    /// The last `n` log lines of every process started so far, for a diagnosis.
+    fn log_tails(&self, n: usize) -> String {
+        self.processes
+            .iter()
+            .map(|p| {
+                let lines = p.log_lines();
+                let tail = lines[lines.len().saturating_sub(n)..]
+                    .iter()
+                    .map(|l| format!("    {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                format!("  {} (pid {:?}):\n{tail}", p.label, p.pid())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn consumer_lines(&self, prefix: &str) -> Vec<serde_json::Value> {
         self.processes
             .iter()
@@ -212,6 +229,24 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
         },
         ..Report::default()
     };
+    match journey(&mut run, &mut report, tenant_id, &request_id).await {
+        Ok(()) => Ok(report),
+        // A stuck step names what it waited for; the services' last words say why.
+        Err(VerifyError::Stuck(what)) => Err(VerifyError::Stuck(format!("{what}\n{}", run.log_tails(8)))),
+        Err(e) => Err(e),
+    }
+}
+
+/// The seven injections in order, each recorded in `report`, then the verdicts.
+async fn journey(
+    run: &mut Run<'_>,
+    report: &mut Report,
+    tenant_id: i64,
+    request_id: &str,
+) -> Result<(), VerifyError> {
+    let settings = run.settings;
+    let event_id = run.event_id.clone();
+    let request_id = request_id.to_owned();
 
     // Order service: rolled back, then committed with the acknowledgement lost.
     let port = {
@@ -420,7 +455,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
         seen
     };
     let _ = until("consumer 3 has handled every copy", Duration::from_secs(40), || async {
-        let seen = handled(&run);
+        let seen = handled(run);
         Ok(deliveries.iter().all(|d| seen.contains(&(i64::from(d.partition), d.offset))).then_some(()))
     })
     .await;
@@ -456,7 +491,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     let stamp = |l: &serde_json::Value| l["timestamp"].as_str().unwrap_or_default().to_owned();
     let first_commit = misses.iter().map(stamp).min();
     let early_hits = hits.iter().filter(|h| first_commit.as_ref().is_none_or(|c| stamp(h) < *c)).count();
-    let seen = handled(&run);
+    let seen = handled(run);
     let unhandled: Vec<String> = deliveries
         .iter()
         .filter(|d| !seen.contains(&(i64::from(d.partition), d.offset)))
@@ -533,5 +568,5 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
             },
         },
     ];
-    Ok(report)
+    Ok(())
 }
