@@ -15,6 +15,7 @@ mod client;
 mod consumer;
 mod reconcile;
 mod relay;
+mod rollback;
 mod service;
 mod submit_order;
 mod traces;
