@@ -50,6 +50,73 @@ ensure_tansu() {
   cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore,libsql
 }
 
+# The Python clients (clients/python): a venv outside the clone with the pinned requirements,
+# reinstalled only when requirements.txt changes, and stubs generated from this clone's proto/
+# (under a second, so every run regenerates them and they never lag behind the contracts).
+# The tests find the interpreter through OUTPOST_PYTHON.
+PYTHON_VENV="$HOME/.cache/outpost/venv"
+ensure_python_clients() {
+  local requirements="$repo_root/clients/python/requirements.txt"
+  local stamp="$PYTHON_VENV/.requirements.sha256"
+  local want
+  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ ! -x "$PYTHON_VENV/bin/python" ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+    log "installing the Python clients' requirements into $PYTHON_VENV"
+    rm -rf "$PYTHON_VENV"
+    python3 -m venv "$PYTHON_VENV"
+    "$PYTHON_VENV/bin/python" -m pip install --quiet --requirement "$requirements"
+    printf '%s\n' "$want" >"$stamp"
+  fi
+  "$PYTHON_VENV/bin/python" "$repo_root/clients/python/generate.py"
+  export OUTPOST_PYTHON="$PYTHON_VENV/bin/python"
+}
+
+# buf (lint and breaking-change checks of proto/) from the npm registry, which ships the binary.
+BUF_VERSION=1.75.0
+BUF_PREFIX="$HOME/.cache/outpost/node"
+BUF="$BUF_PREFIX/node_modules/.bin/buf"
+ensure_buf() {
+  if [[ -x "$BUF" ]] && [[ "$("$BUF" --version 2>/dev/null)" == "$BUF_VERSION" ]]; then
+    return 0
+  fi
+  log "installing buf $BUF_VERSION into $BUF_PREFIX"
+  mkdir -p "$BUF_PREFIX"
+  npm install --prefix "$BUF_PREFIX" --no-audit --no-fund --silent "@bufbuild/buf@$BUF_VERSION"
+}
+
+# The commit that proto/ must stay compatible with, as a buf input; empty when this clone has
+# none. Not main's tip: main may have moved on (a new .proto, a new field), and against its tip
+# the branch would look as if it deleted them. So: where this branch left main (the merge base).
+# On main itself that is HEAD, which only checks uncommitted edits; then the previous commit is
+# the baseline, so CI on main still checks what the last commit (or merge) changed. A shallow or
+# single-branch clone may have no main (then origin/main) or no parent; OUTPOST_BUF_AGAINST
+# overrides all of this with any buf input.
+buf_baseline() {
+  if [[ -n "${OUTPOST_BUF_AGAINST:-}" ]]; then
+    printf '%s\n' "$OUTPOST_BUF_AGAINST"
+    return 0
+  fi
+  local main="" candidate base head
+  for candidate in main origin/main; do
+    if git rev-parse --quiet --verify "$candidate^{commit}" >/dev/null 2>&1; then
+      main="$candidate"
+      break
+    fi
+  done
+  [[ -n "$main" ]] || return 0
+  head="$(git rev-parse HEAD)"
+  base="$(git merge-base HEAD "$main" 2>/dev/null)" || return 0
+  if [[ "$base" == "$head" ]]; then
+    if git rev-parse --quiet --verify "HEAD~1^{commit}" >/dev/null 2>&1; then
+      base="$(git rev-parse HEAD~1)"
+    else
+      log "HEAD is $main's tip and has no parent here (a shallow clone?): buf breaking checks only uncommitted edits"
+    fi
+  fi
+  # subdir: the module root, so the baseline builds whether or not it has a buf.yaml.
+  printf '.git#ref=%s,subdir=proto\n' "$base"
+}
+
 # Tests make databases named outpost_t_<uuid>; remove any a previous run left behind.
 drop_test_databases() {
   local db

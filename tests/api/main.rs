@@ -13,6 +13,7 @@ mod chaos;
 mod classify;
 mod client;
 mod consumer;
+mod python;
 mod reconcile;
 mod relay;
 mod rollback;

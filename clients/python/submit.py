@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Submits orders to Outpost's OrderService with the safe caller protocol.
+
+The protocol (the same as the Rust `outpost::client::SafeSubmitter`):
+
+1. Fix the event id before the first attempt; every retry reuses it and the request id.
+2. SubmitOrder. OK: done (`replayed` says an identical earlier submission committed it).
+3. ABORTED with reason ROLLED_BACK: nothing was written; submit again with the same ids.
+4. A refusal retrying cannot fix (INVALID_ARGUMENT, ALREADY_EXISTS, ...): stop.
+5. Anything else (UNKNOWN, UNAVAILABLE, DEADLINE_EXCEEDED, a transport error): the order may
+   exist. Reconcile by (tenant_id, request_id): found, done; NOT_FOUND, submit again with the
+   same ids; any other error, reconcile again.
+6. A bounded number of calls with exponential backoff; giving up reports the event id, so a
+   later attempt can reconcile or resubmit with the same ids.
+
+As a library: `SafeSubmitter(channel).submit(request)`. As a command (one JSON line per call made
+and one per order on stdout):
+
+    submit.py --target 127.0.0.1:50051 submit --order '{"tenant_id": 7, "request_id": "r-1", ...}'
+    submit.py --target 127.0.0.1:50051 submit < orders.jsonl     # one order (proto JSON) a line
+    submit.py --target 127.0.0.1:50051 reconcile --tenant-id 7 --request-id r-1
+
+Exit status: 0 when every order is confirmed (or the reconciled order was found), 1 otherwise,
+2 for bad usage.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Callable, Optional
+
+import grpc
+from google.protobuf import json_format
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+import stubs
+
+stubs.add_to_path()
+from outpost.v1 import order_pb2  # noqa: E402
+from outpost.v1 import order_service_pb2 as pb  # noqa: E402
+from outpost.v1 import order_service_pb2_grpc as pb_grpc  # noqa: E402
+
+# The ErrorInfo domain of Outpost's own errors; a reason from any other domain is not ours.
+ERROR_DOMAIN = "outpost.v1"
+
+# Refusals that retrying with the same request cannot fix: nothing was written by it.
+FINAL_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+@dataclasses.dataclass
+class RetryPolicy:
+    """How hard the submitter tries."""
+
+    # Most calls, submits and reconciles together.
+    max_calls: int = 8
+    # Wait before the second call in seconds; doubled after each further failure.
+    initial_backoff: float = 0.05
+    # Longest wait between calls in seconds.
+    max_backoff: float = 2.0
+    # Deadline of each call in seconds.
+    call_timeout: float = 10.0
+
+
+@dataclasses.dataclass
+class Confirmed:
+    """A committed order, however its commit was learned."""
+
+    order_id: int
+    # The acceptance event's id: the one fixed before the first attempt.
+    event_id: str
+    # "committed", "replayed" (an identical earlier submission committed it) or "reconciled".
+    confirmation: str
+    calls: int
+
+
+@dataclasses.dataclass
+class Failure:
+    """A failed call: its gRPC code, Outpost's ErrorInfo reason (if any) and the message."""
+
+    code: grpc.StatusCode
+    reason: Optional[str]
+    message: str
+
+    @classmethod
+    def of(cls, error: grpc.RpcError) -> "Failure":
+        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        message = error.details() if hasattr(error, "details") else str(error)
+        return cls(code=code, reason=error_reason(error), message=message or "")
+
+    def as_json(self) -> dict:
+        return {"code": self.code.name, "reason": self.reason, "message": self.message}
+
+
+class Rejected(Exception):
+    """The server refused the order for a reason retrying cannot fix; nothing was written."""
+
+    def __init__(self, failure: Failure, calls: int):
+        super().__init__(f"rejected: {failure.code.name} {failure.reason}: {failure.message}")
+        self.failure = failure
+        self.calls = calls
+
+
+class GaveUp(Exception):
+    """Every allowed call failed. The order may exist: reconcile later with the same ids."""
+
+    def __init__(self, failure: Failure, calls: int, event_id: str):
+        super().__init__(f"gave up after {calls} calls; last error: {failure.code.name}: {failure.message}")
+        self.failure = failure
+        self.calls = calls
+        self.event_id = event_id
+
+
+def error_reason(error: grpc.RpcError) -> Optional[str]:
+    """The reason of the google.rpc.ErrorInfo in the status details, if it is Outpost's."""
+    try:
+        status = rpc_status.from_call(error)
+    except (ValueError, AttributeError):
+        return None  # no call (a transport error) or details that contradict the status
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == ERROR_DOMAIN:
+                return info.reason
+    return None
+
+
+def new_event_id() -> str:
+    """A UUIDv7 (time-ordered, as the server makes them) in canonical lower-case form."""
+    millis = time.time_ns() // 1_000_000
+    random = int.from_bytes(os.urandom(10), "big")
+    value = (millis & (2**48 - 1)) << 80
+    value |= 0x7 << 76 | (random >> 68 & 0xFFF) << 64
+    value |= 0b10 << 62 | random & (2**62 - 1)
+    return str(uuid.UUID(int=value))
+
+
+class SafeSubmitter:
+    """Submits orders with the safe caller protocol over one channel."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        policy: Optional[RetryPolicy] = None,
+        on_call: Optional[Callable[[dict], None]] = None,
+    ):
+        self._stub = pb_grpc.OrderServiceStub(channel)
+        self._policy = policy or RetryPolicy()
+        # Told about every call made: {"call", "attempt", "tenant_id", "request_id", "event_id", "code", ...}.
+        self._on_call = on_call or (lambda _: None)
+
+    def submit(self, request: pb.SubmitOrderRequest) -> Confirmed:
+        """Submits `request` until its outcome is known or the policy's calls run out.
+
+        An empty event_id is filled in once, before the first attempt, and reused by every retry.
+        Raises Rejected or GaveUp.
+        """
+        request = pb.SubmitOrderRequest.FromString(request.SerializeToString())
+        if not request.event_id:
+            request.event_id = new_event_id()
+        key = pb.ReconcileRequest(tenant_id=request.tenant_id, request_id=request.request_id)
+        policy = self._policy
+        calls = 0
+        reconcile_first = False
+        backoff = policy.initial_backoff
+        while True:
+            calls += 1
+            if reconcile_first:
+                try:
+                    found = self._stub.Reconcile(key, timeout=policy.call_timeout)
+                except grpc.RpcError as error:
+                    failure = Failure.of(error)
+                    self._report("reconcile", calls, request, failure=failure)
+                    if failure.code == grpc.StatusCode.NOT_FOUND:
+                        # Not committed: the same ids may be submitted again.
+                        reconcile_first = False
+                        backoff = policy.initial_backoff
+                        continue
+                else:
+                    self._report("reconcile", calls, request, event_id=found.event_id)
+                    return Confirmed(found.order_id, found.event_id, "reconciled", calls)
+            else:
+                try:
+                    accepted = self._stub.SubmitOrder(request, timeout=policy.call_timeout)
+                except grpc.RpcError as error:
+                    failure = Failure.of(error)
+                    self._report("submit", calls, request, failure=failure)
+                    if failure.code == grpc.StatusCode.ABORTED and failure.reason == "ROLLED_BACK":
+                        pass  # rolled back before commit: resubmit with the same ids
+                    elif failure.code in FINAL_CODES:
+                        raise Rejected(failure, calls) from error
+                    else:
+                        reconcile_first = True
+                else:
+                    self._report("submit", calls, request, event_id=accepted.event_id)
+                    confirmation = "replayed" if accepted.replayed else "committed"
+                    return Confirmed(accepted.order_id, accepted.event_id, confirmation, calls)
+            if calls >= policy.max_calls:
+                raise GaveUp(failure, calls, request.event_id)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, policy.max_backoff)
+
+    def reconcile(self, tenant_id: int, request_id: str) -> Optional[pb.ReconcileResponse]:
+        """The committed order with that key, or None when no order with it committed."""
+        key = pb.ReconcileRequest(tenant_id=tenant_id, request_id=request_id)
+        try:
+            return self._stub.Reconcile(key, timeout=self._policy.call_timeout)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def _report(self, call, attempt, request, failure=None, event_id=None):
+        line = {
+            "type": "call",
+            "call": call,
+            "attempt": attempt,
+            "tenant_id": request.tenant_id,
+            "request_id": request.request_id,
+            # What the call sent (submit) or asked about (reconcile): never changes between calls.
+            "sent_event_id": request.event_id if call == "submit" else None,
+        }
+        if failure is None:
+            line.update(code="OK", event_id=event_id)
+        else:
+            line.update(failure.as_json())
+        self._on_call(line)
+
+
+def emit(line: dict) -> None:
+    print(json.dumps(line, sort_keys=True), flush=True)
+
+
+def submit_command(submitter: SafeSubmitter, orders: list) -> int:
+    all_confirmed = True
+    for text in orders:
+        request = pb.SubmitOrderRequest()
+        try:
+            json_format.Parse(text, request)
+        except json_format.ParseError as error:
+            print(f"not a SubmitOrderRequest in proto JSON: {error}", file=sys.stderr)
+            return 2
+        result = {"type": "result", "tenant_id": request.tenant_id, "request_id": request.request_id}
+        try:
+            confirmed = submitter.submit(request)
+        except Rejected as rejected:
+            all_confirmed = False
+            result.update(status="rejected", calls=rejected.calls, **rejected.failure.as_json())
+        except GaveUp as gave_up:
+            all_confirmed = False
+            result.update(
+                status="gave_up", calls=gave_up.calls, event_id=gave_up.event_id, **gave_up.failure.as_json()
+            )
+        else:
+            result.update(status="confirmed", **dataclasses.asdict(confirmed))
+        emit(result)
+    return 0 if all_confirmed else 1
+
+
+def reconcile_command(submitter: SafeSubmitter, tenant_id: int, request_id: str) -> int:
+    result = {"type": "result", "tenant_id": tenant_id, "request_id": request_id}
+    try:
+        found = submitter.reconcile(tenant_id, request_id)
+    except grpc.RpcError as error:
+        result.update(status="error", **Failure.of(error).as_json())
+        emit(result)
+        return 1
+    if found is None:
+        result.update(status="not_found")
+        emit(result)
+        return 1
+    result.update(
+        status="found",
+        order_id=found.order_id,
+        event_id=found.event_id,
+        version=found.version,
+        # A newer server may send a status this client's stubs do not name yet.
+        order_status=(
+            order_pb2.OrderStatus.Name(found.status)
+            if found.status in order_pb2.OrderStatus.values()
+            else found.status
+        ),
+        total_minor=found.total_minor,
+        accepted_at=found.accepted_at.ToJsonString() if found.HasField("accepted_at") else None,
+    )
+    emit(result)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description="Submit orders with the safe caller protocol, or reconcile one; JSON lines out."
+    )
+    parser.add_argument("--target", default="127.0.0.1:50051", help="order service host:port")
+    parser.add_argument("--max-calls", type=int, default=RetryPolicy.max_calls)
+    parser.add_argument("--initial-backoff", type=float, default=RetryPolicy.initial_backoff, help="seconds")
+    parser.add_argument("--max-backoff", type=float, default=RetryPolicy.max_backoff, help="seconds")
+    parser.add_argument("--call-timeout", type=float, default=RetryPolicy.call_timeout, help="seconds")
+    commands = parser.add_subparsers(dest="command", required=True)
+    submit = commands.add_parser("submit", help="submit orders (proto JSON SubmitOrderRequest)")
+    submit.add_argument(
+        "--order", action="append", help="one order; repeatable. Without it, one order a line on stdin"
+    )
+    reconcile = commands.add_parser("reconcile", help="look an order up by its idempotency key")
+    reconcile.add_argument("--tenant-id", type=int, required=True)
+    reconcile.add_argument("--request-id", required=True)
+    args = parser.parse_args()
+
+    policy = RetryPolicy(args.max_calls, args.initial_backoff, args.max_backoff, args.call_timeout)
+    with grpc.insecure_channel(args.target) as channel:
+        submitter = SafeSubmitter(channel, policy, on_call=emit)
+        if args.command == "reconcile":
+            return reconcile_command(submitter, args.tenant_id, args.request_id)
+        orders = args.order if args.order else [line for line in sys.stdin if line.strip()]
+        return submit_command(submitter, orders)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+//! The Python clients (clients/python) against a real order service, relay and broker: the safe
+//! caller protocol from another language, and OrderAccepted decoded by confluent-kafka. MariaDB,
+//! the reference database, is enough: the clients only see gRPC and Kafka.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+use crate::broker::{TestBroker, free_port};
+use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The interpreter with clients/python's requirements installed.
+fn python() -> String {
+    std::env::var("OUTPOST_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "OUTPOST_PYTHON is not set. It names a Python with clients/python/requirements.txt installed, \
+             and the stubs must be generated: scripts/test sets up both (ensure_python_clients in \
+             scripts/common.sh). After one run of scripts/test: \
+             export OUTPOST_PYTHON=$HOME/.cache/outpost/venv/bin/python"
+        )
+    })
+}
+
+/// What one run of a Python client printed.
+struct PythonRun {
+    status: ExitStatus,
+    lines: Vec<Value>,
+    stderr: String,
+}
+
+impl PythonRun {
+    fn of_type(&self, kind: &str) -> Vec<&Value> {
+        self.lines.iter().filter(|line| line["type"] == kind).collect()
+    }
+
+    /// The only `result` line.
+    fn result(&self) -> &Value {
+        let results = self.of_type("result");
+        assert_eq!(results.len(), 1, "one result line expected: {self}");
+        results[0]
+    }
+
+    /// `call code [reason]` of every call made, in order.
+    fn calls(&self) -> Vec<String> {
+        self.of_type("call")
+            .into_iter()
+            .map(|call| match call["reason"].as_str() {
+                Some(reason) => format!("{} {} {reason}", text(&call["call"]), text(&call["code"])),
+                None => format!("{} {}", text(&call["call"]), text(&call["code"])),
+            })
+            .collect()
+    }
+
+    /// The event ids every submit call sent.
+    fn sent_event_ids(&self) -> BTreeSet<String> {
+        self.of_type("call")
+            .into_iter()
+            .filter(|call| call["call"] == "submit")
+            .map(|call| text(&call["sent_event_id"]).to_owned())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for PythonRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; stdout:", self.status)?;
+        for line in &self.lines {
+            write!(f, "\n  {line}")?;
+        }
+        write!(f, "\nstderr:\n{}", self.stderr)
+    }
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_else(|| panic!("not a string: {value}"))
+}
+
+/// Runs `clients/python/<script>` with `args`, `stdin` on its standard input, and reads its JSON
+/// lines.
+async fn run_python(script: &str, args: &[String], stdin: &str) -> PythonRun {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python").join(script);
+    let mut child = tokio::process::Command::new(python())
+        .arg(&path)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {} {}: {e}", python(), path.display()));
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let output = tokio::time::timeout(WAIT * 2, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} did not finish within {:?}", WAIT * 2))
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let lines = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| {
+                panic!("{script} printed a line that is not JSON ({e}): {line}\n{stderr}")
+            })
+        })
+        .collect();
+    PythonRun { status: output.status, lines, stderr }
+}
+
+/// A valid two-line order as proto JSON: the same content as `helpers::order(7, request_id)`.
+fn order_json(request_id: &str, event_id: Option<&str>) -> Value {
+    let mut order = json!({
+        "tenant_id": 7,
+        "request_id": request_id,
+        "customer_id": "customer-42",
+        "currency": "EUR",
+        "line_items": [
+            {"sku": "SKU-RED-MUG", "quantity": 2, "unit_price_minor": 1250},
+            {"sku": "SKU-TEA", "quantity": 1, "unit_price_minor": 799},
+        ],
+    });
+    if let Some(event_id) = event_id {
+        order["event_id"] = event_id.into();
+    }
+    order
+}
+
+/// `submit.py submit` against `target` with each order on a line of its standard input.
+async fn submit_to(target: &str, extra: &[&str], orders: &[Value]) -> PythonRun {
+    let mut args = vec![format!("--target={target}"), "--initial-backoff=0.005".to_owned()];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    args.push("submit".to_owned());
+    let stdin = orders.iter().map(|order| format!("{order}\n")).collect::<String>();
+    run_python("submit.py", &args, &stdin).await
+}
+
+async fn submit(app: &TestApp, orders: &[Value]) -> PythonRun {
+    submit_to(&format!("127.0.0.1:{}", app.port), &[], orders).await
+}
+
+async fn reconcile(app: &TestApp, request_id: &str) -> PythonRun {
+    let args = [
+        format!("--target=127.0.0.1:{}", app.port),
+        "reconcile".to_owned(),
+        "--tenant-id=7".to_owned(),
+        format!("--request-id={request_id}"),
+    ];
+    run_python("submit.py", &args, "").await
+}
+
+/// Orders committed under `request_id` with `event_id` as their acceptance event.
+async fn orders_with(app: &TestApp, request_id: &str, event_id: &str) -> i64 {
+    app.scalar_i64(&format!(
+        "SELECT COUNT(*) FROM orders WHERE tenant_id = 7 AND request_id = '{request_id}' \
+         AND acceptance_event_id = '{event_id}'"
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_submitter_commits_once_replays_with_the_same_event_id_and_reconciles() {
+    let app = TestApp::spawn(Backend::MariaDb).await;
+    let event_id = uuid::Uuid::now_v7().to_string();
+
+    let first = submit(&app, &[order_json("req-py-1", Some(&event_id))]).await;
+    let replay = submit(&app, &[order_json("req-py-1", None)]).await;
+    let found = reconcile(&app, "req-py-1").await;
+    let missing = reconcile(&app, "req-py-never-sent").await;
+
+    assert!(first.status.success(), "{first}");
+    let committed = first.result();
+    assert_eq!((text(&committed["status"]), text(&committed["confirmation"])), ("confirmed", "committed"));
+    assert_eq!(text(&committed["event_id"]), event_id, "the event id the caller fixed");
+    assert_eq!(committed["calls"], 1);
+    let order_id = committed["order_id"].as_i64().unwrap();
+
+    assert!(replay.status.success(), "{replay}");
+    let replayed = replay.result();
+    assert_eq!(text(&replayed["confirmation"]), "replayed", "{replay}");
+    assert_eq!(text(&replayed["event_id"]), event_id, "a replay answers with the original event id");
+    assert_eq!(replayed["order_id"], order_id);
+
+    assert!(found.status.success(), "{found}");
+    let found = found.result();
+    assert_eq!(text(&found["status"]), "found");
+    assert_eq!((found["order_id"].as_i64(), text(&found["event_id"])), (Some(order_id), event_id.as_str()));
+    assert_eq!(found["total_minor"], 2 * 1250 + 799);
+    assert_eq!(text(&found["order_status"]), "ORDER_STATUS_ACCEPTED");
+    assert!(found["accepted_at"].is_string(), "{found}");
+
+    assert!(!missing.status.success(), "{missing}");
+    assert_eq!(text(&missing.result()["status"]), "not_found", "{missing}");
+
+    assert_eq!(app.count("orders").await, 1);
+    assert_eq!(orders_with(&app, "req-py-1", &event_id).await, 1);
+    let (status, _) = app.outbox_row(&event_id).await.expect("the event committed with its order");
+    assert_eq!(status, "PENDING");
+    assert_eq!(app.count("outbox_event").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_submitter_stops_at_a_refusal_after_one_call_and_writes_nothing() {
+    let app = TestApp::spawn(Backend::MariaDb).await;
+    let mut invalid = order_json("req-py-invalid", None);
+    invalid["tenant_id"] = 0.into();
+    let mut other_content = order_json("req-py-1", None);
+    other_content["currency"] = "USD".into();
+
+    let run = submit(&app, &[order_json("req-py-1", None), invalid, other_content]).await;
+
+    assert!(!run.status.success(), "a refused order makes the run fail: {run}");
+    let results = run.of_type("result");
+    assert_eq!(results.len(), 3, "{run}");
+    assert_eq!(text(&results[0]["status"]), "confirmed", "{run}");
+    let refusals = results[1..]
+        .iter()
+        .map(|r| (text(&r["status"]), text(&r["code"]), text(&r["reason"]), r["calls"].as_i64()))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        refusals,
+        [
+            ("rejected", "INVALID_ARGUMENT", "INVALID_ORDER", Some(1)),
+            ("rejected", "ALREADY_EXISTS", "REQUEST_ID_REUSED", Some(1)),
+        ],
+        "{run}"
+    );
+    assert_eq!(run.calls().len(), 3, "no refusal is retried: {run}");
+    assert_eq!(app.count("orders").await, 1);
+    assert_eq!(app.count("outbox_event").await, 1);
+}
+
+#[tokio::test]
+async fn a_python_submitter_that_cannot_reach_the_service_only_reconciles_and_gives_up_with_its_event_id() {
+    let event_id = uuid::Uuid::now_v7().to_string();
+    let nothing_listens = format!("127.0.0.1:{}", free_port());
+
+    let run = submit_to(
+        &nothing_listens,
+        &["--max-calls=3", "--call-timeout=2"],
+        &[order_json("req-py-1", Some(&event_id))],
+    )
+    .await;
+
+    assert!(!run.status.success(), "{run}");
+    let result = run.result();
+    assert_eq!((text(&result["status"]), text(&result["code"])), ("gave_up", "UNAVAILABLE"), "{run}");
+    assert_eq!(text(&result["event_id"]), event_id, "the event id to reuse later");
+    assert_eq!(
+        run.calls(),
+        ["submit UNAVAILABLE", "reconcile UNAVAILABLE", "reconcile UNAVAILABLE"],
+        "after a transport error the outcome is unknown: never resubmit before Reconcile says NOT_FOUND"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+mod faults {
+    use outpost::failpoint::{
+        BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
+        COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
+    };
+
+    use std::collections::BTreeSet;
+
+    use super::{PythonRun, order_json, orders_with, submit, text};
+    use crate::helpers::{Backend, TestApp, arm};
+
+    /// Submits one order with a fixed event id after arming `point`, and checks that the order
+    /// committed once under that event id, whatever happened on the way.
+    async fn submit_through(point: &str, actions: &str) -> PythonRun {
+        let app = TestApp::spawn(Backend::MariaDb).await;
+        arm(point, actions);
+        let event_id = uuid::Uuid::now_v7().to_string();
+
+        let run = submit(&app, &[order_json("req-py-1", Some(&event_id))]).await;
+
+        assert!(run.status.success(), "{run}");
+        assert_eq!(text(&run.result()["event_id"]), event_id, "{run}");
+        assert_eq!(app.count("orders").await, 1);
+        assert_eq!(orders_with(&app, "req-py-1", &event_id).await, 1);
+        assert_eq!(app.count("outbox_event").await, 1);
+        assert_eq!(run.sent_event_ids(), BTreeSet::from([event_id]), "every submit sent the same id: {run}");
+        run
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_an_unknown_outcome_that_committed_the_python_submitter_reconciles_and_finds_the_order() {
+        let run = submit_through(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return").await;
+
+        assert_eq!(run.calls(), ["submit UNKNOWN OUTCOME_UNKNOWN", "reconcile OK"], "{run}");
+        assert_eq!(text(&run.result()["confirmation"]), "reconciled");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_an_unknown_outcome_that_did_not_commit_the_python_submitter_resubmits_with_the_same_ids() {
+        let run = submit_through(COMMIT_FAILS_WITHOUT_COMMITTING, "1*return").await;
+
+        assert_eq!(
+            run.calls(),
+            ["submit UNKNOWN OUTCOME_UNKNOWN", "reconcile NOT_FOUND ORDER_NOT_FOUND", "submit OK"],
+            "{run}"
+        );
+        assert_eq!(text(&run.result()["confirmation"]), "committed");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_a_rollback_the_python_submitter_resubmits_with_the_same_ids() {
+        let run = submit_through(BEFORE_ORDER_TRANSACTION_COMMIT, "2*return").await;
+
+        assert_eq!(
+            run.calls(),
+            ["submit ABORTED ROLLED_BACK", "submit ABORTED ROLLED_BACK", "submit OK"],
+            "a confirmed rollback is resubmitted at once, without Reconcile: {run}"
+        );
+        assert_eq!(text(&run.result()["confirmation"]), "committed");
+    }
+}
+
+/// `consume.py` on `topic` in consumer group `group`.
+async fn consume(broker: &TestBroker, topic: &str, group: &str, extra: &[&str]) -> PythonRun {
+    let mut args = vec![
+        format!("--brokers={}", broker.address()),
+        format!("--topic={topic}"),
+        format!("--group-id={group}"),
+        "-X".to_owned(),
+        "session.timeout.ms=6000".to_owned(),
+    ];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    run_python("consume.py", &args, "").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits_its_offsets() {
+    let app = TestApp::spawn(Backend::MariaDb).await;
+    let broker = TestBroker::start().await;
+    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    broker.create_topic(&topic, 3).await;
+    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    relay_settings.topic = topic.clone();
+    relay_settings.max_idle_poll = Duration::from_millis(100);
+    let relay = outpost::relay::Application::build(relay_settings).await.unwrap();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+    let probe = OutboxProbe { conn: &app.conn };
+
+    let orders = (0..5).map(|i| order_json(&format!("req-py-{i}"), None)).collect::<Vec<_>>();
+    let submitted = submit(&app, &orders).await;
+    assert!(submitted.status.success(), "{submitted}");
+    let accepted = submitted.of_type("result");
+    assert_eq!(accepted.len(), 5, "{submitted}");
+    assert_eventually("the relay published all five events", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 5
+    })
+    .await;
+
+    let first = consume(&broker, &topic, "py-group", &["--max-events=5", "--timeout=60"]).await;
+
+    assert!(first.status.success(), "{first}");
+    let events = first.of_type("event");
+    assert_eq!(events.len(), 5, "{first}");
+    let consumed = events.iter().map(|event| text(&event["event_id"]).to_owned()).collect::<BTreeSet<_>>();
+    let expected =
+        accepted.iter().map(|result| text(&result["event_id"]).to_owned()).collect::<BTreeSet<_>>();
+    assert_eq!(consumed, expected, "every submitted event, decoded: {first}");
+    for event in &events {
+        let event_id = text(&event["event_id"]);
+        let result = accepted.iter().find(|result| result["event_id"] == event["event_id"]).unwrap();
+        let order_id = result["order_id"].as_i64().unwrap();
+        assert_eq!(text(&event["header_event_id"]), event_id, "the event_id header repeats the payload's");
+        assert_eq!(text(&event["event_type"]), "outpost.v1.OrderAccepted");
+        assert_eq!(text(&event["key"]), order_id.to_string(), "the record key is the order id");
+        assert_eq!(event["order_id"], order_id);
+        assert_eq!(event["request_id"], result["request_id"]);
+        assert_eq!(
+            (&event["tenant_id"], text(&event["customer_id"]), text(&event["currency"])),
+            (&json!(7), "customer-42", "EUR")
+        );
+        assert_eq!(event["line_items"], order_json("x", None)["line_items"]);
+        assert_eq!((&event["total_minor"], &event["event_version"]), (&json!(3299), &json!(1)));
+        assert!(event["accepted_at"].is_string(), "{event}");
+        let stored = probe.state(event_id).await;
+        assert_eq!(
+            (stored.partition, stored.offset),
+            (event["partition"].as_i64().map(|p| p as i32), event["offset"].as_i64()),
+            "the record the relay recorded for {event_id}"
+        );
+    }
+
+    // The group's offsets were committed: the same group now reads only what is published later.
+    let later = submit(&app, &[order_json("req-py-later", None)]).await;
+    let later_event = text(&later.result()["event_id"]).to_owned();
+    assert_eventually("the relay published the later event", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 6
+    })
+    .await;
+    let second = consume(&broker, &topic, "py-group", &["--timeout=15"]).await;
+
+    assert!(second.status.success(), "{second}");
+    let again =
+        second.of_type("event").iter().map(|event| text(&event["event_id"]).to_owned()).collect::<Vec<_>>();
+    assert_eq!(again, [later_event], "only the event published after the commits: {second}");
+    assert!(second.of_type("undecodable").is_empty() && first.of_type("undecodable").is_empty());
+    relay.stop().await;
+}
