@@ -89,7 +89,30 @@ impl Fleet<'_> {
         self.alive.push(self.processes.len() - 1);
         Ok(())
     }
+
+    /// Starts every process in `pending` whose time has come; returns how many.
+    fn restart_due(
+        &mut self,
+        pending: &mut Vec<(tokio::time::Instant, &str)>,
+        now: tokio::time::Instant,
+    ) -> Result<u64, VerifyError> {
+        let mut started = 0;
+        let mut index = 0;
+        while index < pending.len() {
+            if pending[index].0 <= now {
+                let (_, kind) = pending.swap_remove(index);
+                self.start(kind)?;
+                started += 1;
+            } else {
+                index += 1;
+            }
+        }
+        Ok(started)
+    }
 }
+
+/// The consumers' Kafka session timeout: how long the group waits before expiring a killed one.
+const CONSUMER_SESSION: Duration = Duration::from_secs(6);
 
 /// Runs chaos and checks every event. `Err` means chaos could not be carried out; violations
 /// are in the report.
@@ -132,7 +155,7 @@ pub async fn chaos(
         consumer_args: common(&[
             &group,
             "--backoff-max=500ms",
-            "--kafka-option=session.timeout.ms=6000",
+            &format!("--kafka-option=session.timeout.ms={}", CONSUMER_SESSION.as_millis()),
             "--kafka-option=heartbeat.interval.ms=500",
         ]),
         processes: Vec::new(),
@@ -191,22 +214,40 @@ pub async fn chaos(
     let mut report = ChaosReport::default();
     let started = tokio::time::Instant::now();
     let mut next_broker_restart = started + chaos.duration / 2;
+    // Killed processes come back after a delay, as under an orchestrator's restart back-off.
+    let mut restarts: Vec<(tokio::time::Instant, &str)> = Vec::new();
     while started.elapsed() < chaos.duration {
         let pause = Duration::from_millis(rand::rng().random_range(800..2500));
         tokio::time::sleep(pause).await;
+        report.restarts += fleet.restart_due(&mut restarts, tokio::time::Instant::now())?;
         if tokio::time::Instant::now() >= next_broker_restart {
             broker.restart().await;
             report.broker_restarts += 1;
             next_broker_restart += chaos.duration;
             continue;
         }
+        if fleet.alive.is_empty() {
+            continue;
+        }
         let victim = fleet.alive.remove(rand::rng().random_range(0..fleet.alive.len()));
         fleet.processes[victim].kill().await;
         report.kills += 1;
-        let kind = if fleet.processes[victim].label.contains("relay") { "relay" } else { "consumer" };
-        fleet.start(kind)?;
-        report.restarts += 1;
+        let (kind, delay) = if fleet.processes[victim].label.contains("relay") {
+            ("relay", Duration::ZERO)
+        } else {
+            // A consumer comes back only after the group expired its killed member. A join is
+            // what tells the other members to rebalance: Tansu 0.6 does not bump the group's
+            // generation when it expires a member, so a rebalance caused by an expiry alone
+            // never reaches the members that stayed, and the dead member's partitions would
+            // wait for the next join.
+            ("consumer", CONSUMER_SESSION + Duration::from_secs(2))
+        };
+        restarts.push((tokio::time::Instant::now() + delay, kind));
     }
+    if let Some(last) = restarts.iter().map(|(at, _)| *at).max() {
+        tokio::time::sleep_until(last).await;
+    }
+    report.restarts += fleet.restart_due(&mut restarts, tokio::time::Instant::now())?;
     let event_ids = submitter.await.map_err(|e| VerifyError::Stuck(e.to_string()))?;
 
     // Calm: the surviving fleet must finish the work.

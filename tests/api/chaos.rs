@@ -8,7 +8,7 @@ use std::time::Duration;
 use outpost::verify::{self, BrokerControl, ChaosSettings};
 
 use crate::broker::TestBroker;
-use crate::helpers::{Backend, TestDb};
+use crate::helpers::{Backend, TestDb, on_every_backend};
 
 impl BrokerControl for TestBroker {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
@@ -19,31 +19,7 @@ impl BrokerControl for TestBroker {
     }
 }
 
-// Not yet in the default run: in about one run in four, Tansu 0.6 leaves a partition assigned to
-// no live member after a killed consumer's session expires (its records stay on the topic,
-// unconsumed, until another rebalance). Run it with `cargo nextest run --all-features
-// --run-ignored all -E 'test(/chaos/)'`; see the issue note for the evidence.
-mod ignored {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    #[ignore = "Tansu 0.6 can leave a partition unassigned after a member expires; see the chaos note"]
-    async fn mariadb() {
-        super::a_short_chaos_run_loses_nothing_and_duplicates_nothing(Backend::MariaDb).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    #[ignore = "Tansu 0.6 can leave a partition unassigned after a member expires; see the chaos note"]
-    async fn postgres() {
-        super::a_short_chaos_run_loses_nothing_and_duplicates_nothing(Backend::Postgres).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    #[ignore = "Tansu 0.6 can leave a partition unassigned after a member expires; see the chaos note"]
-    async fn sqlite() {
-        super::a_short_chaos_run_loses_nothing_and_duplicates_nothing(Backend::Sqlite).await;
-    }
-}
+on_every_backend!(a_short_chaos_run_loses_nothing_and_duplicates_nothing);
 
 async fn a_short_chaos_run_loses_nothing_and_duplicates_nothing(backend: Backend) {
     let db = TestDb::migrated(backend).await;
