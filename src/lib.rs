@@ -21,3 +21,4 @@ pub mod shutdown;
 pub mod startup;
 pub mod telemetry;
 pub mod verify;
+pub mod wake;

@@ -14,6 +14,7 @@ use super::store::OrderStore;
 use crate::admin::{AdminGrpc, Retention, RetentionError};
 use crate::proto;
 use crate::service::{self, ReadyError};
+use crate::wake::WakeSender;
 
 /// The order service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,9 @@ pub enum StartupError {
     /// The retention settings would purge dedup history that a redelivery may still need.
     #[error("invalid retention settings: {0}")]
     Retention(#[from] RetentionError),
+    /// No UDP socket for relay wake-ups could be opened.
+    #[error("cannot open a socket for relay wake-ups: {0}")]
+    Wake(#[source] std::io::Error),
 }
 
 /// A built, listening order service.
@@ -41,6 +45,7 @@ pub struct Application {
     admin_port: u16,
     db: DatabaseConnection,
     retention: Retention,
+    wake: WakeSender,
     purge_every: Duration,
     shutdown_grace: Duration,
 }
@@ -55,6 +60,7 @@ impl Application {
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let (listener, port) = service::bind(settings.listen).await?;
         let (admin_listener, admin_port) = service::bind(settings.admin_listen).await?;
+        let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {
             listener,
             port,
@@ -62,6 +68,7 @@ impl Application {
             admin_port,
             db,
             retention,
+            wake,
             purge_every: settings.purge_every,
             shutdown_grace: settings.shutdown_grace,
         })
@@ -101,7 +108,7 @@ impl Application {
         let orders = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection.clone())
-            .add_service(OrderGrpc::server(OrderStore::new(self.db.clone())))
+            .add_service(OrderGrpc::server(OrderStore::new(self.db.clone()), self.wake.clone()))
             .serve_with_incoming_shutdown(TcpIncoming::from(self.listener), signal);
         let admin = tonic::transport::Server::builder()
             .add_service(reflection)

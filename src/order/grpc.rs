@@ -15,6 +15,7 @@ use crate::proto::v1::{
     order_service_server::{OrderService, OrderServiceServer},
 };
 use crate::telemetry;
+use crate::wake::WakeSender;
 
 /// `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "outpost.v1";
@@ -26,11 +27,12 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct OrderGrpc {
     store: OrderStore,
+    wake: WakeSender,
 }
 
 impl OrderGrpc {
-    pub(crate) fn server(store: OrderStore) -> OrderServiceServer<Self> {
-        OrderServiceServer::new(Self { store }).max_decoding_message_size(MAX_REQUEST_BYTES)
+    pub(crate) fn server(store: OrderStore, wake: WakeSender) -> OrderServiceServer<Self> {
+        OrderServiceServer::new(Self { store, wake }).max_decoding_message_size(MAX_REQUEST_BYTES)
     }
 }
 
@@ -67,6 +69,9 @@ impl OrderGrpc {
             .map_err(|e| SubmitOrderError::Invalid(e).into_status(key.clone()))?;
         match self.store.submit(&submit).await {
             Ok(submitted) => {
+                if !submitted.replayed {
+                    self.wake.wake();
+                }
                 tracing::Span::current()
                     .record("outpost.event_id", tracing::field::display(submitted.order.event_id));
                 Ok(Response::new(submitted.into()))

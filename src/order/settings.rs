@@ -52,6 +52,12 @@ pub struct Settings {
     /// Rows deleted per purge statement.
     #[arg(long, env = "OUTPOST_PURGE_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub purge_batch_size: u64,
+
+    /// Relays' wake-up addresses (their `--wake-listen`), comma-separated: after each new order
+    /// commits, each gets one UDP datagram so an idle relay polls at once. Best effort: a lost
+    /// wake-up only means the relay finds the event at its next poll.
+    #[arg(long, env = "OUTPOST_WAKE_RELAYS", value_delimiter = ',')]
+    pub wake_relays: Vec<SocketAddr>,
 }
 
 impl Settings {
@@ -68,6 +74,7 @@ impl Settings {
             redelivery_horizon: Duration::from_secs(14 * DAY),
             purge_every: Duration::from_secs(3600),
             purge_batch_size: 500,
+            wake_relays: Vec::new(),
         }
     }
 

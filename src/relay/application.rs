@@ -11,6 +11,7 @@ use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, RedriveAudit, Settings};
 use crate::service::{self, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
+use crate::wake::WakeListener;
 
 /// The relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,7 @@ pub struct Application {
     relay: Relay<KafkaPublisher>,
     listener: TcpListener,
     port: u16,
+    wake: Option<WakeListener>,
     settings: Settings,
 }
 
@@ -55,13 +57,24 @@ impl Application {
             &settings.kafka_options,
         )?;
         let (listener, port) = service::bind(settings.listen).await?;
+        let wake = match settings.wake_listen {
+            Some(addr) => {
+                Some(WakeListener::bind(addr).await.map_err(|source| ReadyError::Listen { addr, source })?)
+            }
+            None => None,
+        };
         let relay = Relay::new(Outbox::new(db), publisher, tuning(&settings));
-        Ok(Self { relay, listener, port, settings })
+        Ok(Self { relay, listener, port, wake, settings })
     }
 
     /// The health endpoint's port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The wake-up port, when `wake_listen` is set.
+    pub fn wake_port(&self) -> Option<u16> {
+        self.wake.as_ref().map(WakeListener::port)
     }
 
     /// This relay's lease-owner id.
@@ -78,6 +91,9 @@ impl Application {
         let (stop_tx, stop_rx) = watch::channel(false);
         let health = HealthEndpoint::serve(self.listener, stop_rx.clone()).await;
         let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
+        if let Some(wake) = self.wake {
+            tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
+        }
 
         let relay = self.relay.run(stop_rx);
         tokio::pin!(relay);

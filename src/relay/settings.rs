@@ -71,6 +71,11 @@ pub struct Settings {
     /// Address of the gRPC health endpoint; port 0 picks a free port.
     #[arg(long, global = true, env = "OUTPOST_RELAY_LISTEN", default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,
+
+    /// UDP address for wake-ups from the order service (its `--wake-relays`): an idle relay
+    /// polls at once instead of after its back-off. Off when unset; polling alone stays correct.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_WAKE_LISTEN")]
+    pub wake_listen: Option<SocketAddr>,
 }
 
 /// Operator commands.
@@ -111,6 +116,7 @@ impl Settings {
             backoff_max: Duration::from_secs(300),
             max_idle_poll: Duration::from_secs(1),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            wake_listen: None,
         }
     }
 }

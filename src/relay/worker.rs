@@ -1,11 +1,12 @@
 //! One relay step (claim, publish, mark or release) and the polling loop around it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
 use sea_orm::DbErr;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
@@ -60,12 +61,18 @@ pub struct Relay<P> {
     publisher: P,
     owner: WorkerId,
     tuning: Tuning,
+    wake: Arc<Notify>,
 }
 
 impl<P: Publisher> Relay<P> {
     /// A worker with a fresh lease-owner id.
     pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
-        Self { outbox, publisher, owner: WorkerId::generate(), tuning }
+        Self { outbox, publisher, owner: WorkerId::generate(), tuning, wake: Arc::new(Notify::new()) }
+    }
+
+    /// Notifying this ends an idle wait early (see [`crate::wake`]); it never skips a poll.
+    pub fn wake_handle(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
     }
 
     /// This worker's lease-owner id.
@@ -214,7 +221,8 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// Steps until `stop` turns true: at once again after a batch, backing off up to
-    /// `max_idle_poll` while the outbox is empty or the database fails. A step in progress
+    /// `max_idle_poll` while the outbox is empty or the database fails, unless a wake-up ends
+    /// the wait early (at most one poll per 10 ms however many arrive). A step in progress
     /// always finishes, so a stop never abandons a confirmed publish before its mark.
     ///
     /// Ends early with an error only when the publisher can never publish again.
@@ -223,6 +231,7 @@ impl<P: Publisher> Relay<P> {
         let mut idle = shortest;
         tracing::info!(lease_owner = %self.owner, "relay started");
         while !*stop.borrow() {
+            let polled_at = tokio::time::Instant::now();
             let step = self.step().await;
             if let Some(reason) = self.publisher.fatal_error() {
                 tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
@@ -243,6 +252,10 @@ impl<P: Publisher> Relay<P> {
             idle = (idle * 2).min(self.tuning.max_idle_poll);
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
+                () = self.wake.notified() => {
+                    metrics().wakeups.add(1, &[]);
+                    tokio::time::sleep_until(polled_at + shortest).await;
+                }
                 changed = stop.changed() => if changed.is_err() { break },
             }
         }

@@ -19,6 +19,8 @@ pub(crate) struct Metrics {
     pub(crate) lease_losses: Counter<u64>,
     /// Failed publishes released for a retry.
     pub(crate) releases: Counter<u64>,
+    /// Idle waits ended early by a wake-up from the order service.
+    pub(crate) wakeups: Counter<u64>,
     /// Events moved to FAILED.
     pub(crate) failed: Counter<u64>,
     /// From receiving a record to committing its effect.
@@ -59,6 +61,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         releases: meter
             .u64_counter("outpost.relay.releases")
             .with_description("Failed publishes released for retry")
+            .build(),
+        wakeups: meter
+            .u64_counter("outpost.relay.wakeups")
+            .with_description("Idle waits ended early by a wake-up")
             .build(),
         failed: meter.u64_counter("outpost.relay.failed").with_description("Events moved to FAILED").build(),
         consume_latency: meter

@@ -22,3 +22,4 @@ mod submit_order;
 mod traces;
 #[cfg(feature = "failpoints")]
 mod verify;
+mod wake;

@@ -1,0 +1,77 @@
+//! Wake-ups: a new order ends an idle relay's back-off, so a trickle of orders does not wait for
+//! the next poll. Real order and relay processes; the relay's own metrics show the wake-ups.
+
+use std::time::Duration;
+
+use outpost::proto::v1::order_service_client::OrderServiceClient;
+
+use crate::broker::{TestBroker, free_port};
+use crate::helpers::{Backend, OutboxProbe, ServiceProcess, TestDb, assert_eventually, order};
+use crate::otlp::start_receiver;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
+    let (endpoint, received, _receiver) = start_receiver().await;
+    let db = TestDb::migrated(Backend::MariaDb).await;
+    let conn = db.connect().await;
+    let probe = OutboxProbe { conn: &conn };
+    let broker = TestBroker::start().await;
+    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    broker.create_topic(&topic, 1).await;
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
+    let wake_port = free_port();
+    // The idle back-off may grow to ten minutes. Whether a given event was found by a wake-up or
+    // by a poll depends on timing; the relay's wake-up counter shows that wake-ups arrived and
+    // ended idle waits. What they save in latency is the benchmark's to show, not a test's.
+    let mut relay = ServiceProcess::spawn(
+        "outpost-relay",
+        &[
+            format!("--database-url={}", db.url),
+            format!("--brokers={}", broker.address()),
+            format!("--topic={topic}"),
+            "--listen=127.0.0.1:0".to_owned(),
+            "--max-idle-poll=10min".to_owned(),
+            format!("--wake-listen=127.0.0.1:{wake_port}"),
+        ],
+        &env,
+    );
+    let order_port = free_port();
+    let mut order_service = ServiceProcess::spawn(
+        "outpost-order",
+        &[
+            format!("--database-url={}", db.url),
+            format!("--listen=127.0.0.1:{order_port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            format!("--wake-relays=127.0.0.1:{wake_port}"),
+        ],
+        &[],
+    );
+    let url = format!("http://127.0.0.1:{order_port}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut client = loop {
+        if let Ok(client) = OrderServiceClient::connect(url.clone()).await {
+            break client;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the order service never accepted connections");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    for i in 0..3 {
+        let accepted = client.submit_order(order(3, &format!("wake-{i}"))).await.unwrap().into_inner();
+        assert_eventually("the new order's event is published", WAIT, || async {
+            probe.state(&accepted.event_id).await.status == "PUBLISHED"
+        })
+        .await;
+    }
+    assert_eventually("the relay reports its wake-ups", WAIT, || async {
+        received.points().iter().any(|p| p.name == "outpost.relay.wakeups" && p.value >= 1.0)
+    })
+    .await;
+
+    for service in [&mut order_service, &mut relay] {
+        service.signal("TERM").await;
+        assert!(service.wait(Duration::from_secs(20)).await.success());
+    }
+}
