@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    TransactionTrait, Value,
+    ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, TransactionTrait, Value,
 };
 
 use super::WorkerId;
@@ -217,23 +217,30 @@ impl Outbox {
         owner: &WorkerId,
         delivery: &Delivery,
     ) -> Result<Fenced<()>, DbErr> {
-        let now = db::now(&self.db).await?;
-        let result = outbox_event::Entity::update_many()
-            .col_expr(Column::Status, Expr::value(OutboxStatus::Published.as_str()))
-            .col_expr(Column::PublishedAt, Expr::value(now))
-            .col_expr(Column::PublishedTopic, Expr::value(delivery.topic.as_str()))
-            .col_expr(Column::PublishedPartition, Expr::value(delivery.partition))
-            .col_expr(Column::PublishedOffset, Expr::value(delivery.offset))
-            .col_expr(Column::LeaseOwner, null_string())
-            .col_expr(Column::LeaseUntil, null_time())
-            .filter(if failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION) {
-                Condition::all().add(Column::EventId.eq(event_id))
-            } else {
-                fenced(event_id, owner)
-            })
-            .exec(&self.db)
-            .await?;
-        Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })
+        let mut marked = self.mark_all_published(owner, &[(event_id, delivery)]).await?;
+        Ok(marked.pop().unwrap_or(Fenced::LeaseLost))
+    }
+
+    /// [`Outbox::mark_published`] for a batch: one transaction (one durable commit instead of
+    /// one per event), each row still fenced by its own `event_id`, status and `owner`, so the
+    /// answer says exactly which marks took. If the commit fails none is known to have taken:
+    /// their leases expire and the events are published again, duplicates the consumer absorbs.
+    pub async fn mark_all_published(
+        &self,
+        owner: &WorkerId,
+        marks: &[(&str, &Delivery)],
+    ) -> Result<Vec<Fenced<()>>, DbErr> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let txn = self.db.begin().await?;
+        let now = db::now(&txn).await?;
+        let mut outcomes = Vec::with_capacity(marks.len());
+        for (event_id, delivery) in marks {
+            outcomes.push(mark_one(&txn, now, event_id, owner, delivery).await?);
+        }
+        txn.commit().await?;
+        Ok(outcomes)
     }
 
     /// Gives the event back after a failed publish, only if `owner` still holds its lease:
@@ -350,6 +357,32 @@ fn lease_to(
 }
 
 /// The owner fence every post-claim update carries.
+/// One owner-fenced mark, inside the caller's transaction.
+async fn mark_one(
+    txn: &DatabaseTransaction,
+    now: DateTime<Utc>,
+    event_id: &str,
+    owner: &WorkerId,
+    delivery: &Delivery,
+) -> Result<Fenced<()>, DbErr> {
+    let result = outbox_event::Entity::update_many()
+        .col_expr(Column::Status, Expr::value(OutboxStatus::Published.as_str()))
+        .col_expr(Column::PublishedAt, Expr::value(now))
+        .col_expr(Column::PublishedTopic, Expr::value(delivery.topic.as_str()))
+        .col_expr(Column::PublishedPartition, Expr::value(delivery.partition))
+        .col_expr(Column::PublishedOffset, Expr::value(delivery.offset))
+        .col_expr(Column::LeaseOwner, null_string())
+        .col_expr(Column::LeaseUntil, null_time())
+        .filter(if failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION) {
+            Condition::all().add(Column::EventId.eq(event_id))
+        } else {
+            fenced(event_id, owner)
+        })
+        .exec(txn)
+        .await?;
+    Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })
+}
+
 fn fenced(event_id: &str, owner: &WorkerId) -> Condition {
     Condition::all()
         .add(Column::EventId.eq(event_id))

@@ -11,7 +11,7 @@ use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
 use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
-use super::publisher::{PublishError, Publisher};
+use super::publisher::Publisher;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
 
@@ -110,8 +110,36 @@ impl<P: Publisher> Relay<P> {
             .zip(&spans)
             .map(|(event, span)| self.publisher.publish(event).instrument(span.clone()));
         let results = join_all(sends).await;
-        for ((event, result), span) in claimed.iter().zip(results).zip(spans) {
-            self.record(event, result, &mut report).instrument(span).await;
+        let mut confirmed = Vec::with_capacity(claimed.len());
+        for ((event, result), span) in claimed.iter().zip(results).zip(&spans) {
+            match result {
+                Ok(delivery) => {
+                    let latency = (Utc::now() - event.created_at).to_std().unwrap_or_default();
+                    metrics().publish_latency.record(latency.as_secs_f64(), &[]);
+                    if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
+                        report.unrecorded += 1;
+                        continue;
+                    }
+                    confirmed.push((event, delivery, span));
+                }
+                Err(e) => self.release(event, &e.to_string(), &mut report).instrument(span.clone()).await,
+            }
+        }
+        // Every confirmed event of the batch is marked in one transaction, each row under its
+        // own owner fence.
+        let marks: Vec<(&str, &Delivery)> =
+            confirmed.iter().map(|(event, delivery, _)| (event.event_id.as_str(), delivery)).collect();
+        match self.outbox.mark_all_published(&self.owner, &marks).await {
+            Ok(outcomes) => {
+                for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
+                    span.in_scope(|| self.marked(event, delivery, outcome, &mut report));
+                }
+            }
+            Err(e) => {
+                for (event, _, span) in &confirmed {
+                    span.in_scope(|| self.unrecorded(event, &mut report, &e));
+                }
+            }
         }
         Ok(StepOutcome::Worked(report))
     }
@@ -139,25 +167,16 @@ impl<P: Publisher> Relay<P> {
         span
     }
 
-    /// Records one publish's outcome under the owner fence.
-    async fn record(
+    /// Records one owner-fenced mark's outcome.
+    fn marked(
         &self,
         event: &ClaimedEvent,
-        result: Result<Delivery, PublishError>,
+        delivery: &Delivery,
+        outcome: Fenced<()>,
         report: &mut StepReport,
     ) {
-        let delivery = match result {
-            Ok(delivery) => delivery,
-            Err(e) => return self.release(event, &e.to_string(), report).await,
-        };
-        let latency = (Utc::now() - event.created_at).to_std().unwrap_or_default();
-        metrics().publish_latency.record(latency.as_secs_f64(), &[]);
-        if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
-            report.unrecorded += 1;
-            return;
-        }
-        match self.outbox.mark_published(&event.event_id, &self.owner, &delivery).await {
-            Ok(Fenced::Done(())) => {
+        match outcome {
+            Fenced::Done(()) => {
                 report.published += 1;
                 metrics().published.add(1, &[]);
                 tracing::info!(
@@ -168,8 +187,7 @@ impl<P: Publisher> Relay<P> {
                     "marked PUBLISHED"
                 );
             }
-            Ok(Fenced::LeaseLost) => self.lease_lost(event, report, "after the broker confirmed"),
-            Err(e) => self.unrecorded(event, report, &e),
+            Fenced::LeaseLost => self.lease_lost(event, report, "after the broker confirmed"),
         }
     }
 
