@@ -109,8 +109,7 @@ fn purgeable_consumed(cutoff: DateTime<Utc>) -> sea_orm::Select<consumed_event::
 }
 
 async fn purge_outbox(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<u64, DbErr> {
-    let mut deleted = 0;
-    loop {
+    in_batches(batch, || async move {
         let ids: Vec<String> = purgeable_outbox(cutoff)
             .select_only()
             .column(outbox_event::Column::EventId)
@@ -119,25 +118,25 @@ async fn purge_outbox(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64
             .into_tuple()
             .all(db)
             .await?;
-        let Some(full) = batch_state(ids.len(), batch) else { break };
+        let found = ids.len();
+        if found == 0 {
+            return Ok((0, 0));
+        }
         // The conditions again: another purger or a status change since the select is harmless.
-        deleted += outbox_event::Entity::delete_many()
+        let deleted = outbox_event::Entity::delete_many()
             .filter(outbox_event::Column::EventId.is_in(ids))
             .filter(outbox_event::Column::Status.eq(OutboxStatus::Published.as_str()))
             .filter(outbox_event::Column::PublishedAt.lt(cutoff))
             .exec(db)
             .await?
             .rows_affected;
-        if !full {
-            break;
-        }
-    }
-    Ok(deleted)
+        Ok((found, deleted))
+    })
+    .await
 }
 
 async fn purge_consumed(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<u64, DbErr> {
-    let mut deleted = 0;
-    loop {
+    in_batches(batch, || async move {
         let ids: Vec<i64> = purgeable_consumed(cutoff)
             .select_only()
             .column(consumed_event::Column::Id)
@@ -146,21 +145,35 @@ async fn purge_consumed(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u
             .into_tuple()
             .all(db)
             .await?;
-        let Some(full) = batch_state(ids.len(), batch) else { break };
-        deleted += consumed_event::Entity::delete_many()
+        let found = ids.len();
+        if found == 0 {
+            return Ok((0, 0));
+        }
+        let deleted = consumed_event::Entity::delete_many()
             .filter(consumed_event::Column::Id.is_in(ids))
             .filter(consumed_event::Column::ConsumedAt.lt(cutoff))
             .exec(db)
             .await?
             .rows_affected;
-        if !full {
-            break;
-        }
-    }
-    Ok(deleted)
+        Ok((found, deleted))
+    })
+    .await
 }
 
-/// `None` when a batch found nothing (done); otherwise whether it was full (more may follow).
-fn batch_state(found: usize, batch: u64) -> Option<bool> {
-    (found > 0).then_some(found as u64 >= batch)
+/// Runs `one` (select at most `batch` ids, delete them; answer how many were found and how many
+/// deleted) until a batch comes back short, and sums the deletions. Each batch is its own short
+/// statement, so no lock is held across batches.
+async fn in_batches<F, Fut>(batch: u64, mut one: F) -> Result<u64, DbErr>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(usize, u64), DbErr>>,
+{
+    let mut deleted = 0;
+    loop {
+        let (found, gone) = one().await?;
+        deleted += gone;
+        if (found as u64) < batch.max(1) {
+            return Ok(deleted);
+        }
+    }
 }

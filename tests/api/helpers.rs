@@ -13,6 +13,21 @@ use tonic::transport::Channel;
 use tonic_types::StatusExt;
 use uuid::Uuid;
 
+/// A client of the order service at `url`, retried while the process is still starting.
+pub async fn connect_order_service(url: &str) -> OrderServiceClient<Channel> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(client) = OrderServiceClient::connect(url.to_owned()).await {
+            return client;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the order service at {url} never accepted connections"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Logs stay silent unless `TEST_LOG` is set.
 static TRACING: LazyLock<()> = LazyLock::new(|| {
     if std::env::var_os("TEST_LOG").is_some() {

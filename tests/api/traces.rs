@@ -4,13 +4,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outpost::proto::v1::order_service_client::OrderServiceClient;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::broker::{TestBroker, free_port, read_topic};
-use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, order};
+use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, connect_order_service, order};
 use crate::otlp::{ReceivedSpan, start_receiver};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -53,14 +52,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     let mut consumer = ServiceProcess::spawn("outpost-consumer", &common, &env);
 
     let url = format!("http://127.0.0.1:{order_port}");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut client = loop {
-        if let Ok(client) = OrderServiceClient::connect(url.clone()).await {
-            break client;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the order service never accepted connections");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut client = connect_order_service(&url).await;
 
     // The first order arrives with the caller's own trace context: the event must join it.
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";

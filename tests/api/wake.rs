@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use outpost::proto::v1::order_service_client::OrderServiceClient;
-
 use crate::broker::{TestBroker, free_port};
-use crate::helpers::{Backend, OutboxProbe, ServiceProcess, TestDb, assert_eventually, order};
+use crate::helpers::{
+    Backend, OutboxProbe, ServiceProcess, TestDb, assert_eventually, connect_order_service, order,
+};
 use crate::otlp::start_receiver;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -49,14 +49,7 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
         &[],
     );
     let url = format!("http://127.0.0.1:{order_port}");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut client = loop {
-        if let Ok(client) = OrderServiceClient::connect(url.clone()).await {
-            break client;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the order service never accepted connections");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut client = connect_order_service(&url).await;
 
     for i in 0..3 {
         let accepted = client.submit_order(order(3, &format!("wake-{i}"))).await.unwrap().into_inner();
