@@ -88,6 +88,7 @@ impl Application {
             stats: &self.stats,
             backoff_max: self.settings.backoff_max,
             group: self.settings.group(),
+            batch_size: usize::from(self.settings.batch_size),
         };
         tracing::info!(
             consumer_name = self.inbox.consumer_name(),

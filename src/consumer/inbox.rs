@@ -1,7 +1,10 @@
 //! The consumer's side of the database: dedup row and local effect in one transaction.
 
-use chrono::{SubsecRound, Utc};
-use sea_orm::{ActiveValue::NotSet, ActiveValue::Set, DatabaseConnection, EntityTrait, TransactionTrait};
+use chrono::{DateTime, SubsecRound, Utc};
+use sea_orm::{
+    ActiveValue::NotSet, ActiveValue::Set, DatabaseConnection, DatabaseTransaction, EntityTrait,
+    TransactionTrait,
+};
 
 use super::decode::OrderAcceptedEvent;
 use crate::db::{TxFailure, UniqueKey, violated_unique_key};
@@ -36,6 +39,14 @@ pub struct PoisonRecord<'a> {
     pub error: &'a str,
 }
 
+/// Why [`Inbox::write`] wrote nothing.
+enum Write {
+    /// `uq_consumed_event_identity` (and only it) refused the dedup row.
+    AlreadyConsumed,
+    /// Anything else: not acknowledged.
+    Failed(TxFailure),
+}
+
 /// The most characters of an error kept in `dead_letter.error`.
 const ERROR_CHARS: usize = 1000;
 
@@ -63,23 +74,83 @@ impl Inbox {
     /// violation of `uq_consumed_event_identity`, or the commit's outcome is unknown (a
     /// redelivery then meets the unique key).
     pub async fn consume(&self, event: &OrderAcceptedEvent) -> Result<Consumed, TxFailure> {
-        let now = Utc::now().trunc_subsecs(6);
-        let event_id = event.event_id.to_string();
         let txn = self.db.begin().await?;
+        match self.write(&txn, event, Utc::now().trunc_subsecs(6)).await {
+            Ok(()) => {}
+            Err(Write::AlreadyConsumed) => {
+                txn.rollback().await?;
+                return Ok(Consumed::AlreadyConsumed);
+            }
+            Err(Write::Failed(failure)) => {
+                txn.rollback().await?;
+                return Err(failure);
+            }
+        }
+        // A failed commit may still have committed: the caller must not acknowledge, and the
+        // redelivery will meet the unique key if it did.
+        txn.commit().await?;
+        Ok(Consumed::Committed)
+    }
+
+    /// [`Inbox::consume`] for several events in one transaction (one durable commit), each in
+    /// a savepoint of its own: an event already consumed rolls back only its savepoint and
+    /// answers `AlreadyConsumed`, exactly as alone. Any other failure rolls back the whole
+    /// transaction and answers `Err` with the index of the event that failed (`None`: the
+    /// transaction itself, its commit included): nothing of the batch may be acknowledged, and
+    /// the caller handles its events one by one.
+    pub async fn consume_all(
+        &self,
+        events: &[OrderAcceptedEvent],
+    ) -> Result<Vec<Consumed>, (Option<usize>, TxFailure)> {
+        let whole = |e: sea_orm::DbErr| (None, TxFailure::from(e));
+        let now = Utc::now().trunc_subsecs(6);
+        let txn = self.db.begin().await.map_err(whole)?;
+        let mut outcomes = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            let savepoint = txn.begin().await.map_err(whole)?;
+            match self.write(&savepoint, event, now).await {
+                Ok(()) => {
+                    savepoint.commit().await.map_err(whole)?;
+                    outcomes.push(Consumed::Committed);
+                }
+                Err(Write::AlreadyConsumed) => {
+                    savepoint.rollback().await.map_err(whole)?;
+                    outcomes.push(Consumed::AlreadyConsumed);
+                }
+                Err(Write::Failed(failure)) => {
+                    savepoint.rollback().await.map_err(whole)?;
+                    txn.rollback().await.map_err(whole)?;
+                    return Err((Some(index), failure));
+                }
+            }
+        }
+        // As for one event: a failed commit may still have committed, so nothing is
+        // acknowledged and the redeliveries meet the unique key.
+        txn.commit().await.map_err(whole)?;
+        Ok(outcomes)
+    }
+
+    /// The dedup row, then the effect, in the caller's transaction.
+    async fn write(
+        &self,
+        txn: &DatabaseTransaction,
+        event: &OrderAcceptedEvent,
+        now: DateTime<Utc>,
+    ) -> Result<(), Write> {
+        let event_id = event.event_id.to_string();
         let claim = consumed_event::Entity::insert(consumed_event::ActiveModel {
             id: NotSet,
             consumer_name: Set(self.consumer_name.clone()),
             event_id: Set(event_id.clone()),
             consumed_at: Set(now),
         })
-        .exec_without_returning(&txn)
+        .exec_without_returning(txn)
         .await;
         if let Err(e) = claim {
-            txn.rollback().await?;
             if violated_unique_key(&e) == Some(UniqueKey::ConsumedEventIdentity) {
-                return Ok(Consumed::AlreadyConsumed);
+                return Err(Write::AlreadyConsumed);
             }
-            return Err(e.into());
+            return Err(Write::Failed(e.into()));
         }
         let effect = async {
             // The event id doubles as the job's idempotency key for whatever sends the
@@ -91,29 +162,25 @@ impl Inbox {
                 status: Set("PENDING".to_owned()),
                 created_at: Set(now),
             };
-            notification_job::Entity::insert(job.clone()).exec_without_returning(&txn).await?;
+            notification_job::Entity::insert(job.clone()).exec_without_returning(txn).await?;
             if failpoint::hit(failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING).is_err() {
                 // A real integrity error on another key (the job's primary key), so the
                 // failure carries the database's own SQLSTATE, vendor code and constraint.
-                notification_job::Entity::insert(job).exec_without_returning(&txn).await?;
+                notification_job::Entity::insert(job).exec_without_returning(txn).await?;
             }
             Ok::<_, TxFailure>(())
         }
         .await;
         if let Err(failure) = effect {
-            txn.rollback().await?;
             let integrity_error = failure.db_err().and_then(sea_orm::DbErr::sql_err).is_some();
             if integrity_error
                 && failpoint::broken(failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE)
             {
-                return Ok(Consumed::AlreadyConsumed);
+                return Err(Write::AlreadyConsumed);
             }
-            return Err(failure);
+            return Err(Write::Failed(failure));
         }
-        // A failed commit may still have committed: the caller must not acknowledge, and the
-        // redelivery will meet the unique key if it did.
-        txn.commit().await?;
-        Ok(Consumed::Committed)
+        Ok(())
     }
 
     /// Stores an undecodable record in the dead-letter table, in one transaction. A record already

@@ -42,6 +42,10 @@ pub struct Settings {
     #[arg(long = "kafka-option", env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
+    /// Most records handled in one transaction: those already fetched, never waiting for more.
+    #[arg(long, env = "OUTPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub batch_size: u16,
+
     /// Longest wait between retries of a record whose handling failed.
     #[arg(long, env = "OUTPOST_CONSUMER_BACKOFF_MAX", default_value = "30s", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
@@ -67,6 +71,7 @@ impl Settings {
             consumer_name: DEFAULT_CONSUMER_NAME.to_owned(),
             group_id: None,
             kafka_options: Vec::new(),
+            batch_size: 64,
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
@@ -11,7 +12,7 @@ use tokio::sync::watch;
 
 use tracing::{Instrument as _, Span};
 
-use super::decode::decode;
+use super::decode::{OrderAcceptedEvent, decode};
 use super::inbox::{Consumed, Inbox, PoisonRecord};
 use crate::db::TxFailure;
 use crate::failpoint;
@@ -37,6 +38,7 @@ pub struct ConsumerStats {
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
     failures: AtomicU64,
+    batched: AtomicU64,
 }
 
 /// A point-in-time copy of [`ConsumerStats`].
@@ -54,6 +56,8 @@ pub struct StatsSnapshot {
     pub dead_lettered: u64,
     /// Attempts that failed and were not acknowledged.
     pub failures: u64,
+    /// Deliveries handled in a transaction together with others (a subset of `handled`).
+    pub batched: u64,
 }
 
 impl ConsumerStats {
@@ -67,6 +71,7 @@ impl ConsumerStats {
             duplicates: get(&self.duplicates),
             dead_lettered: get(&self.dead_lettered),
             failures: get(&self.failures),
+            batched: get(&self.batched),
         }
     }
 
@@ -125,11 +130,15 @@ pub(crate) struct Worker<'a> {
     pub(crate) stats: &'a ConsumerStats,
     pub(crate) backoff_max: Duration,
     pub(crate) group: &'a str,
+    pub(crate) batch_size: usize,
 }
 
 impl Worker<'_> {
-    /// Handles one record at a time, so offsets advance in order. A record whose handling fails
-    /// is retried in place with backoff; on stop it is left unacknowledged for redelivery.
+    /// Handles the records already fetched (up to `batch_size`) in one transaction, and stores
+    /// their offsets, in order, only after it committed. A batch that fails is handled again
+    /// one record at a time: a record whose handling fails is retried in place with backoff,
+    /// and the records after it wait, so offsets never pass an unhandled record; on stop it is
+    /// left unacknowledged for redelivery.
     pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) {
         let mut receive_backoff = Duration::from_millis(100);
         while !*stop.borrow() {
@@ -140,7 +149,19 @@ impl Worker<'_> {
             match received {
                 Ok(message) => {
                     receive_backoff = Duration::from_millis(100);
-                    self.handle_until_done(&message, &mut stop).await;
+                    let mut batch = vec![message];
+                    // Only what librdkafka has already fetched: a batch never waits to fill.
+                    while batch.len() < self.batch_size {
+                        match self.consumer.recv().now_or_never() {
+                            Some(Ok(message)) => batch.push(message),
+                            Some(Err(e)) => {
+                                tracing::warn!(error = %e, "receive failed");
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                    self.handle_batch(&batch, &mut stop).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "receive failed");
@@ -151,9 +172,96 @@ impl Worker<'_> {
         }
     }
 
-    async fn handle_until_done(&self, message: &BorrowedMessage<'_>, stop: &mut watch::Receiver<bool>) {
-        let span = self.process_span(message);
-        self.handle_in_span(message, stop).instrument(span).await;
+    async fn handle_batch(&self, batch: &[BorrowedMessage<'_>], stop: &mut watch::Receiver<bool>) {
+        let spans: Vec<Span> = batch.iter().map(|message| self.process_span(message)).collect();
+        let received = std::time::Instant::now();
+        let mut done = 0;
+        if batch.len() > 1 && !failpoint::broken(failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT) {
+            done = self.consume_together(batch, &spans, received).await;
+        }
+        // One at a time: single records, batches with an undecodable record, and whatever a
+        // failed batch left.
+        for (message, span) in batch.iter().zip(spans).skip(done) {
+            if !self.handle_in_span(message, received, stop).instrument(span).await {
+                return;
+            }
+        }
+    }
+
+    /// Consumes a batch of decodable records in one transaction; answers how many records from
+    /// the front are done (their offsets stored), 0 when the batch must be handled one by one.
+    async fn consume_together(
+        &self,
+        batch: &[BorrowedMessage<'_>],
+        spans: &[Span],
+        received: std::time::Instant,
+    ) -> usize {
+        let mut events = Vec::with_capacity(batch.len());
+        for (message, span) in batch.iter().zip(spans) {
+            match decode(message.payload(), |name| header(message, name)) {
+                Ok(event) => {
+                    span.record("outpost.event_id", tracing::field::display(event.event_id));
+                    span.record("messaging.message.id", tracing::field::display(event.event_id));
+                    events.push(event);
+                }
+                Err(_) => return 0,
+            }
+        }
+        match self.inbox.consume_all(&events).await {
+            Ok(outcomes) => {
+                for (index, ((message, event), outcome)) in
+                    batch.iter().zip(&events).zip(outcomes).enumerate()
+                {
+                    ConsumerStats::bump(&self.stats.handled);
+                    ConsumerStats::bump(&self.stats.batched);
+                    let acknowledged = spans[index].in_scope(|| {
+                        self.consumed(message, event, outcome, received).is_ok() && self.store_offset(message)
+                    });
+                    if !acknowledged {
+                        return index;
+                    }
+                }
+                batch.len()
+            }
+            Err((at, failure)) => {
+                let (message, span) = match at {
+                    Some(index) => (&batch[index], &spans[index]),
+                    None => (&batch[0], &spans[0]),
+                };
+                ConsumerStats::bump(&self.stats.handled);
+                ConsumerStats::bump(&self.stats.failures);
+                span.in_scope(|| {
+                    tracing::warn!(
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        error = %failure,
+                        batch = batch.len(),
+                        "handling failed; not acknowledged; the batch is handled again one record at a time"
+                    );
+                });
+                0
+            }
+        }
+    }
+
+    /// Stores the offset of a record whose handling committed; false if it could not be.
+    fn store_offset(&self, message: &BorrowedMessage<'_>) -> bool {
+        // Stored, not committed: the auto-commit (and the commits on revoke and shutdown) send
+        // only offsets stored here, after the local commit.
+        match self.consumer.store_offset_from_message(message) {
+            Ok(()) => {
+                tracing::info!(
+                    offset = message.offset(),
+                    "offset stored; it goes out with the next offset commit"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not store the offset; the record will be redelivered");
+                false
+            }
+        }
     }
 
     /// A consumer span continuing the trace whose `traceparent` the relay put in the headers.
@@ -183,8 +291,13 @@ impl Worker<'_> {
         span
     }
 
-    async fn handle_in_span(&self, message: &BorrowedMessage<'_>, stop: &mut watch::Receiver<bool>) {
-        let received = std::time::Instant::now();
+    /// Handles one record until it is done (true) or `stop` turns true first (false).
+    async fn handle_in_span(
+        &self,
+        message: &BorrowedMessage<'_>,
+        received: std::time::Instant,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
         if failpoint::broken(failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT) {
             let _ = self.consumer.store_offset_from_message(message);
             commit_stored(self.consumer, "before the local commit (broken on purpose)");
@@ -194,18 +307,10 @@ impl Worker<'_> {
             ConsumerStats::bump(&self.stats.handled);
             match self.handle(message, received).await {
                 Ok(()) => {
-                    // Stored, not committed: the auto-commit (and the commits on revoke and
-                    // shutdown) send only offsets stored here, after the local commit.
-                    match self.consumer.store_offset_from_message(message) {
-                        Ok(()) => tracing::info!(
-                            offset = message.offset(),
-                            "offset stored; it goes out with the next offset commit"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "could not store the offset; the record will be redelivered");
-                        }
-                    }
-                    return;
+                    // A record whose offset could not be stored is still done: it is simply
+                    // redelivered and deduplicated.
+                    self.store_offset(message);
+                    return true;
                 }
                 Err(failure) => {
                     ConsumerStats::bump(&self.stats.failures);
@@ -224,7 +329,7 @@ impl Worker<'_> {
                 _ = stop.changed() => {}
             }
             if *stop.borrow() {
-                return;
+                return false;
             }
             backoff = (backoff * 2).min(self.backoff_max);
         }
@@ -242,33 +347,10 @@ impl Worker<'_> {
             span.record("messaging.message.id", tracing::field::display(event.event_id));
         }
         match decoded {
-            Ok(event) => match self.inbox.consume(&event).await? {
-                Consumed::Committed => {
-                    ConsumerStats::bump(&self.stats.consumed);
-                    metrics().consumed.add(1, &[]);
-                    metrics().consume_latency.record(received.elapsed().as_secs_f64(), &[]);
-                    tracing::info!(
-                        outpost.event_id = %event.event_id,
-                        messaging.message.id = %event.event_id,
-                        order_id = event.order_id,
-                        partition = message.partition(),
-                        offset = message.offset(),
-                        "dedup miss: consumed_event row and notification job committed"
-                    );
-                    failpoint::hit(failpoint::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK)?;
-                }
-                Consumed::AlreadyConsumed => {
-                    ConsumerStats::bump(&self.stats.duplicates);
-                    metrics().duplicates.add(1, &[]);
-                    tracing::info!(
-                        outpost.event_id = %event.event_id,
-                        messaging.message.id = %event.event_id,
-                        partition = message.partition(),
-                        offset = message.offset(),
-                        "dedup hit: already consumed; acknowledged without effect"
-                    );
-                }
-            },
+            Ok(event) => {
+                let outcome = self.inbox.consume(&event).await?;
+                self.consumed(message, &event, outcome, received)?;
+            }
             Err(poison) => {
                 let record = PoisonRecord {
                     topic: message.topic(),
@@ -289,6 +371,45 @@ impl Worker<'_> {
                     offset = message.offset(),
                     error = %poison,
                     "undecodable record dead-lettered"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts and logs what the inbox did with one event. `Err` only from the failpoint between
+    /// the local commit and the acknowledgement.
+    fn consumed(
+        &self,
+        message: &BorrowedMessage<'_>,
+        event: &OrderAcceptedEvent,
+        outcome: Consumed,
+        received: std::time::Instant,
+    ) -> Result<(), failpoint::Injected> {
+        match outcome {
+            Consumed::Committed => {
+                ConsumerStats::bump(&self.stats.consumed);
+                metrics().consumed.add(1, &[]);
+                metrics().consume_latency.record(received.elapsed().as_secs_f64(), &[]);
+                tracing::info!(
+                    outpost.event_id = %event.event_id,
+                    messaging.message.id = %event.event_id,
+                    order_id = event.order_id,
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    "dedup miss: consumed_event row and notification job committed"
+                );
+                failpoint::hit(failpoint::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK)?;
+            }
+            Consumed::AlreadyConsumed => {
+                ConsumerStats::bump(&self.stats.duplicates);
+                metrics().duplicates.add(1, &[]);
+                tracing::info!(
+                    outpost.event_id = %event.event_id,
+                    messaging.message.id = %event.event_id,
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    "dedup hit: already consumed; acknowledged without effect"
                 );
             }
         }

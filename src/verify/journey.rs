@@ -90,6 +90,10 @@ impl Run<'_> {
             "--max-idle-poll=100ms".into(),
             "--backoff-base=100ms".into(),
             "--backoff-max=500ms".into(),
+            // A broker that refuses publishes for a few seconds (Tansu 0.6 answers
+            // UNKNOWN_SERVER_ERROR under load) must delay the experiment, not move its one
+            // event to FAILED, which no window here is about.
+            "--max-attempts=1000".into(),
             "--listen=127.0.0.1:0".into(),
         ]
         .into()

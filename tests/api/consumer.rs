@@ -102,6 +102,7 @@ async fn rows(app: &TestApp, table: &str, event_id: &str) -> i64 {
 on_every_backend!(
     orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each,
     a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs,
+    records_fetched_together_commit_together_with_one_job_each_and_a_copy_among_them_is_absorbed,
     a_consumer_killed_after_its_commit_and_before_the_offset_commit_deduplicates_the_redelivery,
     a_failure_on_another_constraint_is_not_acknowledged_and_leaves_no_consumed_row,
     a_poison_record_is_dead_lettered_and_later_records_are_still_processed,
@@ -169,6 +170,43 @@ async fn a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs
     assert_eq!(rows(&app, "notification_job", &event_id).await, 1);
     assert_eq!((stats.consumed, stats.duplicates), (1, 2), "{stats:?}");
     assert!(stats.handled > 1, "handle attempts exceed consumed rows: the duplicates really arrived");
+    consumer.stop().await;
+}
+
+async fn records_fetched_together_commit_together_with_one_job_each_and_a_copy_among_them_is_absorbed(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    // Everything is on the topic before the consumer starts, so its first fetch brings many.
+    let mut ids = Vec::new();
+    for order_id in 1..=40 {
+        let (event_id, payload) = event_record(order_id);
+        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
+        if order_id == 20 {
+            // A copy of an event next to it, as a relay's republish would put it.
+            produce(&broker.address(), &topic, "20", &payload, Some(&event_id)).await;
+        }
+        ids.push(event_id);
+    }
+
+    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    assert_eventually("all 41 deliveries are handled", WAIT, || async {
+        let stats = consumer.stats.snapshot();
+        stats.consumed + stats.duplicates >= 41
+    })
+    .await;
+
+    let stats = consumer.stats.snapshot();
+    assert_eq!((stats.consumed, stats.duplicates), (40, 1), "{stats:?}");
+    assert!(stats.batched > 1, "records were committed together: {stats:?}");
+    assert_eq!(app.count("consumed_event").await, 40);
+    assert_eq!(app.count("notification_job").await, 40);
+    for event_id in &ids {
+        assert_eq!(rows(&app, "notification_job", event_id).await, 1);
+    }
     consumer.stop().await;
 }
 
