@@ -43,16 +43,23 @@ pub(crate) fn draw(figures: &Figures, path: &Path) -> Result<(), BenchError> {
     let bars = figures.chart_bars();
     let top = 50;
     if labels {
-        root.draw(&Text::new("throughput per second (grey: machine limit, blue: Outpost)", (left, 15), text(20)))
-            .map_err(chart_error)?;
+        root.draw(&Text::new(
+            "throughput per second (grey: machine limit, blue: Outpost)",
+            (left, 15),
+            text(20),
+        ))
+        .map_err(chart_error)?;
     }
     let max = bars.iter().map(|(_, _, v)| *v).fold(1.0, f64::max);
     for (i, (name, outpost, value)) in bars.iter().enumerate() {
         let y = top + i as i32 * 40;
         let w = ((value / max) * bar_max) as i32;
         let color = if *outpost { OUTPOST } else { RAW };
-        root.draw(&Rectangle::new([(left + label_w, y), (left + label_w + w.max(1), y + 28)], color.filled()))
-            .map_err(chart_error)?;
+        root.draw(&Rectangle::new(
+            [(left + label_w, y), (left + label_w + w.max(1), y + 28)],
+            color.filled(),
+        ))
+        .map_err(chart_error)?;
         if labels {
             root.draw(&Text::new(name.clone(), (left, y + 6), text(16))).map_err(chart_error)?;
             root.draw(&Text::new(format!("{value:.0}"), (left + label_w + w + 6, y + 6), text(16)))
@@ -71,13 +78,20 @@ pub(crate) fn draw(figures: &Figures, path: &Path) -> Result<(), BenchError> {
     let mut y = top;
     for e in &figures.e2e {
         if labels {
-            root.draw(&Text::new(format!("{} ({:.0}/s)", e.label, e.offered_per_second), (left, y + 20), text(16)))
-                .map_err(chart_error)?;
+            root.draw(&Text::new(
+                format!("{} ({:.0}/s)", e.label, e.offered_per_second),
+                (left, y + 20),
+                text(16),
+            ))
+            .map_err(chart_error)?;
         }
         for (value, shade) in [e.latency.p50, e.latency.p95, e.latency.p99].into_iter().zip(shades) {
             let w = ((value / max) * bar_max) as i32;
-            root.draw(&Rectangle::new([(left + label_w, y), (left + label_w + w.max(1), y + 18)], shade.filled()))
-                .map_err(chart_error)?;
+            root.draw(&Rectangle::new(
+                [(left + label_w, y), (left + label_w + w.max(1), y + 18)],
+                shade.filled(),
+            ))
+            .map_err(chart_error)?;
             if labels {
                 root.draw(&Text::new(format!("{value:.1}"), (left + label_w + w + 6, y + 2), text(14)))
                     .map_err(chart_error)?;

@@ -92,7 +92,11 @@ impl OrderClients {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut clients = Vec::new();
         while clients.len() < connections.max(1) {
-            match Channel::from_shared(url.to_owned()).map_err(|e| BenchError::Settings(e.to_string()))?.connect().await {
+            match Channel::from_shared(url.to_owned())
+                .map_err(|e| BenchError::Settings(e.to_string()))?
+                .connect()
+                .await
+            {
                 Ok(channel) => clients.push(OrderServiceClient::new(channel)),
                 Err(e) if Instant::now() > deadline => return Err(e.into()),
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,

@@ -61,9 +61,21 @@ struct Cli {
 async fn main() -> ExitCode {
     let cli: Cli = startup::settings();
     let (point, e2e, trickle, backlog, drain_limit) = if cli.quick {
-        (Duration::from_secs(3), Duration::from_secs(8), Duration::from_secs(5), 5_000, Duration::from_secs(120))
+        (
+            Duration::from_secs(3),
+            Duration::from_secs(8),
+            Duration::from_secs(5),
+            5_000,
+            Duration::from_secs(120),
+        )
     } else {
-        (Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(20), 50_000, Duration::from_secs(600))
+        (
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+            Duration::from_secs(20),
+            50_000,
+            Duration::from_secs(600),
+        )
     };
     let plan = run::Plan {
         database_url: cli.database_url,

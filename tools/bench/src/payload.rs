@@ -38,7 +38,11 @@ pub(crate) fn order_accepted(event_id: &str, order_id: i64, request_id: &str, at
         request_id: request_id.to_owned(),
         customer_id: CUSTOMER.into(),
         currency: "EUR".into(),
-        line_items: vec![pb::LineItem { sku: SKU.into(), quantity: QUANTITY as u32, unit_price_minor: UNIT_PRICE }],
+        line_items: vec![pb::LineItem {
+            sku: SKU.into(),
+            quantity: QUANTITY as u32,
+            unit_price_minor: UNIT_PRICE,
+        }],
         total_minor: i64::from(QUANTITY) * UNIT_PRICE,
         accepted_at: Some(prost_types::Timestamp {
             seconds: at.timestamp(),
@@ -62,4 +66,3 @@ impl OrderRow {
         Self { request_id: format!("bench-{event_id}"), event_id, at: crate::measure::now_micros() }
     }
 }
-

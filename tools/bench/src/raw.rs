@@ -76,7 +76,11 @@ async fn order_transaction(db: &DatabaseConnection) -> Result<(), DbErr> {
 }
 
 /// Raw durable commits of the order transaction at `concurrency`, on a pool of that size.
-pub(crate) async fn commit(url: &str, concurrency: usize, duration: Duration) -> Result<LoopResult, BenchError> {
+pub(crate) async fn commit(
+    url: &str,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<LoopResult, BenchError> {
     let db = crate::sql::connect(url, u32::try_from(concurrency).unwrap_or(64)).await?;
     let shared = db.clone();
     let result = closed_loop(concurrency, duration, move |_| {
@@ -168,7 +172,10 @@ pub(crate) async fn produce(
             .collect();
         let sends = records.iter().map(|(event_id, key, value)| {
             producer.send(
-                FutureRecord::to(topic).key(key.as_bytes()).payload(value.as_slice()).headers(headers(event_id, key)),
+                FutureRecord::to(topic)
+                    .key(key.as_bytes())
+                    .payload(value.as_slice())
+                    .headers(headers(event_id, key)),
                 Timeout::After(Duration::from_secs(10)),
             )
         });
@@ -180,6 +187,40 @@ pub(crate) async fn produce(
         }
     }
     Ok((confirmed, failed, started.elapsed()))
+}
+
+/// Reads `expected` records of `topic` from the start with a fresh group and no database work:
+/// what the broker serves to one consumer. Returns records read and the time from the first to
+/// the last (group join excluded), or stops after `limit`.
+pub(crate) async fn consume(
+    brokers: &str,
+    topic: &str,
+    expected: u64,
+    limit: Duration,
+) -> Result<(u64, Duration), BenchError> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("outpost-bench-raw-{}", uuid::Uuid::new_v4().simple()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut first: Option<Instant> = None;
+    let mut read = 0u64;
+    while read < expected {
+        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(_)) => {
+                first.get_or_insert_with(Instant::now);
+                read += 1;
+            }
+            Ok(Err(_)) => {}
+            Err(_) => break,
+        }
+    }
+    Ok((read, first.map(|t| t.elapsed()).unwrap_or_default()))
 }
 
 /// Fills the outbox with `count` PENDING events, oldest first, in multi-row inserts.

@@ -62,6 +62,7 @@ pub(crate) struct Figures {
     pub(crate) raw_produce: f64,
     pub(crate) raw_insert: Point,
     pub(crate) raw_claim_mark: f64,
+    pub(crate) raw_consume: f64,
     pub(crate) submit: Vec<Point>,
     pub(crate) relay: Vec<(usize, Drain)>,
     pub(crate) consumer: Drain,
@@ -97,7 +98,12 @@ impl Figures {
     fn targets(&self) -> Vec<(String, String, String, bool)> {
         let mut out = Vec::new();
         let submit = ratio(self.submit_at(16), self.raw_commit_at(16));
-        out.push(("SubmitOrder@16 / raw commit@16".into(), format!("{submit:.2}"), ">= 0.70".into(), submit >= 0.7));
+        out.push((
+            "SubmitOrder@16 / raw commit@16".into(),
+            format!("{submit:.2}"),
+            ">= 0.70".into(),
+            submit >= 0.7,
+        ));
         let relay_limit = self.raw_produce.min(self.raw_claim_mark);
         let relay = ratio(self.relay_one(), relay_limit);
         out.push((
@@ -107,7 +113,12 @@ impl Figures {
             relay >= 0.8,
         ));
         let consumer = ratio(self.consumer.per_second, self.raw_insert.per_second);
-        out.push(("consumer / raw insert".into(), format!("{consumer:.2}"), ">= 0.70".into(), consumer >= 0.7));
+        out.push((
+            "consumer / raw insert".into(),
+            format!("{consumer:.2}"),
+            ">= 0.70".into(),
+            consumer >= 0.7,
+        ));
         if let Some(e) = self.e2e.iter().find(|e| e.label == "25%") {
             out.push((
                 "e2e at 25% p50 / p99".into(),
@@ -127,8 +138,18 @@ impl Figures {
         let mut services: Vec<&str> = self.services.iter().map(|s| s.service.as_str()).collect();
         services.dedup();
         for service in services {
-            let peak = self.services.iter().filter(|s| s.service == service).map(|s| s.peak_rss_mib).fold(0.0, f64::max);
-            out.push((format!("peak RSS {service}"), format!("{peak:.1} MiB"), "<= 64 MiB".into(), peak <= 64.0));
+            let peak = self
+                .services
+                .iter()
+                .filter(|s| s.service == service)
+                .map(|s| s.peak_rss_mib)
+                .fold(0.0, f64::max);
+            out.push((
+                format!("peak RSS {service}"),
+                format!("{peak:.1} MiB"),
+                "<= 64 MiB".into(),
+                peak <= 64.0,
+            ));
         }
         out
     }
@@ -148,12 +169,24 @@ impl Figures {
                 p.concurrency, p.per_second, p.latency.p50, p.latency.p95, p.latency.p99
             );
         }
-        let _ = writeln!(t, "  raw confirmed produce        {:>9.0} rec/s (idempotent, acks=all, batches of 100)", self.raw_produce);
+        let _ = writeln!(
+            t,
+            "  raw confirmed produce        {:>9.0} rec/s (idempotent, acks=all, batches of 100)",
+            self.raw_produce
+        );
+        let _ = writeln!(
+            t,
+            "  raw consume, no database     {:>9.0} rec/s (one consumer, same topic; not a target input)",
+            self.raw_consume
+        );
         let _ = writeln!(t, "  raw claim+mark (1 worker)    {:>9.0} ev/s", self.raw_claim_mark);
         let _ = writeln!(
             t,
             "  raw consumer insert tx @1    {:>9.0} tx/s   p50 {:>7.2} p95 {:>7.2} p99 {:>7.2} ms",
-            self.raw_insert.per_second, self.raw_insert.latency.p50, self.raw_insert.latency.p95, self.raw_insert.latency.p99
+            self.raw_insert.per_second,
+            self.raw_insert.latency.p50,
+            self.raw_insert.latency.p95,
+            self.raw_insert.latency.p99
         );
         let _ = writeln!(t, "\nSubmitOrder over gRPC (outpost-order, 16 db connections)");
         for p in &self.submit {
@@ -197,7 +230,14 @@ impl Figures {
             let _ = writeln!(
                 t,
                 "  {:<8} {:>7.1}/s offered  p50 {:>8.1} p95 {:>8.1} p99 {:>8.1} ms  ({} accepted, {} failed, {} not consumed)",
-                e.label, e.offered_per_second, e.latency.p50, e.latency.p95, e.latency.p99, e.accepted, e.failed, e.missing
+                e.label,
+                e.offered_per_second,
+                e.latency.p50,
+                e.latency.p95,
+                e.latency.p99,
+                e.accepted,
+                e.failed,
+                e.missing
             );
         }
         let _ = writeln!(t, "\nservices (real processes; /proc/PID/stat and VmHWM)");
@@ -214,12 +254,23 @@ impl Figures {
             );
         }
         let _ = writeln!(t, "\nlock and connection waits per phase (server view of the bench database)");
-        let _ = writeln!(t, "  {:<22} {:>9} {:>9} {:>6} {:>6} {:>7} {:>6} {:>6}", "phase", "lockwaits", "lock ms", "conns", "busy", "meanbsy", "lockwt", "load");
+        let _ = writeln!(
+            t,
+            "  {:<22} {:>9} {:>9} {:>6} {:>6} {:>7} {:>6} {:>6}",
+            "phase", "lockwaits", "lock ms", "conns", "busy", "meanbsy", "lockwt", "load"
+        );
         for w in &self.waits {
             let _ = writeln!(
                 t,
                 "  {:<22} {:>9} {:>9} {:>6} {:>6} {:>7.1} {:>6} {:>6.2}",
-                w.phase, w.row_lock_waits, w.row_lock_ms, w.peak_connections, w.peak_busy, w.mean_busy, w.peak_lock_waiting, w.load_at_start
+                w.phase,
+                w.row_lock_waits,
+                w.row_lock_ms,
+                w.peak_connections,
+                w.peak_busy,
+                w.mean_busy,
+                w.peak_lock_waiting,
+                w.load_at_start
             );
         }
         let _ = writeln!(t, "\ntargets");
@@ -241,15 +292,14 @@ impl Figures {
             json!({"concurrency": p.concurrency, "perSecond": p.per_second, "errors": p.errors,
                    "p50Ms": p.latency.p50, "p95Ms": p.latency.p95, "p99Ms": p.latency.p99, "samples": p.latency.samples})
         };
-        let drain = |d: &Drain| {
-            json!({"events": d.events, "perSecond": d.per_second, "wallSeconds": d.wall_seconds, "complete": d.complete})
-        };
+        let drain = |d: &Drain| json!({"events": d.events, "perSecond": d.per_second, "wallSeconds": d.wall_seconds, "complete": d.complete});
         json!({
             "machine": self.machine.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
             "raw": {
                 "orderOutboxCommit": self.raw_commit.iter().map(point).collect::<Vec<_>>(),
                 "confirmedProducePerSecond": self.raw_produce,
                 "claimAndMarkPerSecond": self.raw_claim_mark,
+                "consumeWithoutDatabasePerSecond": self.raw_consume,
                 "consumerInsert": point(&self.raw_insert),
             },
             "submitOrder": self.submit.iter().map(point).collect::<Vec<_>>(),

@@ -70,7 +70,9 @@ pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
             e2e: format!("outpost-bench-e2e-{id}"),
         };
         for topic in [&topics.raw, &topics.relay[0], &topics.relay[1], &topics.e2e] {
-            outpost::verify::create_topic(&plan.brokers, topic, plan.partitions).await.map_err(BenchError::Stuck)?;
+            outpost::verify::create_topic(&plan.brokers, topic, plan.partitions)
+                .await
+                .map_err(BenchError::Stuck)?;
         }
         let mut run = Run { plan, bench: &bench, db, figures: Figures::default(), topics };
         run.figures.machine = machine::describe(&run.db, plan).await;
@@ -134,7 +136,8 @@ impl Run<'_> {
 
     async fn submit_order(&mut self) -> Result<(), BenchError> {
         let port = free_port()?;
-        let mut args = vec![format!("--database-url={}", self.bench.url), format!("--listen=127.0.0.1:{port}")];
+        let mut args =
+            vec![format!("--database-url={}", self.bench.url), format!("--listen=127.0.0.1:{port}")];
         args.extend(self.plan.order_args.iter().cloned());
         let mut order = self.start("outpost-order", "order-submit", args)?;
         let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
@@ -240,6 +243,11 @@ impl Run<'_> {
     }
 
     async fn consumer(&mut self) -> Result<(), BenchError> {
+        step("raw consume (no database)");
+        let (read, elapsed) =
+            raw::consume(&self.plan.brokers, &self.topics.relay[0], self.plan.backlog, self.plan.drain_limit)
+                .await?;
+        self.figures.raw_consume = measure::rate(read.saturating_sub(1), elapsed);
         sql::truncate_all(&self.db).await?;
         let observer = self.observe("consumer drain").await;
         let started = Instant::now();
@@ -257,7 +265,8 @@ impl Run<'_> {
         }
         self.waited(observer.finish().await);
         let (events, per_second) =
-            span_rate(&self.db, "SELECT COUNT(*), MIN(created_at), MAX(created_at) FROM notification_job").await?;
+            span_rate(&self.db, "SELECT COUNT(*), MIN(created_at), MAX(created_at) FROM notification_job")
+                .await?;
         self.figures.consumer = Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete };
         self.figures.services.push(ServiceUse {
             service: "outpost-consumer".into(),
@@ -270,7 +279,12 @@ impl Run<'_> {
     }
 
     /// Polls `count_sql` until it reaches `target`, the drain limit passes, or a service dies.
-    async fn wait_for(&self, count_sql: &str, target: u64, services: &mut [Service]) -> Result<bool, BenchError> {
+    async fn wait_for(
+        &self,
+        count_sql: &str,
+        target: u64,
+        services: &mut [Service],
+    ) -> Result<bool, BenchError> {
         let deadline = Instant::now() + self.plan.drain_limit;
         loop {
             let n = sql::count(&self.db, count_sql).await?;
@@ -300,7 +314,8 @@ impl Run<'_> {
 
         let topic = self.topics.e2e.clone();
         let port = free_port()?;
-        let mut order_args = vec![format!("--database-url={}", self.bench.url), format!("--listen=127.0.0.1:{port}")];
+        let mut order_args =
+            vec![format!("--database-url={}", self.bench.url), format!("--listen=127.0.0.1:{port}")];
         order_args.extend(self.plan.order_args.iter().cloned());
         let mut relay_args = self.common_args(&topic);
         relay_args.extend(self.plan.relay_args.iter().cloned());
@@ -320,12 +335,18 @@ impl Run<'_> {
         let before: Vec<Usage> = services.iter().map(Service::usage).collect();
         let mut events = 1;
 
-        let levels = [("25%", max * 0.25, self.plan.e2e), ("50%", max * 0.5, self.plan.e2e), ("trickle", 1.0, self.plan.trickle)];
+        let levels = [
+            ("25%", max * 0.25, self.plan.e2e),
+            ("50%", max * 0.5, self.plan.e2e),
+            ("trickle", 1.0, self.plan.trickle),
+        ];
         for (label, rate, duration) in levels {
             let observer = self.observe(&format!("e2e {label} ({rate:.0}/s)")).await;
             let (sent, failed, first_error) = load::open_loop(&clients, rate.max(1.0), duration).await;
             if let Some(e) = first_error {
-                self.figures.notes.push(format!("e2e {label}: {failed} SubmitOrder calls failed, first: {e}"));
+                self.figures
+                    .notes
+                    .push(format!("e2e {label}: {failed} SubmitOrder calls failed, first: {e}"));
             }
             events += sent.len() as u64;
             let target = events;
@@ -372,7 +393,10 @@ impl Run<'_> {
         let backend = self.db.get_database_backend();
         let rows = self
             .db
-            .query_all_raw(Statement::from_string(backend, "SELECT event_id, created_at FROM notification_job"))
+            .query_all_raw(Statement::from_string(
+                backend,
+                "SELECT event_id, created_at FROM notification_job",
+            ))
             .await?;
         let mut jobs = HashMap::with_capacity(rows.len());
         for row in rows {

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, Statement, Value};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, Statement, Value,
+};
 
 use crate::error::BenchError;
 
@@ -111,7 +113,8 @@ pub(crate) fn time_at(row: &sea_orm::QueryResult, index: usize) -> Result<DateTi
 
 /// Empties every Outpost table, so each phase starts from the same state.
 pub(crate) async fn truncate_all(db: &DatabaseConnection) -> Result<(), DbErr> {
-    let tables = ["order_line", "orders", "outbox_event", "consumed_event", "notification_job", "dead_letter"];
+    let tables =
+        ["order_line", "orders", "outbox_event", "consumed_event", "notification_job", "dead_letter"];
     match db.get_database_backend() {
         DbBackend::Postgres => {
             db.execute_unprepared(&format!("TRUNCATE {}", tables.join(", "))).await?;
