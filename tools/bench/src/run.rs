@@ -278,7 +278,8 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Polls `count_sql` until it reaches `target`, the drain limit passes, or a service dies.
+    /// Polls `count_sql` until it reaches `target`, the drain limit passes, nothing moves for
+    /// [`STALL`], or a service dies.
     async fn wait_for(
         &self,
         count_sql: &str,
@@ -286,12 +287,16 @@ impl Run<'_> {
         services: &mut [Service],
     ) -> Result<bool, BenchError> {
         let deadline = Instant::now() + self.plan.drain_limit;
+        let (mut last, mut moved) = (-1, Instant::now());
         loop {
             let n = sql::count(&self.db, count_sql).await?;
             if u64::try_from(n).unwrap_or(0) >= target {
                 return Ok(true);
             }
-            if Instant::now() > deadline {
+            if n != last {
+                (last, moved) = (n, Instant::now());
+            }
+            if Instant::now() > deadline || moved.elapsed() > STALL {
                 return Ok(false);
             }
             for service in services.iter_mut() {
@@ -406,6 +411,9 @@ impl Run<'_> {
         Ok(jobs)
     }
 }
+
+/// How long a drain may make no progress before it counts as stuck.
+const STALL: Duration = Duration::from_secs(120);
 
 fn step(phase: &str) {
     println!("== {phase} (load {:.2})", crate::observe::load_average());
