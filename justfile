@@ -32,3 +32,8 @@ verify url brokers="127.0.0.1:9092":
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+# Measure throughput, latency, CPU and memory against the machine's limits (release builds).
+# Starts its own Tansu broker unless ARGS has --brokers; e.g. `just bench --quick`.
+bench *ARGS:
+    scripts/bench {{ARGS}}

@@ -1,0 +1,159 @@
+//! Load shapes: a closed loop of N workers for a while, and an open loop at a fixed rate.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tonic::transport::Channel;
+
+use outpost::proto::v1::order_service_client::OrderServiceClient;
+
+use crate::error::BenchError;
+use crate::measure::Latencies;
+use crate::payload;
+
+/// What a closed loop did.
+#[derive(Debug, Default)]
+pub(crate) struct LoopResult {
+    /// Operations that succeeded.
+    pub(crate) ok: u64,
+    /// Operations that failed.
+    pub(crate) errors: u64,
+    /// The first failure, for the report.
+    pub(crate) first_error: Option<String>,
+    /// Latency of every successful operation.
+    pub(crate) latencies: Latencies,
+    /// From start until the last operation in flight finished.
+    pub(crate) elapsed: Duration,
+}
+
+/// Runs `concurrency` workers, each calling `op` back to back until `duration` passed.
+pub(crate) async fn closed_loop<F, Fut>(concurrency: usize, duration: Duration, op: F) -> LoopResult
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BenchError>> + Send + 'static,
+{
+    let op = Arc::new(op);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let workers: Vec<_> = (0..concurrency)
+        .map(|worker| {
+            let op = Arc::clone(&op);
+            tokio::spawn(async move {
+                let mut result = LoopResult::default();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match op(worker).await {
+                        Ok(()) => {
+                            result.ok += 1;
+                            result.latencies.push(t.elapsed());
+                        }
+                        Err(e) => {
+                            result.errors += 1;
+                            result.first_error.get_or_insert_with(|| e.to_string());
+                            // A failing backend must not turn the loop into a busy spin.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                result
+            })
+        })
+        .collect();
+    let mut total = LoopResult::default();
+    for worker in workers {
+        match worker.await {
+            Ok(result) => {
+                total.ok += result.ok;
+                total.errors += result.errors;
+                total.latencies.extend(result.latencies);
+                if total.first_error.is_none() {
+                    total.first_error = result.first_error;
+                }
+            }
+            Err(e) => {
+                total.errors += 1;
+                total.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    total.elapsed = started.elapsed();
+    total
+}
+
+/// gRPC clients of the order service: one HTTP/2 connection per 16 concurrent callers, as a
+/// client library's channel pool would have.
+#[derive(Debug, Clone)]
+pub(crate) struct OrderClients(Vec<OrderServiceClient<Channel>>);
+
+impl OrderClients {
+    /// Connects `connections` channels to `url`, waiting up to 30 s for the service to listen.
+    pub(crate) async fn connect(url: &str, connections: usize) -> Result<Self, BenchError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut clients = Vec::new();
+        while clients.len() < connections.max(1) {
+            match Channel::from_shared(url.to_owned())
+                .map_err(|e| BenchError::Settings(e.to_string()))?
+                .connect()
+                .await
+            {
+                Ok(channel) => clients.push(OrderServiceClient::new(channel)),
+                Err(e) if Instant::now() > deadline => return Err(e.into()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        Ok(Self(clients))
+    }
+
+    /// Submits one new order through the `n`th client; returns its event id.
+    pub(crate) async fn submit(&self, n: usize) -> Result<String, BenchError> {
+        let mut client = self.0[n % self.0.len()].clone();
+        let request = payload::request(format!("bench-{}", uuid::Uuid::now_v7()));
+        Ok(client.submit_order(request).await?.into_inner().event_id)
+    }
+}
+
+/// One order of an open loop: when it was sent and the event id it got.
+#[derive(Debug, Clone)]
+pub(crate) struct Sent {
+    pub(crate) at: SystemTime,
+    pub(crate) event_id: String,
+}
+
+/// Sends orders at `per_second` for `duration`, each on schedule whatever the previous ones do.
+/// Returns the accepted ones, and how many failed.
+pub(crate) async fn open_loop(
+    clients: &OrderClients,
+    per_second: f64,
+    duration: Duration,
+) -> (Vec<Sent>, u64, Option<String>) {
+    let period = Duration::from_secs_f64(1.0 / per_second.max(0.01));
+    let total = (duration.as_secs_f64() * per_second).round().max(1.0) as u64;
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+        let clients = clients.clone();
+        tasks.push(tokio::spawn(async move {
+            let at = SystemTime::now();
+            clients.submit(i as usize).await.map(|event_id| Sent { at, event_id })
+        }));
+    }
+    let mut sent = Vec::new();
+    let mut failed = 0;
+    let mut first_error = None;
+    for task in tasks {
+        match task.await {
+            Ok(Ok(s)) => sent.push(s),
+            Ok(Err(e)) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    (sent, failed, first_error)
+}

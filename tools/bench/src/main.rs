@@ -1,0 +1,113 @@
+//! `outpost-bench`: measures Outpost's services against the machine's own limits in one run and prints, charts and stores the figures.
+
+mod chart;
+mod child;
+mod error;
+mod load;
+mod machine;
+mod measure;
+mod observe;
+mod payload;
+mod raw;
+mod report;
+mod run;
+mod sql;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use outpost::startup;
+
+/// Measures Outpost on one database server and one broker.
+#[derive(Debug, clap::Parser)]
+#[command(name = "outpost-bench", version)]
+struct Cli {
+    /// The database server (mysql:// or postgres://). The bench creates its own database
+    /// `outpost_bench_<uuid>` there, migrates it, and drops it at the end.
+    #[arg(long, env = "OUTPOST_BENCH_DATABASE_URL", default_value = "mysql://root@127.0.0.1:3306")]
+    database_url: String,
+    /// Kafka bootstrap servers; the bench creates its own topics.
+    #[arg(long, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// Where outpost-order, outpost-relay and outpost-consumer are (release builds); default:
+    /// beside this binary.
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Where the table, bench.json, bench.png and the services' logs go.
+    #[arg(long, default_value = "bench-results")]
+    out_dir: PathBuf,
+    /// Events in the pre-filled outbox that the relays drain and the consumer reads.
+    #[arg(long)]
+    backlog: Option<u64>,
+    /// A short run: a small backlog and short phases (a few minutes in all).
+    #[arg(long)]
+    quick: bool,
+    /// Partitions of each topic the bench creates.
+    #[arg(long, default_value_t = 3)]
+    partitions: i32,
+    /// Extra flag for every outpost-order the bench starts (repeat).
+    #[arg(long = "order-arg", allow_hyphen_values = true)]
+    order_args: Vec<String>,
+    /// Extra flag for every outpost-relay, e.g. `--relay-arg=--max-idle-poll=50ms` (repeat).
+    #[arg(long = "relay-arg", allow_hyphen_values = true)]
+    relay_args: Vec<String>,
+    /// Extra flag for every outpost-consumer (repeat).
+    #[arg(long = "consumer-arg", allow_hyphen_values = true)]
+    consumer_args: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli: Cli = startup::settings();
+    let (point, e2e, trickle, backlog, drain_limit) = if cli.quick {
+        (
+            Duration::from_secs(3),
+            Duration::from_secs(8),
+            Duration::from_secs(5),
+            5_000,
+            Duration::from_secs(120),
+        )
+    } else {
+        (
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+            Duration::from_secs(20),
+            50_000,
+            Duration::from_secs(600),
+        )
+    };
+    let plan = run::Plan {
+        database_url: cli.database_url,
+        brokers: cli.brokers,
+        bin_dir: cli.bin_dir.unwrap_or_else(run::default_bin_dir),
+        out_dir: cli.out_dir,
+        backlog: cli.backlog.unwrap_or(backlog).max(2),
+        partitions: cli.partitions,
+        point,
+        e2e,
+        trickle,
+        drain_limit,
+        concurrencies: vec![1, 16, 64],
+        order_args: cli.order_args,
+        relay_args: cli.relay_args,
+        consumer_args: cli.consumer_args,
+    };
+    let figures = match run::run(&plan).await {
+        Ok(figures) => figures,
+        Err(e) => return startup::fail("outpost-bench", e),
+    };
+    let table = figures.table();
+    println!("\n{table}");
+    let json = serde_json::to_string_pretty(&figures.json()).unwrap_or_default();
+    let written = std::fs::write(plan.out_dir.join("bench.txt"), &table)
+        .and_then(|()| std::fs::write(plan.out_dir.join("bench.json"), json));
+    if let Err(e) = written {
+        return startup::fail("outpost-bench", format!("cannot write the results: {e}"));
+    }
+    if let Err(e) = chart::draw(&figures, &plan.out_dir.join("bench.png")) {
+        return startup::fail("outpost-bench", e);
+    }
+    println!("written: {0}/bench.txt, {0}/bench.json, {0}/bench.png", plan.out_dir.display());
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,470 @@
+//! The phases of one run, in order, each on a clean database.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+
+use crate::child::{Service, Usage};
+use crate::error::BenchError;
+use crate::load::{self, OrderClients};
+use crate::measure::{self, Latencies};
+use crate::observe::{Observer, Waits};
+use crate::report::{Drain, EndToEnd, Figures, Point, ServiceUse};
+use crate::sql::{self, BenchDatabase};
+use crate::{machine, raw};
+
+/// How one run is shaped.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) database_url: String,
+    pub(crate) brokers: String,
+    pub(crate) bin_dir: PathBuf,
+    pub(crate) out_dir: PathBuf,
+    pub(crate) backlog: u64,
+    pub(crate) partitions: i32,
+    /// Length of each throughput point.
+    pub(crate) point: Duration,
+    /// Length of each end-to-end load level.
+    pub(crate) e2e: Duration,
+    /// Length of the trickle.
+    pub(crate) trickle: Duration,
+    /// Longest a drain may take.
+    pub(crate) drain_limit: Duration,
+    pub(crate) concurrencies: Vec<usize>,
+    pub(crate) order_args: Vec<String>,
+    pub(crate) relay_args: Vec<String>,
+    pub(crate) consumer_args: Vec<String>,
+}
+
+struct Run<'a> {
+    plan: &'a Plan,
+    bench: &'a BenchDatabase,
+    db: DatabaseConnection,
+    figures: Figures,
+    topics: Topics,
+}
+
+struct Topics {
+    raw: String,
+    relay: Vec<String>,
+    e2e: String,
+}
+
+fn mib(usage: Usage) -> f64 {
+    usage.peak_rss_kib as f64 / 1024.0
+}
+
+/// Runs every phase and returns the figures. The bench database is dropped whatever happens.
+pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
+    std::fs::create_dir_all(&plan.out_dir)?;
+    let bench = BenchDatabase::create(&plan.database_url).await?;
+    println!("bench database {} created and migrated", bench.name);
+    let outcome = async {
+        let db = sql::connect(&bench.url, 4).await?;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let topics = Topics {
+            raw: format!("outpost-bench-raw-{id}"),
+            relay: vec![format!("outpost-bench-relay1-{id}"), format!("outpost-bench-relay2-{id}")],
+            e2e: format!("outpost-bench-e2e-{id}"),
+        };
+        for topic in [&topics.raw, &topics.relay[0], &topics.relay[1], &topics.e2e] {
+            outpost::verify::create_topic(&plan.brokers, topic, plan.partitions)
+                .await
+                .map_err(BenchError::Stuck)?;
+        }
+        let mut run = Run { plan, bench: &bench, db, figures: Figures::default(), topics };
+        run.figures.machine = machine::describe(&run.db, plan).await;
+        run.all().await?;
+        run.db.close().await?;
+        Ok::<_, BenchError>(run.figures)
+    }
+    .await;
+    let dropped = bench.remove().await;
+    let figures = outcome?;
+    dropped?;
+    Ok(figures)
+}
+
+impl Run<'_> {
+    async fn all(&mut self) -> Result<(), BenchError> {
+        self.raw_commit().await?;
+        self.submit_order().await?;
+        self.raw_insert().await?;
+        self.raw_produce().await?;
+        self.raw_claim_mark().await?;
+        for processes in [1, 2] {
+            self.relay(processes).await?;
+        }
+        self.consumer().await?;
+        self.end_to_end().await
+    }
+
+    async fn observe(&self, phase: &str) -> Observer {
+        step(phase);
+        Observer::start(&self.db, &self.bench.name, phase).await
+    }
+
+    fn waited(&mut self, waits: Waits) {
+        self.figures.waits.push(waits);
+    }
+
+    fn common_args(&self, topic: &str) -> Vec<String> {
+        vec![
+            format!("--database-url={}", self.bench.url),
+            format!("--brokers={}", self.plan.brokers),
+            format!("--topic={topic}"),
+            "--listen=127.0.0.1:0".to_owned(),
+        ]
+    }
+
+    fn start(&self, binary: &str, label: &str, args: Vec<String>) -> Result<Service, BenchError> {
+        Service::start(&self.plan.bin_dir, binary, label, &args, &self.plan.out_dir)
+    }
+
+    async fn raw_commit(&mut self) -> Result<(), BenchError> {
+        for &c in &self.plan.concurrencies.clone() {
+            let observer = self.observe(&format!("raw commit @{c}")).await;
+            let result = raw::commit(&self.bench.url, c, self.plan.point).await?;
+            self.waited(observer.finish().await);
+            self.figures.raw_commit.push(point(c, result));
+            sql::truncate_all(&self.db).await?;
+        }
+        Ok(())
+    }
+
+    async fn submit_order(&mut self) -> Result<(), BenchError> {
+        let port = free_port()?;
+        let mut args = vec![
+            format!("--database-url={}", self.bench.url),
+            format!("--listen=127.0.0.1:{port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+        ];
+        args.extend(self.plan.order_args.iter().cloned());
+        let mut order = self.start("outpost-order", "order-submit", args)?;
+        let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
+        // One warm-up call: connections are opened lazily.
+        clients.submit(0).await?;
+        let before = order.usage();
+        let mut events = 0;
+        for &c in &self.plan.concurrencies.clone() {
+            let observer = self.observe(&format!("SubmitOrder @{c}")).await;
+            let shared = clients.clone();
+            let result = load::closed_loop(c, self.plan.point, move |worker| {
+                let clients = shared.clone();
+                async move { clients.submit(worker).await.map(|_| ()) }
+            })
+            .await;
+            self.waited(observer.finish().await);
+            events += result.ok;
+            if let Some(e) = &result.first_error {
+                self.figures.notes.push(format!("SubmitOrder @{c}: {} errors, first: {e}", result.errors));
+            }
+            self.figures.submit.push(point(c, result));
+            order.check_alive()?;
+        }
+        let usage = order.stop().await;
+        self.figures.services.push(ServiceUse {
+            service: "outpost-order".into(),
+            phase: "SubmitOrder".into(),
+            events,
+            cpu_seconds: usage.cpu_seconds - before.cpu_seconds,
+            peak_rss_mib: mib(usage),
+        });
+        sql::truncate_all(&self.db).await?;
+        Ok(())
+    }
+
+    async fn raw_insert(&mut self) -> Result<(), BenchError> {
+        let observer = self.observe("raw consumer insert").await;
+        let result = raw::insert(&self.bench.url, self.plan.point).await?;
+        self.waited(observer.finish().await);
+        self.figures.raw_insert = point(1, result);
+        sql::truncate_all(&self.db).await?;
+        Ok(())
+    }
+
+    async fn raw_produce(&mut self) -> Result<(), BenchError> {
+        step("raw produce");
+        let (confirmed, failed, elapsed) =
+            raw::produce(&self.plan.brokers, &self.topics.raw, 100, self.plan.point).await?;
+        if failed > 0 {
+            self.figures.notes.push(format!("raw produce: {failed} records not confirmed"));
+        }
+        self.figures.raw_produce = measure::rate(confirmed, elapsed);
+        Ok(())
+    }
+
+    async fn raw_claim_mark(&mut self) -> Result<(), BenchError> {
+        step(&format!("pre-filling the outbox with {} events", self.plan.backlog));
+        raw::prefill(&self.db, self.plan.backlog).await?;
+        let observer = self.observe("raw claim+mark").await;
+        let (marked, elapsed) = raw::claim_and_mark(&self.bench.url, 100, self.plan.point).await?;
+        self.waited(observer.finish().await);
+        self.figures.raw_claim_mark = measure::rate(marked, elapsed);
+        raw::reset_outbox(&self.db).await?;
+        Ok(())
+    }
+
+    /// Drains the pre-filled outbox with `processes` relays; leaves every row PENDING again.
+    async fn relay(&mut self, processes: usize) -> Result<(), BenchError> {
+        let topic = self.topics.relay[processes - 1].clone();
+        let observer = self.observe(&format!("relay x{processes} drain")).await;
+        let started = Instant::now();
+        let mut relays = Vec::new();
+        for n in 1..=processes {
+            let mut args = self.common_args(&topic);
+            args.extend(self.plan.relay_args.iter().cloned());
+            relays.push(self.start("outpost-relay", &format!("relay-x{processes}-{n}"), args)?);
+        }
+        let sql = "SELECT COUNT(*) FROM outbox_event WHERE status = 'PUBLISHED'";
+        let complete = self.wait_for(sql, self.plan.backlog, &mut relays).await?;
+        let wall = started.elapsed();
+        let mut usage = Vec::new();
+        for relay in relays {
+            usage.push(relay.stop().await);
+        }
+        self.waited(observer.finish().await);
+        let (events, per_second) = span_rate(
+            &self.db,
+            "SELECT COUNT(*), MIN(published_at), MAX(published_at) FROM outbox_event WHERE status = 'PUBLISHED'",
+        )
+        .await?;
+        let drain = Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete };
+        self.figures.relay.push((processes, drain));
+        // Published rows do not keep their owner, so the relays are accounted for together.
+        self.figures.services.push(ServiceUse {
+            service: "outpost-relay".into(),
+            phase: format!("drain x{processes} (sum)"),
+            events,
+            cpu_seconds: usage.iter().map(|u| u.cpu_seconds).sum(),
+            peak_rss_mib: usage.iter().map(|u| mib(*u)).fold(0.0, f64::max),
+        });
+        raw::reset_outbox(&self.db).await?;
+        Ok(())
+    }
+
+    async fn consumer(&mut self) -> Result<(), BenchError> {
+        step("raw consume (no database)");
+        let (read, elapsed) =
+            raw::consume(&self.plan.brokers, &self.topics.relay[0], self.plan.backlog, self.plan.drain_limit)
+                .await?;
+        self.figures.raw_consume = measure::rate(read.saturating_sub(1), elapsed);
+        sql::truncate_all(&self.db).await?;
+        let observer = self.observe("consumer drain").await;
+        let started = Instant::now();
+        let mut args = self.common_args(&self.topics.relay[0]);
+        args.push(format!("--group-id=outpost-bench-{}", uuid::Uuid::new_v4().simple()));
+        args.extend(self.plan.consumer_args.iter().cloned());
+        let consumer = self.start("outpost-consumer", "consumer-drain", args)?;
+        let mut services = vec![consumer];
+        let complete =
+            self.wait_for("SELECT COUNT(*) FROM notification_job", self.plan.backlog, &mut services).await?;
+        let wall = started.elapsed();
+        let mut usage = Usage::default();
+        for service in services {
+            usage = service.stop().await;
+        }
+        self.waited(observer.finish().await);
+        let (events, per_second) =
+            span_rate(&self.db, "SELECT COUNT(*), MIN(created_at), MAX(created_at) FROM notification_job")
+                .await?;
+        self.figures.consumer = Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete };
+        self.figures.services.push(ServiceUse {
+            service: "outpost-consumer".into(),
+            phase: "drain".into(),
+            events,
+            cpu_seconds: usage.cpu_seconds,
+            peak_rss_mib: mib(usage),
+        });
+        Ok(())
+    }
+
+    /// Polls `count_sql` until it reaches `target`, the drain limit passes, nothing moves for
+    /// [`STALL`], or a service dies.
+    async fn wait_for(
+        &self,
+        count_sql: &str,
+        target: u64,
+        services: &mut [Service],
+    ) -> Result<bool, BenchError> {
+        let deadline = Instant::now() + self.plan.drain_limit;
+        let (mut last, mut moved) = (-1, Instant::now());
+        loop {
+            let n = sql::count(&self.db, count_sql).await?;
+            if u64::try_from(n).unwrap_or(0) >= target {
+                return Ok(true);
+            }
+            if n != last {
+                (last, moved) = (n, Instant::now());
+            }
+            if Instant::now() > deadline || moved.elapsed() > STALL {
+                return Ok(false);
+            }
+            for service in services.iter_mut() {
+                service.check_alive()?;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn end_to_end(&mut self) -> Result<(), BenchError> {
+        sql::truncate_all(&self.db).await?;
+        let best_submit = self.figures.submit.iter().map(|p| p.per_second).fold(0.0, f64::max);
+        let relay_one = self.figures.relay.first().map_or(0.0, |(_, d)| d.per_second);
+        let max = best_submit.min(relay_one).min(self.figures.consumer.per_second);
+        self.figures.max_offered = max;
+        self.figures.notes.push(format!(
+            "max offered load = min(best SubmitOrder {best_submit:.0}/s, relay x1 {relay_one:.0}/s, consumer {:.0}/s) = {max:.0}/s",
+            self.figures.consumer.per_second
+        ));
+        if max < 1.0 {
+            self.figures
+                .notes
+                .push("end to end skipped: a stage measured no throughput (see its log)".into());
+            return Ok(());
+        }
+
+        let topic = self.topics.e2e.clone();
+        let port = free_port()?;
+        // Wake-ups on, as a deployment that cares about latency runs them.
+        let wake = free_port()?;
+        let mut order_args = vec![
+            format!("--database-url={}", self.bench.url),
+            format!("--listen=127.0.0.1:{port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            format!("--wake-relays=127.0.0.1:{wake}"),
+        ];
+        order_args.extend(self.plan.order_args.iter().cloned());
+        let mut relay_args = self.common_args(&topic);
+        relay_args.push(format!("--wake-listen=127.0.0.1:{wake}"));
+        relay_args.extend(self.plan.relay_args.iter().cloned());
+        let mut consumer_args = self.common_args(&topic);
+        consumer_args.push(format!("--group-id=outpost-bench-{}", uuid::Uuid::new_v4().simple()));
+        consumer_args.extend(self.plan.consumer_args.iter().cloned());
+        let mut services = vec![
+            self.start("outpost-order", "order-e2e", order_args)?,
+            self.start("outpost-relay", "relay-e2e", relay_args)?,
+            self.start("outpost-consumer", "consumer-e2e", consumer_args)?,
+        ];
+        let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
+        // Warm-up: one order through the whole path, so the consumer has joined its group.
+        step("end to end: warm-up order (consumer group join)");
+        clients.submit(0).await?;
+        self.wait_for("SELECT COUNT(*) FROM notification_job", 1, &mut services).await?;
+        let before: Vec<Usage> = services.iter().map(Service::usage).collect();
+        let mut events = 1;
+
+        let levels = [
+            ("25%", max * 0.25, self.plan.e2e),
+            ("50%", max * 0.5, self.plan.e2e),
+            ("trickle", 1.0, self.plan.trickle),
+        ];
+        for (label, rate, duration) in levels {
+            let observer = self.observe(&format!("e2e {label} ({rate:.0}/s)")).await;
+            let (sent, failed, first_error) = load::open_loop(&clients, rate.max(1.0), duration).await;
+            if let Some(e) = first_error {
+                self.figures
+                    .notes
+                    .push(format!("e2e {label}: {failed} SubmitOrder calls failed, first: {e}"));
+            }
+            events += sent.len() as u64;
+            let target = events;
+            let _ = self.wait_for("SELECT COUNT(*) FROM notification_job", target, &mut services).await?;
+            self.waited(observer.finish().await);
+            let committed = self.jobs().await?;
+            let mut latencies = Latencies::default();
+            let mut missing = 0;
+            for s in &sent {
+                match committed.get(&s.event_id) {
+                    Some(at) => {
+                        let sent_us = s.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+                        latencies.push_ms((*at - sent_us) as f64 / 1000.0);
+                    }
+                    None => missing += 1,
+                }
+            }
+            self.figures.e2e.push(EndToEnd {
+                label: label.to_owned(),
+                offered_per_second: rate,
+                accepted: sent.len() as u64,
+                failed,
+                missing,
+                latency: latencies.summary(),
+            });
+        }
+        let names = ["outpost-order", "outpost-relay", "outpost-consumer"];
+        for ((service, name), before) in services.into_iter().zip(names).zip(before) {
+            let usage = service.stop().await;
+            self.figures.services.push(ServiceUse {
+                service: name.into(),
+                phase: "end to end".into(),
+                events,
+                cpu_seconds: usage.cpu_seconds - before.cpu_seconds,
+                peak_rss_mib: mib(usage),
+            });
+        }
+        self.figures.services.sort_by(|a, b| a.service.cmp(&b.service));
+        Ok(())
+    }
+
+    /// Every notification job's event id and creation time in microseconds since the epoch.
+    async fn jobs(&self) -> Result<HashMap<String, i64>, BenchError> {
+        let backend = self.db.get_database_backend();
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_string(
+                backend,
+                "SELECT event_id, created_at FROM notification_job",
+            ))
+            .await?;
+        let mut jobs = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let id: String = row.try_get_by_index(0)?;
+            jobs.insert(id.trim().to_owned(), sql::time_at(&row, 1)?.timestamp_micros());
+        }
+        Ok(jobs)
+    }
+}
+
+/// How long a drain may make no progress before it counts as stuck.
+const STALL: Duration = Duration::from_secs(120);
+
+fn step(phase: &str) {
+    println!("== {phase} (load {:.2})", crate::observe::load_average());
+}
+
+fn point(concurrency: usize, mut result: load::LoopResult) -> Point {
+    Point {
+        concurrency,
+        per_second: measure::rate(result.ok, result.elapsed),
+        latency: result.latencies.summary(),
+        errors: result.errors,
+    }
+}
+
+/// Events and their rate between the first and the last timestamp (`COUNT, MIN, MAX`).
+async fn span_rate(db: &DatabaseConnection, sql: &str) -> Result<(u64, f64), BenchError> {
+    let backend = db.get_database_backend();
+    let row = db
+        .query_one_raw(Statement::from_string(backend, sql))
+        .await?
+        .ok_or_else(|| BenchError::Stuck(format!("no answer to {sql}")))?;
+    let count = u64::try_from(row.try_get_by_index::<i64>(0)?).unwrap_or(0);
+    if count < 2 {
+        return Ok((count, 0.0));
+    }
+    let span = sql::time_at(&row, 2)? - sql::time_at(&row, 1)?;
+    let span = span.to_std().unwrap_or_default();
+    Ok((count, measure::rate(count - 1, span)))
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Where the services are: `--bin-dir`, or beside this binary.
+pub(crate) fn default_bin_dir() -> PathBuf {
+    std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf)).unwrap_or_default()
+}
