@@ -95,18 +95,24 @@ impl Application {
             tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
         }
 
-        let relay = self.relay.run(stop_rx);
+        // Several step loops over one worker id: their claims are disjoint, and every mark is
+        // fenced per row, so they need nothing from each other.
+        let loops = (0..self.settings.workers.max(1)).map(|_| self.relay.run(stop_rx.clone()));
+        let relay = futures::future::try_join_all(loops);
         tokio::pin!(relay);
         let outcome = tokio::select! {
-            outcome = &mut relay => outcome,
+            outcome = &mut relay => outcome.map(|_| ()),
             () = shutdown => {
                 tracing::info!("shutdown requested; finishing the batch in flight");
                 health.draining().await;
                 let _ = stop_tx.send(true);
-                tokio::time::timeout(self.settings.lease, &mut relay).await.unwrap_or_else(|_| {
-                    tracing::warn!("drain took longer than the lease; its events will be claimed again");
-                    Ok(())
-                })
+                tokio::time::timeout(self.settings.lease, &mut relay).await.map_or_else(
+                    |_| {
+                        tracing::warn!("drain took longer than the lease; its events will be claimed again");
+                        Ok(())
+                    },
+                    |outcome| outcome.map(|_| ()),
+                )
             }
         };
         let _ = stop_tx.send(true);

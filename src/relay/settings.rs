@@ -36,6 +36,12 @@ pub struct Settings {
     #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
+    /// Batches one relay works on at once: while one batch awaits the broker's confirms,
+    /// another is claimed or marked. Events of different batches may reach the topic in either
+    /// order, as with several relays.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub workers: u16,
+
     /// Most events one claim takes.
     #[arg(long, global = true, env = "OUTPOST_RELAY_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub batch_size: u64,
@@ -107,6 +113,7 @@ impl Settings {
             brokers: brokers.into(),
             topic: DEFAULT_TOPIC.to_owned(),
             kafka_options: Vec::new(),
+            workers: 2,
             batch_size: 100,
             lease: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(10),

@@ -236,7 +236,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     match journey(&mut run, &mut report, tenant_id, &request_id).await {
         Ok(()) => Ok(report),
         // A stuck step names what it waited for; the services' last words say why.
-        Err(VerifyError::Stuck(what)) => Err(VerifyError::Stuck(format!("{what}\n{}", run.log_tails(8)))),
+        Err(VerifyError::Stuck(what)) => Err(VerifyError::Stuck(format!("{what}\n{}", run.log_tails(20)))),
         Err(e) => Err(e),
     }
 }

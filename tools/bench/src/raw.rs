@@ -277,7 +277,8 @@ pub(crate) async fn reset_outbox(db: &DatabaseConnection) -> Result<(), DbErr> {
 
 /// The relay's database work in plain SQL on the pre-filled outbox: claim a batch with
 /// `FOR UPDATE SKIP LOCKED` and lease it in one transaction, then mark each event PUBLISHED
-/// under the owner fence, one autocommitted UPDATE per event. One worker, as one relay.
+/// under the owner fence, one UPDATE per event in one transaction per batch (as the relay
+/// does). One worker, as one relay.
 /// Stops when nothing is claimable or `duration` passed; returns events marked and time taken.
 pub(crate) async fn claim_and_mark(
     url: &str,
@@ -324,25 +325,28 @@ pub(crate) async fn claim_and_mark(
         ))
         .await?;
         txn.commit().await?;
+        let marks = db.begin().await?;
         for id in ids {
             offset += 1;
-            db.execute_raw(statement(
-                backend,
-                "UPDATE outbox_event SET status = 'PUBLISHED', published_at = ?, published_topic = ?, \
+            marks
+                .execute_raw(statement(
+                    backend,
+                    "UPDATE outbox_event SET status = 'PUBLISHED', published_at = ?, published_topic = ?, \
                  published_partition = ?, published_offset = ?, lease_owner = NULL, lease_until = NULL \
                  WHERE event_id = ? AND status = 'PUBLISHING' AND lease_owner = ?",
-                vec![
-                    now_micros().into(),
-                    "bench-raw".into(),
-                    0i32.into(),
-                    offset.into(),
-                    id.into(),
-                    owner.clone().into(),
-                ],
-            ))
-            .await?;
+                    vec![
+                        now_micros().into(),
+                        "bench-raw".into(),
+                        0i32.into(),
+                        offset.into(),
+                        id.into(),
+                        owner.clone().into(),
+                    ],
+                ))
+                .await?;
             marked += 1;
         }
+        marks.commit().await?;
     }
     let elapsed = started.elapsed();
     db.close().await?;
