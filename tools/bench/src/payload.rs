@@ -12,6 +12,11 @@ pub(crate) const SKU: &str = "BENCH-MUG";
 pub(crate) const QUANTITY: i32 = 2;
 pub(crate) const UNIT_PRICE: i64 = 1250;
 
+/// The one line item every bench order has.
+fn line_items() -> Vec<pb::LineItem> {
+    vec![pb::LineItem { sku: SKU.into(), quantity: QUANTITY as u32, unit_price_minor: UNIT_PRICE }]
+}
+
 /// A SubmitOrder request with a fresh request id.
 pub(crate) fn request(request_id: String) -> pb::SubmitOrderRequest {
     pb::SubmitOrderRequest {
@@ -19,11 +24,7 @@ pub(crate) fn request(request_id: String) -> pb::SubmitOrderRequest {
         request_id,
         customer_id: CUSTOMER.into(),
         currency: "EUR".into(),
-        line_items: vec![pb::LineItem {
-            sku: SKU.into(),
-            quantity: QUANTITY as u32,
-            unit_price_minor: UNIT_PRICE,
-        }],
+        line_items: line_items(),
         event_id: String::new(),
     }
 }
@@ -38,11 +39,7 @@ pub(crate) fn order_accepted(event_id: &str, order_id: i64, request_id: &str, at
         request_id: request_id.to_owned(),
         customer_id: CUSTOMER.into(),
         currency: "EUR".into(),
-        line_items: vec![pb::LineItem {
-            sku: SKU.into(),
-            quantity: QUANTITY as u32,
-            unit_price_minor: UNIT_PRICE,
-        }],
+        line_items: line_items(),
         total_minor: i64::from(QUANTITY) * UNIT_PRICE,
         accepted_at: Some(prost_types::Timestamp {
             seconds: at.timestamp(),
