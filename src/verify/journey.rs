@@ -84,15 +84,18 @@ impl Run<'_> {
             format!("--database-url={}", self.settings.database_url),
             format!("--brokers={}", self.settings.brokers),
             format!("--topic={}", self.topic),
-            "--lease=3s".into(),
-            "--delivery-timeout=1s".into(),
+            // A delivery timeout long enough for a busy machine: when librdkafka times out an
+            // idempotent send it bumps the producer epoch, and Tansu 0.6 then panics on every
+            // later produce of that producer (tansu-storage lite.rs:503, "more or less than one
+            // row"), answering UNKNOWN_SERVER_ERROR until the relay restarts.
+            "--lease=5s".into(),
+            "--delivery-timeout=3s".into(),
             "--lease-margin=1s".into(),
             "--max-idle-poll=100ms".into(),
             "--backoff-base=100ms".into(),
             "--backoff-max=500ms".into(),
-            // A broker that refuses publishes for a few seconds (Tansu 0.6 answers
-            // UNKNOWN_SERVER_ERROR under load) must delay the experiment, not move its one
-            // event to FAILED, which no window here is about.
+            // A broker that refuses publishes for a while must delay the experiment, not move
+            // its one event to FAILED, which no window here is about.
             "--max-attempts=1000".into(),
             "--listen=127.0.0.1:0".into(),
         ]
@@ -347,7 +350,7 @@ async fn journey(
 
     // Relay 3 claims after relay 2's lease expires, then stalls past its own lease; relay 4
     // takes over and marks; relay 3 confirms late and must change nothing.
-    let fps = run.failpoints(&format!("{}=1*sleep(7000)", fp::DURING_CONCURRENT_CLAIM), false);
+    let fps = run.failpoints(&format!("{}=1*sleep(9000)", fp::DURING_CONCURRENT_CLAIM), false);
     let relay3 = run.start("outpost-relay", "relay-3", args.clone(), fps)?;
     let relay3_pid = run.processes[relay3].pid().unwrap_or_default();
     let stale_owner = until("relay 3 holds the lease", STEP, || async {
