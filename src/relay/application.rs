@@ -77,7 +77,7 @@ impl Application {
         self.wake.as_ref().map(WakeListener::port)
     }
 
-    /// This relay's lease-owner id.
+    /// This relay's worker id: the prefix of the lease token of every claim it makes.
     pub fn owner(&self) -> &super::WorkerId {
         self.relay.owner()
     }
@@ -95,8 +95,9 @@ impl Application {
             tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
         }
 
-        // Several step loops over one worker id: their claims are disjoint, and every mark is
-        // fenced per row, so they need nothing from each other.
+        // Several step loops over one worker: their claims are disjoint, and every mark or
+        // release is fenced by its own claim's lease token, so they need nothing from each other
+        // and a late loop cannot touch a row another loop claimed again.
         let loops = (0..self.settings.workers.max(1)).map(|_| self.relay.run(stop_rx.clone()));
         let relay = futures::future::try_join_all(loops);
         tokio::pin!(relay);

@@ -10,7 +10,7 @@ use sea_orm::{
     QueryOrder, QuerySelect, TransactionTrait, Value,
 };
 
-use super::WorkerId;
+use super::{LeaseToken, WorkerId};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::{db, failpoint};
@@ -32,8 +32,10 @@ pub struct ClaimedEvent {
     pub payload: Vec<u8>,
     /// Claims so far, this one included.
     pub attempts: i32,
-    /// When this worker's lease ends, by the database clock.
+    /// When this claim's lease ends, by the database clock.
     pub lease_until: DateTime<Utc>,
+    /// This claim's fence: every mark or release of the event carries it.
+    pub lease_token: LeaseToken,
     /// When the order service wrote the event.
     pub created_at: DateTime<Utc>,
     /// The W3C `traceparent` of the SubmitOrder that wrote the event, if it was traced.
@@ -56,9 +58,9 @@ pub struct Delivery {
 /// The result of an owner-fenced update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced<T> {
-    /// This worker still held the lease; the update happened.
+    /// The claim still held the lease; the update happened.
     Done(T),
-    /// Another worker holds the lease now (or the row left PUBLISHING): nothing was changed.
+    /// Another claim holds the lease now (or the row left PUBLISHING): nothing was changed.
     LeaseLost,
 }
 
@@ -140,7 +142,8 @@ impl Outbox {
         Self { db }
     }
 
-    /// Claims up to `batch_size` events for `owner` for `lease`, oldest first.
+    /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
+    /// [`LeaseToken`] that every event of the claim carries.
     ///
     /// Candidates are PENDING events whose retry time (if any) has come, and PUBLISHING events
     /// whose lease has expired. On MariaDB/MySQL and PostgreSQL the candidates are locked with
@@ -149,12 +152,13 @@ impl Outbox {
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
     pub async fn claim(
         &self,
-        owner: &WorkerId,
+        worker: &WorkerId,
         lease: Duration,
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let token = LeaseToken::new(worker);
         if !db::has_skip_locked(&self.db) {
-            return self.claim_single_writer(owner, lease, batch_size).await;
+            return self.claim_single_writer(&token, lease, batch_size).await;
         }
         let txn = self.db.begin().await?;
         let now = db::now(&txn).await?;
@@ -173,17 +177,17 @@ impl Outbox {
         }
         // At most `batch_size` placeholders, and never an empty `IN ()`.
         let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
-        lease_to(outbox_event::Entity::update_many(), owner, lease_until)
+        lease_to(outbox_event::Entity::update_many(), &token, lease_until)
             .filter(Column::EventId.is_in(ids))
             .exec(&txn)
             .await?;
         txn.commit().await?;
-        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until)).collect())
+        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, &token)).collect())
     }
 
     async fn claim_single_writer(
         &self,
-        owner: &WorkerId,
+        token: &LeaseToken,
         lease: Duration,
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
@@ -197,38 +201,37 @@ impl Outbox {
             .order_by(Column::EventId, sea_orm::Order::Asc)
             .limit(batch_size)
             .to_owned();
-        let mut rows = lease_to(outbox_event::Entity::update_many(), owner, lease_until)
+        let mut rows = lease_to(outbox_event::Entity::update_many(), token, lease_until)
             .filter(Column::EventId.in_subquery(candidates))
             .exec_with_returning(&self.db)
             .await?;
         rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         // RETURNING shows the row after the update: its attempts already count this claim.
-        Ok(rows.into_iter().map(|row| claimed(row, 0, lease_until)).collect())
+        Ok(rows.into_iter().map(|row| claimed(row, 0, lease_until, token)).collect())
     }
 
-    /// Marks the event PUBLISHED, only if `owner` still holds its lease.
+    /// Marks the event PUBLISHED, only if the claim that wrote `token` still holds its lease.
     ///
-    /// Call it only after the broker confirmed the record. `LeaseLost` means another worker
+    /// Call it only after the broker confirmed the record. `LeaseLost` means another claim
     /// took the event over: it will publish again (a duplicate the consumer absorbs), and this
     /// worker must neither mark nor republish it.
     pub async fn mark_published(
         &self,
         event_id: &str,
-        owner: &WorkerId,
+        token: &LeaseToken,
         delivery: &Delivery,
     ) -> Result<Fenced<()>, DbErr> {
-        let mut marked = self.mark_all_published(owner, &[(event_id, delivery)]).await?;
+        let mut marked = self.mark_all_published(&[(event_id, token, delivery)]).await?;
         Ok(marked.pop().unwrap_or(Fenced::LeaseLost))
     }
 
     /// [`Outbox::mark_published`] for a batch: one transaction (one durable commit instead of
-    /// one per event), each row still fenced by its own `event_id`, status and `owner`, so the
-    /// answer says exactly which marks took. If the commit fails none is known to have taken:
+    /// one per event), each row still fenced by its own `event_id`, status and lease token, so
+    /// the answer says exactly which marks took. If the commit fails none is known to have taken:
     /// their leases expire and the events are published again, duplicates the consumer absorbs.
     pub async fn mark_all_published(
         &self,
-        owner: &WorkerId,
-        marks: &[(&str, &Delivery)],
+        marks: &[(&str, &LeaseToken, &Delivery)],
     ) -> Result<Vec<Fenced<()>>, DbErr> {
         if marks.is_empty() {
             return Ok(Vec::new());
@@ -236,19 +239,19 @@ impl Outbox {
         let txn = self.db.begin().await?;
         let now = db::now(&txn).await?;
         let mut outcomes = Vec::with_capacity(marks.len());
-        for (event_id, delivery) in marks {
-            outcomes.push(mark_one(&txn, now, event_id, owner, delivery).await?);
+        for (event_id, token, delivery) in marks {
+            outcomes.push(mark_one(&txn, now, event_id, token, delivery).await?);
         }
         txn.commit().await?;
         Ok(outcomes)
     }
 
-    /// Gives the event back after a failed publish, only if `owner` still holds its lease:
-    /// PENDING with a backoff in database time, or FAILED once its attempts are used up.
+    /// Gives the event back after a failed publish, only if its claim (`event.lease_token`)
+    /// still holds the lease: PENDING with a backoff in database time, or FAILED once its
+    /// attempts are used up.
     pub async fn release(
         &self,
         event: &ClaimedEvent,
-        owner: &WorkerId,
         error: &str,
         policy: &RetryPolicy,
     ) -> Result<Fenced<Released>, DbErr> {
@@ -265,7 +268,7 @@ impl Outbox {
             .col_expr(Column::LeaseOwner, null_string())
             .col_expr(Column::LeaseUntil, Expr::value(retry_at))
             .col_expr(Column::LastError, Expr::value(last_error))
-            .filter(fenced(&event.event_id, owner))
+            .filter(fenced(&event.event_id, &event.lease_token))
             .exec(&self.db)
             .await?;
         Ok(if result.rows_affected == 1 { Fenced::Done(released) } else { Fenced::LeaseLost })
@@ -346,23 +349,22 @@ fn claimable(now: DateTime<Utc>) -> Condition {
 
 fn lease_to(
     update: sea_orm::UpdateMany<outbox_event::Entity>,
-    owner: &WorkerId,
+    token: &LeaseToken,
     lease_until: DateTime<Utc>,
 ) -> sea_orm::UpdateMany<outbox_event::Entity> {
     update
         .col_expr(Column::Status, Expr::value(OutboxStatus::Publishing.as_str()))
-        .col_expr(Column::LeaseOwner, Expr::value(owner.as_str()))
+        .col_expr(Column::LeaseOwner, Expr::value(token.as_str()))
         .col_expr(Column::LeaseUntil, Expr::value(lease_until))
         .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
 }
 
-/// The owner fence every post-claim update carries.
-/// One owner-fenced mark, inside the caller's transaction.
+/// One fenced mark, inside the caller's transaction.
 async fn mark_one(
     txn: &DatabaseTransaction,
     now: DateTime<Utc>,
     event_id: &str,
-    owner: &WorkerId,
+    token: &LeaseToken,
     delivery: &Delivery,
 ) -> Result<Fenced<()>, DbErr> {
     let result = outbox_event::Entity::update_many()
@@ -376,21 +378,27 @@ async fn mark_one(
         .filter(if failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION) {
             Condition::all().add(Column::EventId.eq(event_id))
         } else {
-            fenced(event_id, owner)
+            fenced(event_id, token)
         })
         .exec(txn)
         .await?;
     Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })
 }
 
-fn fenced(event_id: &str, owner: &WorkerId) -> Condition {
+/// The claim fence every post-claim update carries.
+fn fenced(event_id: &str, token: &LeaseToken) -> Condition {
     Condition::all()
         .add(Column::EventId.eq(event_id))
         .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
-        .add(Column::LeaseOwner.eq(owner.as_str()))
+        .add(Column::LeaseOwner.eq(token.as_str()))
 }
 
-fn claimed(row: outbox_event::Model, uncounted_attempts: i32, lease_until: DateTime<Utc>) -> ClaimedEvent {
+fn claimed(
+    row: outbox_event::Model,
+    uncounted_attempts: i32,
+    lease_until: DateTime<Utc>,
+    token: &LeaseToken,
+) -> ClaimedEvent {
     ClaimedEvent {
         event_id: row.event_id,
         aggregate_type: row.aggregate_type,
@@ -400,6 +408,7 @@ fn claimed(row: outbox_event::Model, uncounted_attempts: i32, lease_until: DateT
         payload: row.payload,
         attempts: row.attempts + uncounted_attempts,
         lease_until,
+        lease_token: token.clone(),
         created_at: row.created_at,
         traceparent: row.traceparent,
         tracestate: row.tracestate,

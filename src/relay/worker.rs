@@ -54,7 +54,8 @@ pub enum StepOutcome {
     Worked(StepReport),
 }
 
-/// A relay worker: one lease owner, one publisher.
+/// A relay worker: one worker id, one publisher; every claim gets its own lease token, so any
+/// number of loops may step one `Relay` at once.
 #[derive(Debug)]
 pub struct Relay<P> {
     outbox: Outbox,
@@ -65,7 +66,7 @@ pub struct Relay<P> {
 }
 
 impl<P: Publisher> Relay<P> {
-    /// A worker with a fresh lease-owner id.
+    /// A worker with a fresh worker id.
     pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
         Self { outbox, publisher, owner: WorkerId::generate(), tuning, wake: Arc::new(Notify::new()) }
     }
@@ -75,7 +76,7 @@ impl<P: Publisher> Relay<P> {
         Arc::clone(&self.wake)
     }
 
-    /// This worker's lease-owner id.
+    /// This worker's id: the prefix of every lease token its claims write.
     pub fn owner(&self) -> &WorkerId {
         &self.owner
     }
@@ -86,7 +87,7 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// Claims a batch, publishes it outside any transaction, and records each outcome under the
-    /// owner fence. Errs only when the claim itself fails.
+    /// claim's fence. Errs only when the claim itself fails.
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
             return Ok(StepOutcome::Idle);
@@ -126,10 +127,12 @@ impl<P: Publisher> Relay<P> {
             }
         }
         // Every confirmed event of the batch is marked in one transaction, each row under its
-        // own owner fence.
-        let marks: Vec<(&str, &Delivery)> =
-            confirmed.iter().map(|(event, delivery, _)| (event.event_id.as_str(), delivery)).collect();
-        match self.outbox.mark_all_published(&self.owner, &marks).await {
+        // own claim fence.
+        let marks: Vec<_> = confirmed
+            .iter()
+            .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
+            .collect();
+        match self.outbox.mark_all_published(&marks).await {
             Ok(outcomes) => {
                 for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
                     span.in_scope(|| self.marked(event, delivery, outcome, &mut report));
@@ -148,7 +151,7 @@ impl<P: Publisher> Relay<P> {
         let span = tracing::info_span!(
             "outbox relay",
             outpost.event_id = %event.event_id,
-            lease_owner = %self.owner,
+            lease_owner = %event.lease_token,
             attempts = event.attempts,
             trace_id = tracing::field::Empty,
         );
@@ -158,7 +161,7 @@ impl<P: Publisher> Relay<P> {
         );
         span.in_scope(|| {
             tracing::info!(
-                lease_owner = %self.owner,
+                lease_owner = %event.lease_token,
                 lease_until = %event.lease_until,
                 attempts = event.attempts,
                 "claimed; PUBLISHING"
@@ -167,7 +170,7 @@ impl<P: Publisher> Relay<P> {
         span
     }
 
-    /// Records one owner-fenced mark's outcome.
+    /// Records one fenced mark's outcome.
     fn marked(
         &self,
         event: &ClaimedEvent,
@@ -192,7 +195,7 @@ impl<P: Publisher> Relay<P> {
     }
 
     async fn release(&self, event: &ClaimedEvent, error: &str, report: &mut StepReport) {
-        match self.outbox.release(event, &self.owner, error, &self.tuning.retry).await {
+        match self.outbox.release(event, error, &self.tuning.retry).await {
             Ok(Fenced::Done(Released::RetryAt(at))) => {
                 report.released += 1;
                 metrics().releases.add(1, &[]);
@@ -224,8 +227,8 @@ impl<P: Publisher> Relay<P> {
         metrics().lease_losses.add(1, &[]);
         tracing::warn!(
             outpost.event_id = %event.event_id,
-            lease_owner = %self.owner,
-            "lease lost {when}; another worker owns the event now, so it is left alone"
+            lease_owner = %event.lease_token,
+            "lease lost {when}; another claim owns the event now, so it is left alone"
         );
     }
 

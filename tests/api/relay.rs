@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outpost::relay::{self, Fenced, Outbox, StepOutcome, Tuning};
+use outpost::relay::{self, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
 use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
@@ -69,6 +69,9 @@ on_every_backend!(
     while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off,
     a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
     an_event_that_keeps_failing_ends_failed_and_redrive_returns_it,
+    two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing,
+    a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again,
+    a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
 );
 
 async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(backend: Backend) {
@@ -171,29 +174,132 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
 
     // The old owner now confirms late: its owner-fenced mark must change nothing.
     let delivery = outpost::relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
-    assert_eq!(outbox.mark_published(event_id, old.owner(), &delivery).await.unwrap(), Fenced::LeaseLost);
+    let stale = &claimed[0].lease_token;
+    assert_eq!(outbox.mark_published(event_id, stale, &delivery).await.unwrap(), Fenced::LeaseLost);
     assert_eq!(probe.state(event_id).await, after_new, "the new owner's result is intact");
 
     // While a newer owner still holds the lease, a stale worker cannot touch it either.
     let more = probe.seed(1).await;
     let first = outbox.claim(old.owner(), Duration::from_millis(300), 10).await.unwrap();
     assert_eq!(first.len(), 1);
+    let second = claim_once_expired(&outbox, new.owner()).await;
+    let stale = &first[0].lease_token;
+    assert_eq!(outbox.mark_published(&more[0], stale, &delivery).await.unwrap(), Fenced::LeaseLost);
+    let released = outbox.release(&first[0], "late failure", &tuning.retry).await.unwrap();
+    assert_eq!(released, Fenced::LeaseLost);
+    let state = probe.state(&more[0]).await;
+    assert_eq!(state.status, "PUBLISHING");
+    assert_eq!(state.lease_owner.as_deref(), Some(second[0].lease_token.as_str()));
+    assert_eq!(state.last_error, None);
+}
+
+/// Claims for `worker` with a 30 s lease as soon as something is claimable: an expired lease
+/// becomes claimable only once it has passed by the database clock.
+async fn claim_once_expired(outbox: &Outbox, worker: &WorkerId) -> Vec<ClaimedEvent> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        // Claimable again only once the 300 ms lease has passed by the database clock.
-        if !outbox.claim(new.owner(), Duration::from_secs(30), 10).await.unwrap().is_empty() {
-            break;
+        let claimed = outbox.claim(worker, Duration::from_secs(30), 10).await.unwrap();
+        if !claimed.is_empty() {
+            return claimed;
         }
         assert!(tokio::time::Instant::now() < deadline, "the expired lease was never claimed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(outbox.mark_published(&more[0], old.owner(), &delivery).await.unwrap(), Fenced::LeaseLost);
-    let released = outbox.release(&first[0], old.owner(), "late failure", &tuning.retry).await.unwrap();
-    assert_eq!(released, Fenced::LeaseLost);
-    let state = probe.state(&more[0]).await;
-    assert_eq!(state.status, "PUBLISHING");
-    assert_eq!(state.lease_owner.as_deref(), Some(new.owner().as_str()));
-    assert_eq!(state.last_error, None);
+}
+
+fn quick_retry(max_attempts: i32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        backoff_base: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(1),
+    }
+}
+
+async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(2).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    // One relay, two loops: both claim under the same worker id, as `--workers 2` does.
+    let worker = WorkerId::generate();
+    // One attempt allowed, so a stale release that took effect would end the event FAILED.
+    let retry = quick_retry(1);
+
+    let loop_a = outbox.claim(&worker, Duration::from_millis(300), 10).await.unwrap();
+    assert_eq!(loop_a.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ids);
+    let loop_b = claim_once_expired(&outbox, &worker).await;
+    assert_eq!(loop_b.len(), 2, "loop B claimed both events again after loop A's lease expired");
+    assert_ne!(loop_a[0].lease_token, loop_b[0].lease_token, "every claim has its own fence");
+    let held_by_b = [probe.state(&ids[0]).await, probe.state(&ids[1]).await];
+    assert!(held_by_b.iter().all(|s| s.status == "PUBLISHING" && s.attempts == 2), "{held_by_b:?}");
+
+    // Loop A's late outcomes: the first event failed for its last allowed time, the second was
+    // confirmed. Neither may touch what loop B holds.
+    let late = outpost::relay::Delivery { topic: "t".into(), partition: 0, offset: 999 };
+    assert_eq!(outbox.release(&loop_a[0], "late failure", &retry).await.unwrap(), Fenced::LeaseLost);
+    let late_marks = outbox
+        .mark_all_published(&[(loop_a[1].event_id.as_str(), &loop_a[1].lease_token, &late)])
+        .await
+        .unwrap();
+    assert_eq!(late_marks, [Fenced::LeaseLost]);
+    assert_eq!(
+        [probe.state(&ids[0]).await, probe.state(&ids[1]).await],
+        held_by_b,
+        "the stale loop changed nothing"
+    );
+
+    // Loop B's own outcomes still land.
+    let delivery = outpost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
+    assert_eq!(
+        outbox.mark_published(&loop_b[1].event_id, &loop_b[1].lease_token, &delivery).await.unwrap(),
+        Fenced::Done(())
+    );
+    let released = outbox.release(&loop_b[0], "broker said no", &quick_retry(12)).await.unwrap();
+    assert!(matches!(released, Fenced::Done(Released::RetryAt(_))), "{released:?}");
+    let marked = probe.state(&ids[1]).await;
+    assert_eq!((marked.status.as_str(), marked.partition, marked.offset), ("PUBLISHED", Some(1), Some(7)));
+    let pending = probe.state(&ids[0]).await;
+    assert_eq!((pending.status.as_str(), pending.last_error.as_deref()), ("PENDING", Some("broker said no")));
+}
+
+async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    // Nothing listens there: every publish fails, after the delivery timeout.
+    let broker = TestBroker::reserve();
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let publisher =
+        KafkaPublisher::new(&broker.address(), topic(), Duration::from_millis(1500), &[]).unwrap();
+    let tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(300),
+        retry: quick_retry(1),
+        max_idle_poll: Duration::from_millis(100),
+    };
+    let relay = std::sync::Arc::new(Relay::new(outbox.clone(), publisher, tuning));
+
+    // Loop A: claims, and its publish fails only after its lease has run out.
+    let loop_a = tokio::spawn({
+        let relay = std::sync::Arc::clone(&relay);
+        async move { relay.step().await.unwrap() }
+    });
+    assert_eventually("loop A holds the lease", WAIT, || async {
+        probe.state(&ids[0]).await.status == "PUBLISHING"
+    })
+    .await;
+    // Loop B of the same relay claims the event again once the lease has expired.
+    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
+    let held_by_b = probe.state(&ids[0]).await;
+    assert_eq!(held_by_b.lease_owner.as_deref(), Some(loop_b[0].lease_token.as_str()));
+
+    let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
+    assert_eq!((report.failed, report.released, report.lease_lost), (0, 0, 1), "{report:?}");
+    assert_eq!(probe.state(&ids[0]).await, held_by_b, "loop A's late release changed nothing");
 }
 
 #[cfg(feature = "failpoints")]
@@ -370,7 +476,7 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
         async move { slow.step().await.unwrap() }
     });
     assert_eventually("the slow relay holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.lease_owner.as_deref() == Some(slow.owner().as_str())
+        probe.state(&ids[0]).await.lease_owner.is_some_and(|token| token.starts_with(slow.owner().as_str()))
     })
     .await;
     assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
@@ -384,6 +490,60 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     assert_eq!(probe.state(&ids[0]).await, after_fast, "the late mark changed nothing");
     let records = read_topic(&broker.address(), &topic, 2, WAIT, SETTLE).await;
     assert_eq!(records.len(), 2, "the late confirm is a duplicate on the topic, not a loss");
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
+    backend: Backend,
+) {
+    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
+    use std::sync::Arc;
+
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let publisher =
+        KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(3), &[]).unwrap();
+    let tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(500),
+        retry: quick_retry(10),
+        max_idle_poll: Duration::from_millis(100),
+    };
+    // Loop A stalls between its claim and its publish for longer than its lease.
+    crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(2500)");
+    let relay = Arc::new(Relay::new(outbox.clone(), publisher, tuning));
+    let loop_a = tokio::spawn({
+        let relay = Arc::clone(&relay);
+        async move { relay.step().await.unwrap() }
+    });
+    assert_eventually("loop A holds the lease", WAIT, || async {
+        probe.state(&ids[0]).await.status == "PUBLISHING"
+    })
+    .await;
+    // Loop B of the same relay claims it again and still holds it when loop A's confirm arrives.
+    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
+    let held_by_b = probe.state(&ids[0]).await;
+
+    let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
+    assert_eq!((report.published, report.lease_lost), (0, 1), "{report:?}");
+    assert_eq!(probe.state(&ids[0]).await, held_by_b, "loop A's late mark changed nothing");
+    let records = read_topic(&broker.address(), &topic, 1, WAIT, Duration::ZERO).await;
+    assert_eq!(records[0].header("event_id"), ids[0], "loop A's publish did reach the broker");
+    let delivery =
+        outpost::relay::Delivery { topic, partition: records[0].partition, offset: records[0].offset };
+    let marked = outbox.mark_published(&ids[0], &loop_b[0].lease_token, &delivery).await.unwrap();
+    assert_eq!(marked, Fenced::Done(()), "loop B's lease was intact");
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
+    _: Backend,
+) {
 }
 
 #[cfg(not(feature = "failpoints"))]
