@@ -145,10 +145,14 @@ impl Outbox {
     /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
     /// [`LeaseToken`] that every event of the claim carries.
     ///
-    /// Candidates are PENDING events whose retry time (if any) has come, and PUBLISHING events
-    /// whose lease has expired. On MariaDB/MySQL and PostgreSQL the candidates are locked with
-    /// `FOR UPDATE SKIP LOCKED` and leased in one short transaction, so concurrent relays take
-    /// disjoint batches without waiting on each other. SQLite has one writer at a time, so one
+    /// Candidates are PUBLISHING events whose lease has expired (taken first), then PENDING
+    /// events whose retry time (if any) has come, oldest first. On MariaDB/MySQL and PostgreSQL
+    /// the candidates are locked with `FOR UPDATE SKIP LOCKED` and leased in one short
+    /// transaction, so concurrent relays take disjoint batches without waiting on each other.
+    /// Each candidate query reads `idx_outbox_due` in the order it takes rows, so `LIMIT` stops
+    /// the scan and the claim locks only the rows it leases; on MariaDB/MySQL the transaction
+    /// runs at READ COMMITTED, which takes no gap locks, so a claim never blocks an order's
+    /// insert or another relay's claim or mark. SQLite has one writer at a time, so one
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
     pub async fn claim(
         &self,
@@ -160,17 +164,15 @@ impl Outbox {
         if !db::has_skip_locked(&self.db) {
             return self.claim_single_writer(&token, lease, batch_size).await;
         }
-        let txn = self.db.begin().await?;
+        let txn = self.db.begin_with_config(db::relay_isolation(&self.db), None).await?;
         let now = db::now(&txn).await?;
         let lease_until = lease_end(now, lease)?;
-        let rows = outbox_event::Entity::find()
-            .filter(claimable(now))
-            .order_by_asc(Column::CreatedAt)
-            .order_by_asc(Column::EventId)
-            .limit(batch_size)
-            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-            .all(&txn)
-            .await?;
+        let mut rows = candidates(expired(now), batch_size).all(&txn).await?;
+        let left = batch_size.saturating_sub(rows.len() as u64);
+        if left > 0 {
+            rows.extend(candidates(due(now), left).all(&txn).await?);
+        }
+        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         if rows.is_empty() {
             txn.commit().await?;
             return Ok(Vec::new());
@@ -334,17 +336,31 @@ impl Outbox {
 }
 
 fn claimable(now: DateTime<Utc>) -> Condition {
-    Condition::any()
-        .add(
-            Condition::all()
-                .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
-                .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now))),
-        )
-        .add(
-            Condition::all()
-                .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
-                .add(Column::LeaseUntil.lt(now)),
-        )
+    Condition::any().add(due(now)).add(expired(now))
+}
+
+/// PENDING events whose retry time, if any, has come.
+fn due(now: DateTime<Utc>) -> Condition {
+    Condition::all()
+        .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
+        .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now)))
+}
+
+/// PUBLISHING events whose lease has run out.
+fn expired(now: DateTime<Utc>) -> Condition {
+    Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
+}
+
+/// Up to `limit` rows matching `filter` (one status), oldest first, locked unless another claim
+/// holds them. The equality on status and the order match `idx_outbox_due`, so the database
+/// reads rows in the order it returns them and stops at `limit`.
+fn candidates(filter: Condition, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
+    outbox_event::Entity::find()
+        .filter(filter)
+        .order_by_asc(Column::CreatedAt)
+        .order_by_asc(Column::EventId)
+        .limit(limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
 }
 
 fn lease_to(

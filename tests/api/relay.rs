@@ -72,7 +72,113 @@ on_every_backend!(
     two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing,
     a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again,
     a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
+    callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
 );
+
+/// A relay process whose log (warnings and errors) goes to a file the test reads afterwards.
+struct LoggedRelay {
+    child: tokio::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl LoggedRelay {
+    fn spawn(args: &[String], dir: &std::path::Path, n: usize) -> Self {
+        let log = dir.join(format!("relay-{n}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// SIGTERM, a clean exit, and the log it wrote.
+    async fn stop(mut self) -> String {
+        let pid = self.child.id().unwrap().to_string();
+        let status = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+        assert!(status.success());
+        let exit = tokio::time::timeout(Duration::from_secs(40), self.child.wait()).await.unwrap().unwrap();
+        assert!(exit.success(), "the relay exits 0 after SIGTERM: {exit:?}");
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+/// Log lines that report a deadlock, a lock-wait timeout or a lost lease.
+fn lock_trouble(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|line| {
+            let line = line.to_ascii_lowercase();
+            line.contains("deadlock") || line.contains("lock wait") || line.contains("lease lost")
+        })
+        .collect()
+}
+
+async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock(
+    backend: Backend,
+) {
+    use futures::StreamExt as _;
+
+    let app = TestApp::spawn_with(backend, |settings| settings.db_max_connections = 32).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 4).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    // A backlog, so that both relays are claiming and marking from the first submission on.
+    const BACKLOG: i64 = 600;
+    probe.seed(BACKLOG as usize).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    // Ordinary timings: on two shared cores a step may take seconds, and a lease lost to a slow
+    // machine would be a duplicate, not the deadlock this test looks for.
+    settings.lease = Duration::from_secs(30);
+    settings.delivery_timeout = Duration::from_secs(10);
+    settings.lease_margin = Duration::from_secs(5);
+    let args = relay_args(&settings);
+    let logs = tempfile::tempdir().unwrap();
+    let relays = [LoggedRelay::spawn(&args, logs.path(), 1), LoggedRelay::spawn(&args, logs.path(), 2)];
+    assert_eventually("the relays are publishing", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await > 0
+    })
+    .await;
+
+    let mut submitted = 0i64;
+    for (callers, orders) in [(8usize, 160usize), (16, 240), (64, 400)] {
+        let published_before = probe.count_with_status("PUBLISHED").await;
+        let outcomes: Vec<_> = futures::stream::iter(0..orders)
+            .map(|i| app.submit(order(7, &format!("c{callers}-{i}"))))
+            .buffer_unordered(callers)
+            .collect()
+            .await;
+        let published_after = probe.count_with_status("PUBLISHED").await;
+        let failed: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        assert!(
+            failed.is_empty(),
+            "{callers} callers: {} of {orders} failed: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        assert!(
+            published_after > published_before,
+            "the relays published while {callers} callers submitted ({published_before} -> {published_after})"
+        );
+        submitted += orders as i64;
+    }
+    let total = BACKLOG + submitted;
+    assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || all_published(&probe, total))
+        .await;
+    let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
+    assert_eq!(claimed_again, 0, "every event was claimed once and marked once");
+
+    for relay in relays {
+        let log = relay.stop().await;
+        assert!(lock_trouble(&log).is_empty(), "{:?}", lock_trouble(&log));
+    }
+}
 
 async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(backend: Backend) {
     let app = TestApp::spawn(backend).await;
