@@ -6,11 +6,14 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, TransactionTrait, Value,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    TransactionTrait, Value,
 };
 
 use super::{LeaseToken, WorkerId};
+use set::{FENCE_COLUMNS, FencedUpdate, ValueColumn};
+
+mod set;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::{db, failpoint};
@@ -227,10 +230,11 @@ impl Outbox {
         Ok(marked.pop().unwrap_or(Fenced::LeaseLost))
     }
 
-    /// [`Outbox::mark_published`] for a batch: one transaction (one durable commit instead of
-    /// one per event), each row still fenced by its own `event_id`, status and lease token, so
-    /// the answer says exactly which marks took. If the commit fails none is known to have taken:
-    /// their leases expire and the events are published again, duplicates the consumer absorbs.
+    /// [`Outbox::mark_published`] for a batch, in one statement: each row gets its own topic,
+    /// partition and offset, and changes only while it is still PUBLISHING under its own claim's
+    /// token, so the answer says exactly which marks took. If the statement fails none is known
+    /// to have taken: their leases expire and the events are published again, duplicates the
+    /// consumer absorbs.
     pub async fn mark_all_published(
         &self,
         marks: &[(&str, &LeaseToken, &Delivery)],
@@ -238,14 +242,48 @@ impl Outbox {
         if marks.is_empty() {
             return Ok(Vec::new());
         }
-        let txn = self.db.begin().await?;
-        let now = db::now(&txn).await?;
-        let mut outcomes = Vec::with_capacity(marks.len());
-        for (event_id, token, delivery) in marks {
-            outcomes.push(mark_one(&txn, now, event_id, token, delivery).await?);
-        }
-        txn.commit().await?;
-        Ok(outcomes)
+        const COLUMNS: [ValueColumn; 6] = [
+            FENCE_COLUMNS[0],
+            FENCE_COLUMNS[1],
+            ValueColumn { name: "v_published_at", pg_type: "timestamptz" },
+            ValueColumn { name: "v_topic", pg_type: "text" },
+            ValueColumn { name: "v_partition", pg_type: "integer" },
+            ValueColumn { name: "v_offset", pg_type: "bigint" },
+        ];
+        let now = db::now(&self.db).await?;
+        let mut rows: Vec<(usize, Vec<Value>)> = marks
+            .iter()
+            .enumerate()
+            .map(|(i, (event_id, token, delivery))| {
+                let row = vec![
+                    (*event_id).into(),
+                    token.as_str().into(),
+                    now.into(),
+                    delivery.topic.as_str().into(),
+                    delivery.partition.into(),
+                    delivery.offset.into(),
+                ];
+                (i, row)
+            })
+            .collect();
+        let assignments = format!(
+            "status = '{}', published_at = v.v_published_at, published_topic = v.v_topic, \
+             published_partition = v.v_partition, published_offset = v.v_offset, \
+             lease_owner = NULL, lease_until = NULL",
+            OutboxStatus::Published.as_str()
+        );
+        let update = FencedUpdate {
+            columns: &COLUMNS,
+            rows: in_lock_order(&mut rows),
+            assignments: &assignments,
+            fenced: !failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION),
+        };
+        let changed = update.run(&self.db).await?;
+        Ok(in_call_order(
+            &rows,
+            &changed,
+            |changed| if changed { Fenced::Done(()) } else { Fenced::LeaseLost },
+        ))
     }
 
     /// Gives the event back after a failed publish, only if its claim (`event.lease_token`)
@@ -257,23 +295,67 @@ impl Outbox {
         error: &str,
         policy: &RetryPolicy,
     ) -> Result<Fenced<Released>, DbErr> {
+        let mut released = self.release_all(&[(event, error)], policy).await?;
+        Ok(released.pop().unwrap_or(Fenced::LeaseLost))
+    }
+
+    /// [`Outbox::release`] for a batch, in one statement: each row gets its own status, retry
+    /// time and error, and changes only while it is still PUBLISHING under its own claim's token.
+    pub async fn release_all(
+        &self,
+        failures: &[(&ClaimedEvent, &str)],
+        policy: &RetryPolicy,
+    ) -> Result<Vec<Fenced<Released>>, DbErr> {
+        if failures.is_empty() {
+            return Ok(Vec::new());
+        }
+        const COLUMNS: [ValueColumn; 5] = [
+            FENCE_COLUMNS[0],
+            FENCE_COLUMNS[1],
+            ValueColumn { name: "v_status", pg_type: "text" },
+            ValueColumn { name: "v_retry_at", pg_type: "timestamptz" },
+            ValueColumn { name: "v_error", pg_type: "text" },
+        ];
         let now = db::now(&self.db).await?;
-        let last_error: String = error.chars().take(LAST_ERROR_CHARS).collect();
-        let (status, retry_at, released) = if event.attempts >= policy.max_attempts {
-            (OutboxStatus::Failed, None, Released::Failed)
-        } else {
-            let at = lease_end(now, policy.backoff(event.attempts))?;
-            (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
-        };
-        let result = outbox_event::Entity::update_many()
-            .col_expr(Column::Status, Expr::value(status.as_str()))
-            .col_expr(Column::LeaseOwner, null_string())
-            .col_expr(Column::LeaseUntil, Expr::value(retry_at))
-            .col_expr(Column::LastError, Expr::value(last_error))
-            .filter(fenced(&event.event_id, &event.lease_token))
-            .exec(&self.db)
-            .await?;
-        Ok(if result.rows_affected == 1 { Fenced::Done(released) } else { Fenced::LeaseLost })
+        let mut outcomes = Vec::with_capacity(failures.len());
+        let mut rows: Vec<(usize, Vec<Value>)> = Vec::with_capacity(failures.len());
+        for (i, (event, error)) in failures.iter().enumerate() {
+            let last_error: String = error.chars().take(LAST_ERROR_CHARS).collect();
+            let (status, retry_at, released) = if event.attempts >= policy.max_attempts {
+                (OutboxStatus::Failed, None, Released::Failed)
+            } else {
+                let at = lease_end(now, policy.backoff(event.attempts))?;
+                (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
+            };
+            outcomes.push(released);
+            let row = vec![
+                event.event_id.as_str().into(),
+                event.lease_token.as_str().into(),
+                status.as_str().into(),
+                retry_at.into(),
+                last_error.into(),
+            ];
+            rows.push((i, row));
+        }
+        let assignments =
+            "status = v.v_status, lease_owner = NULL, lease_until = v.v_retry_at, last_error = v.v_error";
+        let update =
+            FencedUpdate { columns: &COLUMNS, rows: in_lock_order(&mut rows), assignments, fenced: true };
+        let changed = update.run(&self.db).await?;
+        Ok(in_call_order(
+            &rows,
+            &changed,
+            |changed| {
+                if changed { Fenced::Done(()) } else { Fenced::LeaseLost }
+            },
+        )
+        .into_iter()
+        .zip(outcomes)
+        .map(|(fenced, released)| match fenced {
+            Fenced::Done(()) => Fenced::Done(released),
+            Fenced::LeaseLost => Fenced::LeaseLost,
+        })
+        .collect())
     }
 
     /// Counts the rows that still need attention (PENDING, PUBLISHING, FAILED) and finds the oldest
@@ -375,38 +457,27 @@ fn lease_to(
         .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
 }
 
-/// One fenced mark, inside the caller's transaction.
-async fn mark_one(
-    txn: &DatabaseTransaction,
-    now: DateTime<Utc>,
-    event_id: &str,
-    token: &LeaseToken,
-    delivery: &Delivery,
-) -> Result<Fenced<()>, DbErr> {
-    let result = outbox_event::Entity::update_many()
-        .col_expr(Column::Status, Expr::value(OutboxStatus::Published.as_str()))
-        .col_expr(Column::PublishedAt, Expr::value(now))
-        .col_expr(Column::PublishedTopic, Expr::value(delivery.topic.as_str()))
-        .col_expr(Column::PublishedPartition, Expr::value(delivery.partition))
-        .col_expr(Column::PublishedOffset, Expr::value(delivery.offset))
-        .col_expr(Column::LeaseOwner, null_string())
-        .col_expr(Column::LeaseUntil, null_time())
-        .filter(if failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION) {
-            Condition::all().add(Column::EventId.eq(event_id))
-        } else {
-            fenced(event_id, token)
-        })
-        .exec(txn)
-        .await?;
-    Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })
+/// Sorts `rows` (tagged with their call position) by event id, the order every set-based
+/// update locks rows in, so two of them never wait on each other in a cycle; returns the values.
+fn in_lock_order(rows: &mut [(usize, Vec<Value>)]) -> Vec<Vec<Value>> {
+    rows.sort_by(|(_, a), (_, b)| id_of(a).cmp(id_of(b)));
+    rows.iter().map(|(_, row)| row.clone()).collect()
 }
 
-/// The claim fence every post-claim update carries.
-fn fenced(event_id: &str, token: &LeaseToken) -> Condition {
-    Condition::all()
-        .add(Column::EventId.eq(event_id))
-        .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
-        .add(Column::LeaseOwner.eq(token.as_str()))
+/// `changed` (in lock order) mapped back to the call's order.
+fn in_call_order<T: Copy>(rows: &[(usize, Vec<Value>)], changed: &[bool], f: impl Fn(bool) -> T) -> Vec<T> {
+    let mut out: Vec<Option<T>> = vec![None; rows.len()];
+    for ((i, _), changed) in rows.iter().zip(changed) {
+        out[*i] = Some(f(*changed));
+    }
+    out.into_iter().map(|o| o.unwrap_or_else(|| f(false))).collect()
+}
+
+fn id_of(row: &[Value]) -> &str {
+    match row.first() {
+        Some(Value::String(Some(id))) => id,
+        _ => "",
+    }
 }
 
 fn claimed(

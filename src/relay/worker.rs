@@ -112,6 +112,7 @@ impl<P: Publisher> Relay<P> {
             .map(|(event, span)| self.publisher.publish(event).instrument(span.clone()));
         let results = join_all(sends).await;
         let mut confirmed = Vec::with_capacity(claimed.len());
+        let mut failed = Vec::new();
         for ((event, result), span) in claimed.iter().zip(results).zip(&spans) {
             match result {
                 Ok(delivery) => {
@@ -123,11 +124,26 @@ impl<P: Publisher> Relay<P> {
                     }
                     confirmed.push((event, delivery, span));
                 }
-                Err(e) => self.release(event, &e.to_string(), &mut report).instrument(span.clone()).await,
+                Err(e) => failed.push((event, e.to_string(), span)),
             }
         }
-        // Every confirmed event of the batch is marked in one transaction, each row under its
-        // own claim fence.
+        // Failed events go back in one statement, each row under its own claim fence.
+        let failures: Vec<(&ClaimedEvent, &str)> =
+            failed.iter().map(|(event, error, _)| (*event, error.as_str())).collect();
+        match self.outbox.release_all(&failures, &self.tuning.retry).await {
+            Ok(outcomes) => {
+                for ((event, error, span), outcome) in failed.iter().zip(outcomes) {
+                    span.in_scope(|| self.released(event, error, outcome, &mut report));
+                }
+            }
+            Err(e) => {
+                for (event, _, span) in &failed {
+                    span.in_scope(|| self.unrecorded(event, &mut report, &e));
+                }
+            }
+        }
+        // Every confirmed event of the batch is marked in one statement, each row under its own
+        // claim fence.
         let marks: Vec<_> = confirmed
             .iter()
             .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
@@ -194,9 +210,16 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    async fn release(&self, event: &ClaimedEvent, error: &str, report: &mut StepReport) {
-        match self.outbox.release(event, error, &self.tuning.retry).await {
-            Ok(Fenced::Done(Released::RetryAt(at))) => {
+    /// Records one fenced release's outcome.
+    fn released(
+        &self,
+        event: &ClaimedEvent,
+        error: &str,
+        outcome: Fenced<Released>,
+        report: &mut StepReport,
+    ) {
+        match outcome {
+            Fenced::Done(Released::RetryAt(at)) => {
                 report.released += 1;
                 metrics().releases.add(1, &[]);
                 tracing::warn!(
@@ -207,7 +230,7 @@ impl<P: Publisher> Relay<P> {
                     "publish failed; released to PENDING with backoff"
                 );
             }
-            Ok(Fenced::Done(Released::Failed)) => {
+            Fenced::Done(Released::Failed) => {
                 report.failed += 1;
                 metrics().failed.add(1, &[]);
                 tracing::error!(
@@ -217,8 +240,7 @@ impl<P: Publisher> Relay<P> {
                     "publish failed for the last allowed time; FAILED until redriven"
                 );
             }
-            Ok(Fenced::LeaseLost) => self.lease_lost(event, report, "after the publish failed"),
-            Err(e) => self.unrecorded(event, report, &e),
+            Fenced::LeaseLost => self.lease_lost(event, report, "after the publish failed"),
         }
     }
 

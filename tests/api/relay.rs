@@ -73,7 +73,70 @@ on_every_backend!(
     a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again,
     a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
     callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
+    one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
 );
+
+async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(6).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let (relay_a, relay_b) = (WorkerId::generate(), WorkerId::generate());
+    // Relay A claims the three oldest events briefly and the next three for long.
+    let lost = outbox.claim(&relay_a, Duration::from_millis(300), 3).await.unwrap();
+    let held = outbox.claim(&relay_a, Duration::from_secs(30), 3).await.unwrap();
+    // Relay B takes the first three over once A's short lease has expired.
+    let taken_over = claim_once_expired(&outbox, &relay_b).await;
+    assert_eq!(
+        taken_over.iter().map(|e| &e.event_id).collect::<Vec<_>>(),
+        ids[..3].iter().collect::<Vec<_>>()
+    );
+    let taken_over_states: Vec<_> =
+        futures::future::join_all(ids[..3].iter().map(|id| probe.state(id))).await;
+
+    // A marks all six in one call, the lost ones interleaved with the held ones.
+    let deliveries: Vec<outpost::relay::Delivery> = (0..6)
+        .map(|i| outpost::relay::Delivery { topic: "t".into(), partition: i % 3, offset: 100 + i64::from(i) })
+        .collect();
+    let mine = [&held[0], &lost[0], &held[1], &lost[1], &held[2], &lost[2]];
+    let marks: Vec<_> = mine
+        .iter()
+        .zip(&deliveries)
+        .map(|(event, delivery)| (event.event_id.as_str(), &event.lease_token, delivery))
+        .collect();
+    let outcomes = outbox.mark_all_published(&marks).await.unwrap();
+    use Fenced::{Done, LeaseLost};
+    assert_eq!(outcomes, [Done(()), LeaseLost, Done(()), LeaseLost, Done(()), LeaseLost]);
+    for (event, delivery) in mine.iter().zip(&deliveries).step_by(2) {
+        let state = probe.state(&event.event_id).await;
+        assert_eq!(
+            (state.status.as_str(), state.partition, state.offset, state.lease_owner),
+            ("PUBLISHED", Some(delivery.partition), Some(delivery.offset), None),
+            "each row got its own partition and offset"
+        );
+    }
+    let after: Vec<_> = futures::future::join_all(ids[..3].iter().map(|id| probe.state(id))).await;
+    assert_eq!(after, taken_over_states, "rows another claim holds are untouched");
+
+    // Releases likewise: B's own rows go back with their own errors; A's stale one does not.
+    let retry = quick_retry(12);
+    let failures = [(&taken_over[0], "error 0"), (&lost[1], "stale"), (&taken_over[2], "error 2")];
+    let released = outbox.release_all(&failures, &retry).await.unwrap();
+    assert!(
+        matches!(released[..], [Done(Released::RetryAt(_)), LeaseLost, Done(Released::RetryAt(_))]),
+        "{released:?}"
+    );
+    for (id, error) in [(&ids[0], "error 0"), (&ids[2], "error 2")] {
+        let state = probe.state(id).await;
+        assert_eq!(
+            (state.status.as_str(), state.last_error.as_deref(), state.lease_owner),
+            ("PENDING", Some(error), None)
+        );
+    }
+    assert_eq!(probe.state(&ids[1]).await, taken_over_states[1], "the stale release changed nothing");
+}
 
 /// A relay process whose log (warnings and errors) goes to a file the test reads afterwards.
 struct LoggedRelay {
