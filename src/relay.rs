@@ -5,6 +5,7 @@
 //! run at once; a duplicate publish is possible (and absorbed by consumers), a lost one is not.
 
 mod application;
+mod budget;
 mod outbox;
 mod publisher;
 mod settings;
@@ -14,6 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use application::{Application, StartupError, redrive};
+pub use budget::{MIN_RECORD_TIME, StepBudget};
 pub use outbox::{
     Backlog, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
 };

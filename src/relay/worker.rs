@@ -10,6 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
+use super::budget::StepBudget;
 use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
 use crate::failpoint;
@@ -22,6 +23,10 @@ pub struct Tuning {
     pub batch_size: u64,
     /// How long a claim is leased.
     pub lease: Duration,
+    /// Longest the publishing of a batch may take, queue wait included.
+    pub delivery_timeout: Duration,
+    /// Time the lease keeps to spare after a step has ended.
+    pub lease_margin: Duration,
     /// Retry timing after failed publishes.
     pub retry: RetryPolicy,
     /// Longest wait between polls of an empty outbox.
@@ -88,10 +93,19 @@ impl<P: Publisher> Relay<P> {
 
     /// Claims a batch, publishes it outside any transaction, and records each outcome under the
     /// claim's fence. Errs only when the claim itself fails.
+    ///
+    /// The whole step stays inside the lease minus the margin ([`StepBudget`]): a record not
+    /// confirmed when the publishing time is up counts as failed, and marks and releases not
+    /// done by the end are left unrecorded (their leases expire; the events are published again).
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
             return Ok(StepOutcome::Idle);
         }
+        let tuning = &self.tuning;
+        let budget = StepBudget::lenient(tuning.lease, tuning.delivery_timeout, tuning.lease_margin);
+        // Before the claim, so that the database's lease starts no earlier than this.
+        let started = tokio::time::Instant::now();
+        let (publish_by, record_by) = (started + budget.publish, started + budget.whole);
         let claimed = self.outbox.claim(&self.owner, self.tuning.lease, self.tuning.batch_size).await?;
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
@@ -106,10 +120,18 @@ impl<P: Publisher> Relay<P> {
         }
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together.
-        let sends = claimed
-            .iter()
-            .zip(&spans)
-            .map(|(event, span)| self.publisher.publish(event).instrument(span.clone()));
+        let sends = claimed.iter().zip(&spans).map(|(event, span)| {
+            let publish = self.publisher.publish(event).instrument(span.clone());
+            async move {
+                match tokio::time::timeout_at(publish_by, publish).await {
+                    Ok(sent) => sent.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!(
+                        "not confirmed within the delivery timeout ({:?}, queue wait included)",
+                        budget.publish
+                    )),
+                }
+            }
+        });
         let results = join_all(sends).await;
         let mut confirmed = Vec::with_capacity(claimed.len());
         let mut failed = Vec::new();
@@ -124,13 +146,13 @@ impl<P: Publisher> Relay<P> {
                     }
                     confirmed.push((event, delivery, span));
                 }
-                Err(e) => failed.push((event, e.to_string(), span)),
+                Err(e) => failed.push((event, e, span)),
             }
         }
         // Failed events go back in one statement, each row under its own claim fence.
         let failures: Vec<(&ClaimedEvent, &str)> =
             failed.iter().map(|(event, error, _)| (*event, error.as_str())).collect();
-        match self.outbox.release_all(&failures, &self.tuning.retry).await {
+        match record(record_by, self.outbox.release_all(&failures, &self.tuning.retry)).await {
             Ok(outcomes) => {
                 for ((event, error, span), outcome) in failed.iter().zip(outcomes) {
                     span.in_scope(|| self.released(event, error, outcome, &mut report));
@@ -148,7 +170,7 @@ impl<P: Publisher> Relay<P> {
             .iter()
             .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
             .collect();
-        match self.outbox.mark_all_published(&marks).await {
+        match record(record_by, self.outbox.mark_all_published(&marks)).await {
             Ok(outcomes) => {
                 for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
                     span.in_scope(|| self.marked(event, delivery, outcome, &mut report));
@@ -305,6 +327,16 @@ impl<P: Publisher> Relay<P> {
         tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
         Ok(())
     }
+}
+
+/// `write` unless `deadline` passes first: a step never acts on its events after its budget.
+async fn record<T>(
+    deadline: tokio::time::Instant,
+    write: impl std::future::Future<Output = Result<T, DbErr>>,
+) -> Result<T, DbErr> {
+    tokio::time::timeout_at(deadline, write).await.unwrap_or_else(|_| {
+        Err(DbErr::Custom("the step's lease budget ran out before its outcomes were recorded".into()))
+    })
 }
 
 /// The publisher hit an unrecoverable error; its leases will expire and another relay (or this

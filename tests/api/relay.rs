@@ -321,6 +321,8 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(800),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
         retry: RetryPolicy {
             max_attempts: 10,
             backoff_base: Duration::from_millis(100),
@@ -447,6 +449,8 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(300),
+        delivery_timeout: Duration::from_millis(1500),
+        lease_margin: Duration::ZERO,
         retry: quick_retry(1),
         max_idle_poll: Duration::from_millis(100),
     };
@@ -628,6 +632,8 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(1000),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
         retry: RetryPolicy {
             max_attempts: 10,
             backoff_base: Duration::from_millis(100),
@@ -680,6 +686,8 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(500),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
         retry: quick_retry(10),
         max_idle_poll: Duration::from_millis(100),
     };
