@@ -5,6 +5,7 @@ use std::future::Future;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::budget::StepBudget;
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
@@ -77,7 +78,7 @@ impl Application {
         self.wake.as_ref().map(WakeListener::port)
     }
 
-    /// This relay's lease-owner id.
+    /// This relay's worker id: the prefix of the lease token of every claim it makes.
     pub fn owner(&self) -> &super::WorkerId {
         self.relay.owner()
     }
@@ -95,8 +96,9 @@ impl Application {
             tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
         }
 
-        // Several step loops over one worker id: their claims are disjoint, and every mark is
-        // fenced per row, so they need nothing from each other.
+        // Several step loops over one worker: their claims are disjoint, and every mark or
+        // release is fenced by its own claim's lease token, so they need nothing from each other
+        // and a late loop cannot touch a row another loop claimed again.
         let loops = (0..self.settings.workers.max(1)).map(|_| self.relay.run(stop_rx.clone()));
         let relay = futures::future::try_join_all(loops);
         tokio::pin!(relay);
@@ -167,14 +169,11 @@ fn check(settings: &Settings) -> Result<(), StartupError> {
     if settings.database_url.is_empty() {
         return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
     }
-    // A publish still running when its lease ends may be confirmed after another relay claimed
-    // the event: a duplicate. The lease must outlast the slowest publish plus time to mark.
-    if settings.lease <= settings.delivery_timeout + settings.lease_margin {
-        return Err(StartupError::Settings(format!(
-            "the lease ({:?}) must be longer than the delivery timeout ({:?}) plus the lease margin ({:?})",
-            settings.lease, settings.delivery_timeout, settings.lease_margin
-        )));
-    }
+    // A step still acting on its events when their lease ends races the relay that claims them
+    // next. The lease must cover the slowest publish (queue wait included), the marks and
+    // releases, and the margin.
+    StepBudget::new(settings.lease, settings.delivery_timeout, settings.lease_margin)
+        .map_err(StartupError::Settings)?;
     if settings.backoff_base > settings.backoff_max {
         return Err(StartupError::Settings("--backoff-base must not exceed --backoff-max".into()));
     }
@@ -185,6 +184,8 @@ fn tuning(settings: &Settings) -> Tuning {
     Tuning {
         batch_size: settings.batch_size,
         lease: settings.lease,
+        delivery_timeout: settings.delivery_timeout,
+        lease_margin: settings.lease_margin,
         retry: RetryPolicy {
             max_attempts: settings.max_attempts,
             backoff_base: settings.backoff_base,

@@ -50,11 +50,12 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
 
-    /// Longest a publish may take before it counts as failed (librdkafka's delivery.timeout.ms).
+    /// Longest the publishing of a batch may take, queue wait included, before a record counts as
+    /// failed (also librdkafka's delivery.timeout.ms).
     #[arg(long, global = true, env = "OUTPOST_RELAY_DELIVERY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub delivery_timeout: Duration,
 
-    /// Time the lease must leave beyond the delivery timeout for marking the event.
+    /// Time the lease keeps to spare after a step (publishing, marks and releases) has ended.
     #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE_MARGIN", default_value = "5s", value_parser = humantime::parse_duration)]
     pub lease_margin: Duration,
 
