@@ -5,6 +5,7 @@
 //! run at once; a duplicate publish is possible (and absorbed by consumers), a lost one is not.
 
 mod application;
+mod health;
 mod outbox;
 mod publisher;
 mod settings;
