@@ -26,10 +26,6 @@ pub const AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED: &str = "AFTER_BROKER_CONFI
 /// is unaffected.
 pub const RELAY_PRODUCER_FATAL: &str = "RELAY_PRODUCER_FATAL";
 
-/// In the consumer, when a receive fails: the Kafka consumer counts as fatally failed, as
-/// librdkafka's does after a fatal error, and is replaced.
-pub const CONSUMER_CLIENT_FATAL: &str = "CONSUMER_CLIENT_FATAL";
-
 /// In the consumer, after its transaction committed and before the offset is stored.
 pub const AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK: &str = "AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK";
 /// In the consumer's transaction, after the dedup row: a failure that is not a violation of

@@ -184,9 +184,6 @@ impl Worker<'_> {
         if let Some((code, reason)) = self.consumer.client().fatal_error() {
             return Some(format!("{code:?}: {reason}"));
         }
-        if failpoint::hit(failpoint::CONSUMER_CLIENT_FATAL).is_err() {
-            return Some(format!("{error} (injected at {})", failpoint::CONSUMER_CLIENT_FATAL));
-        }
         matches!(error, KafkaError::MessageConsumptionFatal(_)).then(|| error.to_string())
     }
 

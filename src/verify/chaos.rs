@@ -1,5 +1,5 @@
 //! Chaos mode: orders keep arriving while relays and consumers are SIGKILLed at random and the
-//! broker is restarted; afterwards every event id is checked.
+//! broker (and, when asked, the database) is restarted; afterwards every event id is checked.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -21,6 +21,13 @@ pub trait BrokerControl: Send {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// Restarts the database the services share, when chaos asks for it.
+pub trait DatabaseControl: Send {
+    /// Stops the database (abruptly or not, as the operator's command does) and starts it
+    /// again on the same address and data; returns once it was started again.
+    fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
 /// How much chaos.
 #[derive(Debug, Clone)]
 pub struct ChaosSettings {
@@ -39,6 +46,8 @@ pub struct ChaosReport {
     pub restarts: u64,
     /// Broker restarts.
     pub broker_restarts: u64,
+    /// Database restarts.
+    pub database_restarts: u64,
     /// Records on the topic beyond one per event.
     pub duplicates_delivered: u64,
     /// Deliveries the consumers recognised as already consumed.
@@ -53,10 +62,11 @@ impl ChaosReport {
     /// The counts in one line each, for people.
     pub fn summary(&self) -> String {
         format!(
-            "kills: {}\nrestarts: {}\nbroker restarts: {}\nduplicates delivered: {}\nduplicates absorbed: {}\nevents checked: {}\nviolations: {}\n",
+            "kills: {}\nrestarts: {}\nbroker restarts: {}\ndatabase restarts: {}\nduplicates delivered: {}\nduplicates absorbed: {}\nevents checked: {}\nviolations: {}\n",
             self.kills,
             self.restarts,
             self.broker_restarts,
+            self.database_restarts,
             self.duplicates_delivered,
             self.duplicates_absorbed,
             self.events_checked,
@@ -114,12 +124,14 @@ impl Fleet<'_> {
 /// The consumers' Kafka session timeout: how long the group waits before expiring a killed one.
 const CONSUMER_SESSION: Duration = Duration::from_secs(6);
 
-/// Runs chaos and checks every event. `Err` means chaos could not be carried out; violations
-/// are in the report.
+/// Runs chaos and checks every event. The broker is restarted halfway; the database, when
+/// `database` is given, a quarter of the way in. `Err` means chaos could not be carried out;
+/// violations are in the report.
 pub async fn chaos(
     settings: &Settings,
     chaos: &ChaosSettings,
     broker: &mut dyn BrokerControl,
+    mut database: Option<&mut dyn DatabaseControl>,
 ) -> Result<ChaosReport, VerifyError> {
     std::fs::create_dir_all(&settings.work_dir)?;
     let db = crate::service::open_database(&settings.database_url, 2)
@@ -214,6 +226,7 @@ pub async fn chaos(
     let mut report = ChaosReport::default();
     let started = tokio::time::Instant::now();
     let mut next_broker_restart = started + chaos.duration / 2;
+    let mut next_database_restart = started + chaos.duration / 4;
     // Killed processes come back after a delay, as under an orchestrator's restart back-off.
     let mut restarts: Vec<(tokio::time::Instant, &str)> = Vec::new();
     while started.elapsed() < chaos.duration {
@@ -224,6 +237,14 @@ pub async fn chaos(
             broker.restart().await;
             report.broker_restarts += 1;
             next_broker_restart += chaos.duration;
+            continue;
+        }
+        if let Some(database) = database.as_deref_mut()
+            && tokio::time::Instant::now() >= next_database_restart
+        {
+            database.restart().await;
+            report.database_restarts += 1;
+            next_database_restart += chaos.duration;
             continue;
         }
         if fleet.alive.is_empty() {

@@ -241,3 +241,40 @@ async fn produce_event(brokers: &str, topic: &str, order_id: i64) {
     let record = FutureRecord::to(topic).key(&key).payload(&payload).headers(headers);
     producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
+
+/// A broker away for a minute is not the events' fault: it spends none of their attempts, so
+/// none ends FAILED even with only three allowed, and publishing resumes within seconds of
+/// its return. The relay never reached this broker before, so no send of an established
+/// idempotent producer times out (that would wedge Tansu 0.6 until a restart; see Tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_within_seconds() {
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let mut broker = TestBroker::reserve();
+    let topic = topic();
+    let probe = OutboxProbe { conn: &app.conn };
+    probe.seed(5).await;
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
+    settings.delivery_timeout = Duration::from_secs(2);
+    settings.lease = Duration::from_secs(4);
+    // Three failed attempts would make an event FAILED within about ten seconds.
+    settings.max_attempts = 3;
+    let relay = relay::Application::build(settings).await.unwrap();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+
+    let outage = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < outage {
+        assert_eq!(probe.count_with_status("FAILED").await, 0, "an outage of the broker failed an event");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    broker.run().await;
+    broker.create_topic(&topic, 1).await;
+    let back = tokio::time::Instant::now();
+    assert_eventually("the backlog is published once the broker is back", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 5
+    })
+    .await;
+    println!("published {:?} after the broker came back", back.elapsed());
+    assert!(back.elapsed() < Duration::from_secs(15), "publishing resumed within seconds: {:?}", back.elapsed());
+    assert_eq!(probe.count_with_status("FAILED").await, 0);
+    relay.stop().await;
+}
