@@ -156,9 +156,12 @@ pub async fn chaos(
     let mut fleet = Fleet {
         settings,
         relay_args: common(&[
-            "--lease=4s",
-            "--delivery-timeout=2s",
-            "--lease-margin=1s",
+            // A delivery timeout far beyond a broker restart: a send of an idempotent producer
+            // that times out bumps its epoch, and Tansu 0.6 then fails every client until it is
+            // restarted (tansu-storage lite.rs:503). The lease must outlast it.
+            "--lease=14s",
+            "--delivery-timeout=10s",
+            "--lease-margin=2s",
             "--max-idle-poll=100ms",
             "--backoff-base=100ms",
             "--backoff-max=1s",
