@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use outpost::verify::{self, BrokerControl, ChaosSettings, DatabaseControl};
+use outpost::verify::{self, BrokerControl, ChaosReport, ChaosSettings, DatabaseControl};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestDb, on_every_backend};
@@ -24,18 +24,24 @@ on_every_backend!(a_short_chaos_run_loses_nothing_and_duplicates_nothing);
 
 async fn a_short_chaos_run_loses_nothing_and_duplicates_nothing(backend: Backend) {
     let db = TestDb::migrated(backend).await;
+    let report = chaos_on(&db, Duration::from_secs(12), None).await;
+    assert!(report.kills >= 3 && report.broker_restarts >= 1, "{}", report.summary());
+}
+
+/// Runs chaos with 30 orders over `db` and a fresh broker; fails the test, keeping the
+/// services' logs, on any violation.
+async fn chaos_on(
+    db: &TestDb,
+    duration: Duration,
+    database: Option<&mut dyn DatabaseControl>,
+) -> ChaosReport {
     let mut broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
-    let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
+    let settings = crate::verify::settings(db, &broker, &logs, Vec::new());
 
-    let report = verify::chaos(
-        &settings,
-        &ChaosSettings { orders: 30, duration: Duration::from_secs(12) },
-        &mut broker,
-        None,
-    )
-    .await
-    .unwrap();
+    let report = verify::chaos(&settings, &ChaosSettings { orders: 30, duration }, &mut broker, database)
+        .await
+        .unwrap();
 
     println!("{}", report.summary());
     if !report.violations.is_empty() {
@@ -43,7 +49,7 @@ async fn a_short_chaos_run_loses_nothing_and_duplicates_nothing(backend: Backend
         panic!("{}the services' logs are kept in {}", report.summary(), kept.display());
     }
     assert_eq!(report.events_checked, 30);
-    assert!(report.kills >= 3 && report.broker_restarts >= 1, "{}", report.summary());
+    report
 }
 
 impl DatabaseControl for PrivateServer {
@@ -77,24 +83,6 @@ mod a_chaos_run_with_a_database_restart_loses_nothing_and_duplicates_nothing {
 async fn a_chaos_run_with_a_database_restart_loses_nothing_and_duplicates_nothing(backend: Backend) {
     let mut server = PrivateServer::start(backend).await;
     let db = server.migrated_database().await;
-    let mut broker = TestBroker::start().await;
-    let logs = tempfile::tempdir().unwrap();
-    let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
-
-    let report = verify::chaos(
-        &settings,
-        &ChaosSettings { orders: 30, duration: Duration::from_secs(16) },
-        &mut broker,
-        Some(&mut server),
-    )
-    .await
-    .unwrap();
-
-    println!("{}", report.summary());
-    if !report.violations.is_empty() {
-        let kept = logs.keep();
-        panic!("{}the services' logs are kept in {}", report.summary(), kept.display());
-    }
-    assert_eq!(report.events_checked, 30);
+    let report = chaos_on(&db, Duration::from_secs(16), Some(&mut server)).await;
     assert!(report.database_restarts >= 1 && report.broker_restarts >= 1, "{}", report.summary());
 }

@@ -12,7 +12,9 @@ use tonic_health::pb::{
 };
 
 use crate::broker::{TestBroker, read_topic};
+use crate::consumer::{consumer_settings, event_record, produce};
 use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually};
+use crate::relay::relay_settings;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -41,32 +43,6 @@ pub async fn assert_health(what: &str, port: u16, service: &str, expected: Servi
     assert_eventually(what, WAIT, || async { health(port, service).await == Some(expected) }).await;
 }
 
-/// Test-sized relay timings that still satisfy the relay's start-up check.
-pub fn relay_settings(database_url: &str, brokers: &str, topic: &str) -> relay::Settings {
-    let mut settings = relay::Settings::new(database_url, brokers);
-    settings.topic = topic.to_owned();
-    settings.lease = Duration::from_secs(5);
-    settings.delivery_timeout = Duration::from_secs(3);
-    settings.lease_margin = Duration::from_secs(1);
-    settings.backoff_base = Duration::from_millis(100);
-    settings.backoff_max = Duration::from_millis(500);
-    settings.max_idle_poll = Duration::from_millis(100);
-    settings.max_attempts = 1_000;
-    settings
-}
-
-/// Test-sized consumer settings: a dead member leaves the group after seconds.
-pub fn consumer_settings(database_url: &str, brokers: &str, topic: &str, group: &str) -> consumer::Settings {
-    let mut settings = consumer::Settings::new(database_url, brokers);
-    settings.topic = topic.to_owned();
-    settings.group_id = Some(group.to_owned());
-    settings.backoff_max = Duration::from_millis(500);
-    settings.shutdown_grace = Duration::from_secs(5);
-    settings.kafka_options =
-        vec![("session.timeout.ms".into(), "6000".into()), ("heartbeat.interval.ms".into(), "500".into())];
-    settings
-}
-
 /// A consumer running in this process, with its health port and counters.
 pub struct RunningConsumer {
     pub port: u16,
@@ -89,8 +65,9 @@ async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_servi
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     probe.seed(3).await;
-    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.publish_stall = Duration::from_secs(2);
+    settings.max_attempts = 1_000;
     // No send to this broker may time out once it runs (see the README's Tests section).
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
@@ -118,8 +95,7 @@ async fn consumer_health_is_not_serving_while_the_broker_is_down_and_serving_onc
     let mut broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
-    let consumer =
-        RunningConsumer::start(consumer_settings(&app.db.url, &broker.address(), &topic, "g")).await;
+    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g")).await;
     assert_health("the consumer reports SERVING", consumer.port, "", ServingStatus::Serving).await;
 
     broker.kill();
@@ -139,7 +115,7 @@ async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_on
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
-    let settings = consumer_settings(&app.db.url, &broker.address(), &topic, "stuck");
+    let settings = consumer_settings(&app, &broker.address(), &topic, "stuck");
     let first = RunningConsumer::start(settings.clone()).await;
     let second = RunningConsumer::start(settings).await;
     assert_eventually("one member holds the only partition", WAIT, || async {
@@ -153,7 +129,8 @@ async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_on
     // The member holding the partition fails every record: the group's lag stops moving.
     crate::helpers::arm(NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING, "return");
     for order_id in 1..=3 {
-        produce_event(&broker.address(), &topic, order_id).await;
+        let (event_id, payload) = event_record(order_id);
+        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
     }
     assert_health("the idle member reports NOT_SERVING", idle.port, "", ServingStatus::NotServing).await;
     assert_eq!(app.count("notification_job").await, 0, "the holder really is stuck");
@@ -212,36 +189,6 @@ async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes
     assert_eq!(records.len(), 5, "nothing reached the broker through the fatal producer");
 }
 
-/// Produces one decodable OrderAccepted record for `order_id`, as the relay would.
-async fn produce_event(brokers: &str, topic: &str, order_id: i64) {
-    use prost::Message as _;
-    use rdkafka::message::{Header, OwnedHeaders};
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-
-    let event_id = uuid::Uuid::now_v7().to_string();
-    let payload = outpost::proto::v1::OrderAccepted {
-        event_id: event_id.clone(),
-        event_version: 1,
-        order_id,
-        tenant_id: 7,
-        request_id: format!("req-{order_id}"),
-        customer_id: "c".to_owned(),
-        currency: "EUR".to_owned(),
-        line_items: crate::helpers::order(7, "x").line_items,
-        total_minor: 3299,
-        accepted_at: None,
-    }
-    .encode_to_vec();
-    let producer: FutureProducer =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    let headers = OwnedHeaders::new()
-        .insert(Header { key: "event_type", value: Some("outpost.v1.OrderAccepted") })
-        .insert(Header { key: "event_id", value: Some(event_id.as_str()) });
-    let key = order_id.to_string();
-    let record = FutureRecord::to(topic).key(&key).payload(&payload).headers(headers);
-    producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
-}
-
 /// A broker away for a minute is not the events' fault: it spends none of their attempts, so
 /// none ends FAILED even with only three allowed, and publishing resumes within seconds of
 /// its return. The relay never reached this broker before, so no send of an established
@@ -253,7 +200,7 @@ async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_within
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     probe.seed(5).await;
-    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
     // Three failed attempts would make an event FAILED within about ten seconds.

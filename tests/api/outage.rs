@@ -12,9 +12,11 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::broker::TestBroker;
-use crate::dependencies::{RunningConsumer, assert_health, consumer_settings, relay_settings};
+use crate::consumer::consumer_settings;
+use crate::dependencies::{RunningConsumer, assert_health};
 use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually, metadata, order, reason};
 use crate::private_db::PrivateServer;
+use crate::relay::relay_settings;
 
 const OUTAGE: Duration = Duration::from_secs(20);
 
@@ -41,11 +43,12 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     let broker = TestBroker::start().await;
     let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
     broker.create_topic(&topic, 2).await;
-    let relay =
-        relay::Application::build(relay_settings(&app.db.url, &broker.address(), &topic)).await.unwrap();
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    settings.max_attempts = 1_000;
+    let relay = relay::Application::build(settings).await.unwrap();
     let relay_port = relay.port();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
-    let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "outage");
+    let mut settings = consumer_settings(&app, &broker.address(), &topic, "outage");
     // A member that stopped polling for 10 s would be put out of its group: the consumer must
     // keep polling while it waits for the database.
     settings.kafka_options.push(("max.poll.interval.ms".into(), "10000".into()));
