@@ -97,7 +97,9 @@ fn next_after_submit(status: &Status) -> Next {
     let reason =
         status.get_details_error_info().filter(|info| info.domain == ERROR_DOMAIN).map(|info| info.reason);
     match (status.code(), reason.as_deref()) {
-        (Code::Aborted, Some("ROLLED_BACK")) => Next::Resubmit,
+        (Code::Aborted, Some("ROLLED_BACK")) | (Code::Unavailable, Some("DATABASE_UNAVAILABLE")) => {
+            Next::Resubmit
+        }
         (
             Code::InvalidArgument
             | Code::AlreadyExists

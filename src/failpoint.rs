@@ -21,6 +21,11 @@ pub const DURING_CONCURRENT_CLAIM: &str = "DURING_CONCURRENT_CLAIM";
 /// In the relay, after the broker confirmed and before the mark: the event is published again.
 pub const AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED: &str = "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED";
 
+/// In the relay's publisher, before a send: the producer in use turns fatal, as librdkafka's
+/// idempotent producer does after a fatal error, and fails every later send; a new producer
+/// is unaffected.
+pub const RELAY_PRODUCER_FATAL: &str = "RELAY_PRODUCER_FATAL";
+
 /// In the consumer, after its transaction committed and before the offset is stored.
 pub const AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK: &str = "AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK";
 /// In the consumer's transaction, after the dedup row: a failure that is not a violation of

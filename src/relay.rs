@@ -6,6 +6,7 @@
 
 mod application;
 mod budget;
+mod health;
 mod outbox;
 mod publisher;
 mod settings;

@@ -1,7 +1,10 @@
 //! Plumbing every service shares: a migrated database, a bound listener, a health endpoint.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use opentelemetry::KeyValue;
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -10,6 +13,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
 use crate::db::{self, SchemaError};
+use crate::telemetry::metrics;
 
 /// A service could not get ready.
 #[derive(Debug, thiserror::Error)]
@@ -45,33 +49,153 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, u16), ReadyError> {
     Ok((listener, port))
 }
 
+/// How often each service re-checks what its health depends on.
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One health check's verdict: `None` when it passes, or why it fails.
+pub type Verdict = Option<String>;
+
+/// A service's `grpc.health.v1` status, kept truthful: NOT_SERVING while any of its checks fails
+/// or while it drains, SERVING otherwise. Every change is logged (with the failing check and
+/// why) and mirrored in the `outpost.health.serving` and `outpost.health.failing` gauges.
+#[derive(Debug, Clone)]
+pub struct Health {
+    reporter: HealthReporter,
+    service: &'static str,
+    names: &'static [&'static str],
+    state: Arc<Mutex<HealthState>>,
+}
+
+#[derive(Debug, Default)]
+struct HealthState {
+    draining: bool,
+    failing: Vec<(&'static str, String)>,
+    reported: Option<bool>,
+}
+
+impl Health {
+    /// Reports for `service` (the metric attribute) under each gRPC service name in `names`
+    /// (`""` is the whole server). Starts SERVING.
+    pub async fn new(
+        reporter: HealthReporter,
+        service: &'static str,
+        names: &'static [&'static str],
+    ) -> Self {
+        let health = Self { reporter, service, names, state: Arc::default() };
+        health.update(&[]).await;
+        health
+    }
+
+    /// Records every check's verdict; the status is SERVING exactly when none failed.
+    pub async fn update(&self, checks: &[(&'static str, Verdict)]) {
+        let change = {
+            let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (check, verdict) in checks {
+                let was = state.failing.iter().position(|(name, _)| name == check);
+                match (was, verdict) {
+                    (None, Some(why)) => {
+                        tracing::warn!(service = self.service, check, reason = %why, "health check failing; NOT_SERVING");
+                        state.failing.push((check, why.clone()));
+                    }
+                    (Some(index), None) => {
+                        tracing::info!(service = self.service, check, "health check passes again");
+                        state.failing.remove(index);
+                    }
+                    (Some(index), Some(why)) => state.failing[index].1.clone_from(why),
+                    (None, None) => {}
+                }
+                let service = KeyValue::new("outpost.service", self.service);
+                let name = KeyValue::new("outpost.health.check", *check);
+                metrics().health_failing.record(u64::from(verdict.is_some()), &[service, name]);
+            }
+            let serving = !state.draining && state.failing.is_empty();
+            let changed = state.reported != Some(serving);
+            state.reported = Some(serving);
+            (serving, changed)
+        };
+        let (serving, changed) = change;
+        metrics()
+            .health_serving
+            .record(u64::from(serving), &[KeyValue::new("outpost.service", self.service)]);
+        if changed {
+            if serving {
+                tracing::info!(service = self.service, "SERVING");
+            }
+            self.set(serving).await;
+        }
+    }
+
+    /// The checks failing now, with why.
+    pub fn failing(&self) -> Vec<(&'static str, String)> {
+        self.state.lock().map(|s| s.failing.clone()).unwrap_or_default()
+    }
+
+    /// Reports NOT_SERVING for good: the service is draining.
+    pub async fn draining(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.draining = true;
+            state.reported = Some(false);
+        }
+        self.set(false).await;
+    }
+
+    async fn set(&self, serving: bool) {
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for name in self.names {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+}
+
+/// Whether the database answers within the check interval.
+pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
+    match tokio::time::timeout(2 * HEALTH_INTERVAL, db.ping()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("the database does not answer: {e}")),
+        Err(_) => Some("the database did not answer a ping within 2 s".to_owned()),
+    }
+}
+
 /// A `grpc.health.v1` endpoint for a service that serves nothing else over gRPC (the relay and
-/// the consumer), reporting SERVING until `stop` turns true.
+/// the consumer): SERVING while its checks pass ([`HealthEndpoint::health`]), NOT_SERVING while
+/// one fails or once it drains.
 #[derive(Debug)]
 pub struct HealthEndpoint {
-    reporter: HealthReporter,
+    health: Health,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 impl HealthEndpoint {
-    /// Serves health on `listener` until `stop` turns true.
-    pub async fn serve(listener: TcpListener, mut stop: watch::Receiver<bool>) -> Self {
-        let (reporter, service) = tonic_health::server::health_reporter();
-        reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-        let server = tokio::spawn(
-            tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
+    /// Serves health for `service` on `listener` until `stop` turns true.
+    pub async fn serve(
+        listener: TcpListener,
+        service: &'static str,
+        mut stop: watch::Receiver<bool>,
+    ) -> Self {
+        let (reporter, grpc) = tonic_health::server::health_reporter();
+        let health = Health::new(reporter, service, &[""]).await;
+        let server =
+            tokio::spawn(tonic::transport::Server::builder().add_service(grpc).serve_with_incoming_shutdown(
                 TcpIncoming::from(listener),
                 async move {
                     let _ = stop.wait_for(|stop| *stop).await;
                 },
-            ),
-        );
-        Self { reporter, server }
+            ));
+        Self { health, server }
+    }
+
+    /// The status this endpoint serves, for the service's checks to update.
+    pub fn health(&self) -> Health {
+        self.health.clone()
     }
 
     /// Reports NOT_SERVING: the service is draining.
     pub async fn draining(&self) {
-        self.reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        self.health.draining().await;
     }
 
     /// Waits for the server to stop (after `stop` turned true).

@@ -16,7 +16,7 @@ mod report;
 
 use std::path::PathBuf;
 
-pub use chaos::{BrokerControl, ChaosReport, ChaosSettings, chaos};
+pub use chaos::{BrokerControl, ChaosReport, ChaosSettings, DatabaseControl, chaos};
 pub use evidence::{Delivery, OutboxRow, Rows, create_topic, read_topic};
 pub use journey::run;
 pub use report::{Counts, EventFacts, Injection, Invariant, Report, Versions};

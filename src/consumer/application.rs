@@ -3,16 +3,18 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Settings;
 use super::inbox::Inbox;
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
-use crate::service::{self, HealthEndpoint, ReadyError};
+use crate::service::{self, Health, HealthEndpoint, ReadyError};
+use crate::telemetry::metrics;
 
 /// The consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +35,8 @@ pub enum StartupError {
 
 /// A built consumer, subscribed, with its health endpoint bound.
 pub struct Application {
-    consumer: StreamConsumer<CommitOnRevoke>,
+    consumer: Arc<StreamConsumer<CommitOnRevoke>>,
+    db: DatabaseConnection,
     inbox: Inbox,
     stats: Arc<ConsumerStats>,
     listener: TcpListener,
@@ -56,11 +59,10 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
-        let consumer = kafka_consumer(&settings, Arc::clone(&stats))?;
-        consumer.subscribe(&[&settings.topic])?;
+        let consumer = subscribed(&settings, &stats)?;
         let (listener, port) = service::bind(settings.listen).await?;
-        let inbox = Inbox::new(db, settings.consumer_name.clone());
-        Ok(Self { consumer, inbox, stats, listener, port, settings })
+        let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
+        Ok(Self { consumer, db, inbox, stats, listener, port, settings })
     }
 
     /// The health endpoint's port.
@@ -80,41 +82,158 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let health = HealthEndpoint::serve(self.listener, stop_rx.clone()).await;
-
-        let worker = Worker {
-            consumer: &self.consumer,
-            inbox: &self.inbox,
-            stats: &self.stats,
-            backoff_max: self.settings.backoff_max,
-            group: self.settings.group(),
-            batch_size: usize::from(self.settings.batch_size),
-        };
+        let health = HealthEndpoint::serve(self.listener, "outpost-consumer", stop_rx.clone()).await;
+        let (current_tx, current) = watch::channel(Arc::clone(&self.consumer));
+        let watcher = tokio::spawn(watch_health(
+            current.clone(),
+            self.db.clone(),
+            Arc::clone(&self.stats),
+            self.settings.topic.clone(),
+            health.health(),
+            stop_rx.clone(),
+        ));
         tracing::info!(
             consumer_name = self.inbox.consumer_name(),
             group = self.settings.group(),
             "consumer started"
         );
-        let run = worker.run(stop_rx);
+        let run = async {
+            let mut consumer = Arc::clone(&self.consumer);
+            loop {
+                let worker = Worker {
+                    consumer: &consumer,
+                    inbox: &self.inbox,
+                    stats: &self.stats,
+                    backoff_max: self.settings.backoff_max,
+                    group: self.settings.group(),
+                    batch_size: usize::from(self.settings.batch_size),
+                };
+                let Some(reason) = worker.run(stop_rx.clone()).await else {
+                    return Ok::<_, StartupError>(());
+                };
+                // Offsets stored but not yet committed are lost with the old client: their
+                // records are delivered again and deduplicated.
+                consumer = subscribed(&self.settings, &self.stats)?;
+                let old = current_tx.send_replace(Arc::clone(&consumer));
+                tokio::task::spawn_blocking(move || drop(old));
+                metrics().client_rebuilds.add(1, &[]);
+                tracing::warn!(%reason, "Kafka consumer rebuilt after a fatal error; it rejoins the group");
+            }
+        };
         tokio::pin!(run);
-        tokio::select! {
-            () = &mut run => {}
+        let outcome = tokio::select! {
+            outcome = &mut run => outcome,
             () = shutdown => {
                 tracing::info!("shutdown requested; finishing the record in hand");
                 health.draining().await;
                 let _ = stop_tx.send(true);
-                if tokio::time::timeout(self.settings.shutdown_grace, &mut run).await.is_err() {
+                tokio::time::timeout(self.settings.shutdown_grace, &mut run).await.unwrap_or_else(|_| {
                     tracing::warn!("grace period over; the record in hand will be redelivered");
-                }
+                    Ok(())
+                })
             }
-        }
-        commit_stored(&self.consumer, "shutdown");
-        self.consumer.unsubscribe();
+        };
+        let consumer = Arc::clone(&current.borrow());
+        commit_stored(consumer.as_ref(), "shutdown");
+        consumer.unsubscribe();
         let _ = stop_tx.send(true);
+        let _ = watcher.await;
         health.stopped().await?;
+        outcome?;
         tracing::info!(stats = ?self.stats.snapshot(), "consumer stopped");
         Ok(())
     }
+}
+
+/// A new Kafka consumer, subscribed to the topic.
+fn subscribed(
+    settings: &Settings,
+    stats: &Arc<ConsumerStats>,
+) -> Result<Arc<StreamConsumer<CommitOnRevoke>>, StartupError> {
+    let consumer = kafka_consumer(settings, Arc::clone(stats))?;
+    consumer.subscribe(&[&settings.topic])?;
+    Ok(Arc::new(consumer))
+}
+
+/// Keeps health NOT_SERVING while the consumer has no connection to the broker or the
+/// database, or holds no partitions while its group's lag does not shrink, until `stop`.
+async fn watch_health(
+    current: watch::Receiver<Arc<StreamConsumer<CommitOnRevoke>>>,
+    db: DatabaseConnection,
+    stats: Arc<ConsumerStats>,
+    topic: String,
+    health: Health,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut last_lag: Option<GroupLag> = None;
+    while !*stop.borrow() {
+        let consumer = Arc::clone(&current.borrow());
+        let idle = stats.snapshot().assigned_partitions == 0;
+        let topic_name = topic.clone();
+        // librdkafka's metadata and offset queries block: off the runtime's workers.
+        let probed = tokio::task::spawn_blocking(move || probe_broker(&consumer, &topic_name, idle)).await;
+        let (broker, lag) = match probed {
+            Ok(Ok(lag)) => (None, lag),
+            Ok(Err(e)) => (Some(format!("no connection to the broker: {e}")), None),
+            Err(e) => (Some(format!("broker probe failed: {e}")), None),
+        };
+        // Lag that is there twice in a row without the group's committed offsets moving: the
+        // group is stuck, and this member, holding nothing, is not helping.
+        let stuck = match (&last_lag, &lag) {
+            (Some(before), Some(now)) if now.records > 0 && now.committed == before.committed => {
+                Some(format!(
+                    "holds no partitions while its group lags {} records on {topic} without progress",
+                    now.records
+                ))
+            }
+            _ => None,
+        };
+        last_lag = lag;
+        let database = service::database_verdict(&db).await;
+        health.update(&[("broker", broker), ("database", database), ("partitions", stuck)]).await;
+        tokio::select! {
+            () = tokio::time::sleep(service::HEALTH_INTERVAL) => {}
+            changed = stop.changed() => if changed.is_err() { break },
+        }
+    }
+}
+
+/// The group's position on the topic: records not yet committed, and the committed offsets' sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GroupLag {
+    records: i64,
+    committed: i64,
+}
+
+/// Asks the broker for the topic's metadata (proving the connection) and, when `idle` (this
+/// member holds no partitions), for the group's committed offsets and the partitions' ends.
+fn probe_broker(
+    consumer: &StreamConsumer<CommitOnRevoke>,
+    topic: &str,
+    idle: bool,
+) -> Result<Option<GroupLag>, KafkaError> {
+    let timeout = 2 * service::HEALTH_INTERVAL;
+    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+    if !idle {
+        return Ok(None);
+    }
+    let mut list = TopicPartitionList::new();
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        list.add_partition(topic, partition.id());
+    }
+    let committed = consumer.committed_offsets(list, timeout)?;
+    let mut lag = GroupLag { records: 0, committed: 0 };
+    for element in committed.elements() {
+        let (low, high) = consumer.fetch_watermarks(topic, element.partition(), timeout)?;
+        let position = match element.offset() {
+            Offset::Offset(offset) => offset,
+            // Nothing committed yet: the group starts at the beginning.
+            _ => low,
+        };
+        lag.records += (high - position).max(0);
+        lag.committed += position;
+    }
+    Ok(Some(lag))
 }
 
 fn kafka_consumer(

@@ -7,7 +7,7 @@ use futures::FutureExt as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use tracing::{Instrument as _, Span};
@@ -139,7 +139,10 @@ impl Worker<'_> {
     /// one record at a time: a record whose handling fails is retried in place with backoff,
     /// and the records after it wait, so offsets never pass an unhandled record; on stop it is
     /// left unacknowledged for redelivery.
-    pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) {
+    ///
+    /// Returns when `stop` turns true (`None`), or when the Kafka client reported a fatal error
+    /// and can never consume again (`Some(why)`): the caller replaces it.
+    pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) -> Option<String> {
         let mut receive_backoff = Duration::from_millis(100);
         while !*stop.borrow() {
             let received = tokio::select! {
@@ -164,10 +167,64 @@ impl Worker<'_> {
                     self.handle_batch(&batch, &mut stop).await;
                 }
                 Err(e) => {
+                    if let Some(fatal) = self.fatal_error(&e) {
+                        return Some(fatal);
+                    }
                     tracing::warn!(error = %e, "receive failed");
                     tokio::time::sleep(receive_backoff).await;
                     receive_backoff = (receive_backoff * 2).min(self.backoff_max);
                 }
+            }
+        }
+        None
+    }
+
+    /// Why the client can never consume again, if it cannot.
+    fn fatal_error(&self, error: &KafkaError) -> Option<String> {
+        if let Some((code, reason)) = self.consumer.client().fatal_error() {
+            return Some(format!("{code:?}: {reason}"));
+        }
+        matches!(error, KafkaError::MessageConsumptionFatal(_)).then(|| error.to_string())
+    }
+
+    /// Pauses (or resumes) fetching for every partition this consumer holds. While a record's
+    /// handling is retried the consumer keeps polling, so it stays in its group however long the
+    /// database is away, and a pause keeps that polling from fetching more records.
+    fn pause_fetching(&self, paused: bool) {
+        let outcome = self.consumer.assignment().and_then(|assigned| {
+            if paused { self.consumer.pause(&assigned) } else { self.consumer.resume(&assigned) }
+        });
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, paused, "could not pause or resume fetching");
+        }
+    }
+
+    /// Waits `wait` (or until `stop`) while polling the client: group heartbeats, rebalances and
+    /// the poll interval stay served. Fetching is paused, so a record is not expected; should
+    /// one come from a partition assigned meanwhile, it is sought back to and fetched again
+    /// after the resume, never skipped.
+    async fn wait_polling(&self, wait: Duration, stop: &mut watch::Receiver<bool>) {
+        let until = tokio::time::sleep(wait);
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                () = &mut until => return,
+                _ = stop.changed() => return,
+                received = self.consumer.recv() => match received {
+                    Ok(message) => {
+                        let (topic, partition, offset) = (message.topic().to_owned(), message.partition(), message.offset());
+                        drop(message);
+                        let mut list = TopicPartitionList::new();
+                        list.add_partition(&topic, partition);
+                        let sought = self.consumer.pause(&list).and_then(|()| {
+                            self.consumer.seek(&topic, partition, Offset::Offset(offset), Duration::ZERO)
+                        });
+                        if let Err(e) = sought {
+                            tracing::error!(error = %e, partition, offset, "could not seek back to a record received while paused");
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "poll while waiting to retry"),
+                },
             }
         }
     }
@@ -303,6 +360,7 @@ impl Worker<'_> {
             commit_stored(self.consumer, "before the local commit (broken on purpose)");
         }
         let mut backoff = Duration::from_millis(100);
+        let mut paused = false;
         loop {
             ConsumerStats::bump(&self.stats.handled);
             match self.handle(message, received).await {
@@ -310,6 +368,9 @@ impl Worker<'_> {
                     // A record whose offset could not be stored is still done: it is simply
                     // redelivered and deduplicated.
                     self.store_offset(message);
+                    if paused {
+                        self.pause_fetching(false);
+                    }
                     return true;
                 }
                 Err(failure) => {
@@ -324,10 +385,11 @@ impl Worker<'_> {
                     );
                 }
             }
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                _ = stop.changed() => {}
+            if !paused {
+                self.pause_fetching(true);
+                paused = true;
             }
+            self.wait_polling(backoff, stop).await;
             if *stop.borrow() {
                 return false;
             }

@@ -13,7 +13,7 @@ use super::grpc::OrderGrpc;
 use super::store::OrderStore;
 use crate::admin::{AdminGrpc, Retention, RetentionError};
 use crate::proto;
-use crate::service::{self, ReadyError};
+use crate::service::{self, Health, ReadyError};
 use crate::wake::WakeSender;
 
 /// The order service could not start.
@@ -90,18 +90,20 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>().await;
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health = Health::new(reporter, "outpost-order", HEALTH_NAMES).await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
 
         let (stop, stopped) = watch::channel(false);
+        let draining = health.clone();
+        let watcher = tokio::spawn(watch_database(self.db.clone(), health, stopped.clone()));
         let signal = async move {
             shutdown.await;
             tracing::info!("shutdown requested; draining in-flight calls");
-            health.set_not_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>().await;
+            draining.draining().await;
             let _ = stop.send(true);
         };
         tracing::info!(port = self.port, admin_port = self.admin_port, "order service listening");
@@ -132,7 +134,22 @@ impl Application {
             },
         };
         purger.abort();
+        watcher.abort();
         Ok(result?)
+    }
+}
+
+/// The gRPC names the order service's health covers: the whole server and OrderService.
+const HEALTH_NAMES: &[&str] = &["", "outpost.v1.OrderService"];
+
+/// Keeps health NOT_SERVING while the database does not answer, until stopped.
+async fn watch_database(db: DatabaseConnection, health: Health, stopped: watch::Receiver<bool>) {
+    loop {
+        health.update(&[("database", service::database_verdict(&db).await)]).await;
+        tokio::select! {
+            () = tokio::time::sleep(service::HEALTH_INTERVAL) => {}
+            () = until_true(stopped.clone()) => return,
+        }
     }
 }
 

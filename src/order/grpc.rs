@@ -251,6 +251,9 @@ impl SubmitOrderError {
             Self::Store(SubmitError::OutcomeUnknown { event_id, .. }) => {
                 (Code::Unknown, "OUTCOME_UNKNOWN", Some(event_id))
             }
+            Self::Store(SubmitError::Unavailable { event_id, .. }) => {
+                (Code::Unavailable, "DATABASE_UNAVAILABLE", Some(event_id))
+            }
         };
         let mut details = ErrorDetails::new();
         details.set_error_info(reason, ERROR_DOMAIN, metadata(key, event_id.map(ToString::to_string)));
@@ -263,6 +266,9 @@ impl SubmitOrderError {
             }
             Self::Store(SubmitError::RolledBack { .. }) => {
                 "the transaction rolled back before commit; nothing was written: retry with the same request_id and event_id".to_owned()
+            }
+            Self::Store(SubmitError::Unavailable { .. }) => {
+                "the database is unavailable; no transaction began and nothing was written: retry with the same request_id and event_id".to_owned()
             }
             Self::Store(SubmitError::OutcomeUnknown { .. }) => {
                 "the commit outcome is unknown: call Reconcile with the same tenant_id and request_id before retrying".to_owned()

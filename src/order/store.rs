@@ -82,6 +82,15 @@ pub enum SubmitError {
         /// What failed.
         cause: TxFailure,
     },
+    /// No transaction could begin (the database is unreachable or the pool has no connection
+    /// for it): nothing was written. Safe to retry with the same ids.
+    #[error("no transaction began: {cause}")]
+    Unavailable {
+        /// The event id to reuse on retry.
+        event_id: EventId,
+        /// What failed.
+        cause: TxFailure,
+    },
     /// `commit()` or `rollback()` failed: the order may or may not exist. Reconcile decides.
     #[error("outcome unknown: {cause}")]
     OutcomeUnknown {
@@ -181,7 +190,11 @@ impl OrderStore {
         let txn = match self.db.begin().await {
             Ok(txn) => txn,
             // No transaction began, so nothing can have been written.
-            Err(e) => return Err(rolled_back(event_id, e.into())),
+            Err(e) => {
+                let cause = TxFailure::from(e);
+                tracing::warn!(outcome = "UNAVAILABLE", error = %cause, "no transaction began; nothing written");
+                return Err(SubmitError::Unavailable { event_id, cause });
+            }
         };
         let written = async {
             let order_id = insert_order(&txn, submit, event_id, accepted_at, trace).await?;

@@ -1,16 +1,18 @@
 //! Builds the relay from its settings and runs it until shutdown.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::budget::StepBudget;
+use super::health::{Vitals, publish_verdict};
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, RedriveAudit, Settings};
-use crate::service::{self, HealthEndpoint, ReadyError};
+use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 use crate::wake::WakeListener;
 
@@ -90,8 +92,15 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let health = HealthEndpoint::serve(self.listener, stop_rx.clone()).await;
+        let health = HealthEndpoint::serve(self.listener, "outpost-relay", stop_rx.clone()).await;
         let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
+        let watcher = tokio::spawn(watch_health(
+            self.relay.vitals(),
+            self.relay.outbox().clone(),
+            health.health(),
+            self.settings.publish_stall,
+            stop_rx.clone(),
+        ));
         if let Some(wake) = self.wake {
             tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
         }
@@ -119,6 +128,7 @@ impl Application {
         };
         let _ = stop_tx.send(true);
         let _ = backlog.await;
+        let _ = watcher.await;
         health.stopped().await?;
         outcome?;
         tracing::info!("relay stopped");
@@ -137,6 +147,35 @@ pub async fn redrive(
     }
     let db = service::open_database(&settings.database_url, 1).await?;
     Outbox::new(db).redrive(event_id, audit).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
+}
+
+/// Keeps health NOT_SERVING while the relay cannot claim, or while nothing was published for
+/// longer than `stall` although an event has waited that long, until `stop`.
+async fn watch_health(
+    vitals: Arc<Vitals>,
+    outbox: Outbox,
+    health: Health,
+    stall: std::time::Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    while !*stop.borrow() {
+        let since_publish = vitals.since_last_publish();
+        // The backlog is read only while publishing looks stalled, so a healthy relay adds no
+        // query; an unreadable backlog leaves the claim check to speak.
+        let publishing = if since_publish > stall {
+            match outbox.backlog().await {
+                Ok(backlog) => publish_verdict(since_publish, backlog.oldest_pending, stall),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        health.update(&[("claim", vitals.claim_verdict()), ("publishing", publishing)]).await;
+        tokio::select! {
+            () = tokio::time::sleep(service::HEALTH_INTERVAL) => {}
+            changed = stop.changed() => if changed.is_err() { break },
+        }
+    }
 }
 
 /// How often the backlog gauges are refreshed.

@@ -1,18 +1,20 @@
 //! Publishing to a Kafka-protocol broker, and the contract every publisher keeps.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
 use tracing::Instrument as _;
 
 use super::outbox::{ClaimedEvent, Delivery};
-use crate::telemetry;
+use crate::{failpoint, telemetry};
 
 /// `content-type` header of every record: the value is a protobuf message named by `event_type`.
 pub const CONTENT_TYPE: &str = "application/x-protobuf";
@@ -27,10 +29,19 @@ pub trait Publisher: Send + Sync {
     fn publish(&self, event: &ClaimedEvent) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
 
     /// A reason this publisher can never publish again, if it has one (librdkafka's idempotent
-    /// producer raises such fatal errors). The relay then stops, so that a fresh process with a
-    /// fresh producer takes over.
+    /// producer raises such fatal errors).
     fn fatal_error(&self) -> Option<String> {
         None
+    }
+
+    /// Replaces a client that can never publish again (a fatal error), or, when `rejecting`,
+    /// one whose every publish since its last confirm the broker answered with an error.
+    /// `Ok(Some(why))` when it replaced the client, `Ok(None)` when nothing needed replacing,
+    /// `Err` when a client is unusable and cannot be replaced: the relay then stops. Callers
+    /// call it between batches, after every failed publish of the old client was released.
+    fn recover(&self, rejecting: bool) -> Result<Option<String>, String> {
+        let _ = rejecting;
+        self.fatal_error().map_or(Ok(None), Err)
     }
 }
 
@@ -63,11 +74,35 @@ pub enum ProducerConfigError {
     Client(#[from] KafkaError),
 }
 
-/// A confirmed publisher over librdkafka's idempotent producer with `acks=all`.
+/// A confirmed publisher over librdkafka's idempotent producer with `acks=all`, which replaces
+/// its producer inside the process when it turns fatal or only gets errors (see
+/// [`Publisher::recover`]).
 pub struct KafkaPublisher {
-    producer: FutureProducer,
+    config: ClientConfig,
+    producer: RwLock<Arc<ProducerSlot>>,
     topic: String,
     delivery_timeout: Duration,
+    /// Publishes the broker answered with an error since the last confirm.
+    rejected_in_a_row: AtomicU64,
+}
+
+/// One librdkafka producer; `poisoned` stands in for a fatal error a test injects.
+struct ProducerSlot {
+    client: FutureProducer,
+    poisoned: AtomicBool,
+}
+
+impl ProducerSlot {
+    fn fatal_error(&self) -> Option<String> {
+        if self.poisoned.load(Ordering::Relaxed) {
+            return Some(format!(
+                "{:?}: injected at {}",
+                RDKafkaErrorCode::Fatal,
+                failpoint::RELAY_PRODUCER_FATAL
+            ));
+        }
+        self.client.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -109,14 +144,36 @@ impl KafkaPublisher {
             }
             config.set(key, value);
         }
-        let producer: FutureProducer = config.create()?;
-        Ok(Self { producer, topic: topic.into(), delivery_timeout })
+        let producer = Self::create(&config)?;
+        Ok(Self {
+            config,
+            producer: RwLock::new(producer),
+            topic: topic.into(),
+            delivery_timeout,
+            rejected_in_a_row: AtomicU64::new(0),
+        })
+    }
+
+    fn create(config: &ClientConfig) -> Result<Arc<ProducerSlot>, KafkaError> {
+        Ok(Arc::new(ProducerSlot { client: config.create()?, poisoned: AtomicBool::new(false) }))
+    }
+
+    /// The producer in use now; a publish keeps it alive until its verdict, even if another
+    /// task replaces it meanwhile.
+    fn current(&self) -> Arc<ProducerSlot> {
+        Arc::clone(&self.producer.read().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     /// Waits up to `timeout` for records still in the client's queue to be delivered.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(Timeout::After(timeout))
+        self.current().client.flush(Timeout::After(timeout))
     }
+}
+
+/// Whether the broker itself answered with `error` (as opposed to a local timeout, a lost
+/// connection or a queue limit, which librdkafka reports with codes from -199 to -100).
+fn answered_by_broker(error: &KafkaError) -> bool {
+    error.rdkafka_error_code().is_some_and(|code| code as i32 > -100)
 }
 
 impl Publisher for KafkaPublisher {
@@ -158,12 +215,25 @@ impl Publisher for KafkaPublisher {
             .key(event.aggregate_id.as_bytes())
             .payload(event.payload.as_slice())
             .headers(headers);
+        let producer = self.current();
+        if failpoint::hit(failpoint::RELAY_PRODUCER_FATAL).is_err() {
+            producer.poisoned.store(true, Ordering::Relaxed);
+        }
         // The delivery report, not the enqueue, is the confirmation: `send` resolves only when
         // librdkafka has the broker's answer for this record, or gave up on it.
-        let sent =
-            self.producer.send(record, Timeout::After(self.delivery_timeout)).instrument(span.clone()).await;
+        let sent = if producer.poisoned.load(Ordering::Relaxed) {
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))
+        } else {
+            producer
+                .client
+                .send(record, Timeout::After(self.delivery_timeout))
+                .instrument(span.clone())
+                .await
+                .map_err(|(e, _)| e)
+        };
         match sent {
             Ok(delivery) => {
+                self.rejected_in_a_row.store(0, Ordering::Relaxed);
                 span.record("messaging.destination.partition.id", delivery.partition);
                 span.record("messaging.kafka.offset", delivery.offset);
                 span.in_scope(|| {
@@ -179,7 +249,10 @@ impl Publisher for KafkaPublisher {
                     offset: delivery.offset,
                 })
             }
-            Err((source, _)) => {
+            Err(source) => {
+                if answered_by_broker(&source) {
+                    self.rejected_in_a_row.fetch_add(1, Ordering::Relaxed);
+                }
                 span.record("otel.status_code", "ERROR");
                 span.in_scope(|| tracing::warn!(error = %source, "publish not confirmed"));
                 Err(PublishError { event_id: event.event_id.clone(), source })
@@ -188,7 +261,27 @@ impl Publisher for KafkaPublisher {
     }
 
     fn fatal_error(&self) -> Option<String> {
-        self.producer.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+        self.current().fatal_error()
+    }
+
+    fn recover(&self, rejecting: bool) -> Result<Option<String>, String> {
+        let mut producer = self.producer.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Checked under the write lock: when several step loops share this publisher, only the
+        // first to see the bad producer replaces it.
+        let rejected = self.rejected_in_a_row.load(Ordering::Relaxed);
+        let why = match producer.fatal_error() {
+            Some(fatal) => format!("fatal error: {fatal}"),
+            None if rejecting && rejected > 0 => {
+                format!("the broker answered the last {rejected} publishes with errors and confirmed none")
+            }
+            None => return Ok(None),
+        };
+        let fresh = Self::create(&self.config).map_err(|e| format!("{why}; a new producer failed: {e}"))?;
+        let old = std::mem::replace(&mut *producer, fresh);
+        self.rejected_in_a_row.store(0, Ordering::Relaxed);
+        // Destroying a librdkafka client joins its threads: not on a runtime worker.
+        tokio::task::spawn_blocking(move || drop(old));
+        Ok(Some(why))
     }
 }
 

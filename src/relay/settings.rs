@@ -79,6 +79,11 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_RELAY_LISTEN", default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,
 
+    /// Health reports NOT_SERVING when nothing was published for this long while an event has
+    /// waited this long.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_PUBLISH_STALL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub publish_stall: Duration,
+
     /// UDP address for wake-ups from the order service (its `--wake-relays`): an idle relay
     /// polls at once instead of after its back-off. Off when unset; polling alone stays correct.
     #[arg(long, global = true, env = "OUTPOST_RELAY_WAKE_LISTEN")]
@@ -124,6 +129,7 @@ impl Settings {
             backoff_max: Duration::from_secs(300),
             max_idle_poll: Duration::from_secs(1),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            publish_stall: Duration::from_secs(60),
             wake_listen: None,
         }
     }

@@ -11,6 +11,7 @@ use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
 use super::budget::StepBudget;
+use super::health::Vitals;
 use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
 use crate::failpoint;
@@ -68,12 +69,35 @@ pub struct Relay<P> {
     owner: WorkerId,
     tuning: Tuning,
     wake: Arc<Notify>,
+    vitals: Arc<Vitals>,
 }
+
+/// Batches in a row whose every publish failed, with the broker answering errors, after which
+/// the producer is replaced (Tansu 0.6, for one, answers UNKNOWN_SERVER_ERROR to every produce
+/// of a producer whose epoch a timed-out send bumped).
+const REBUILD_AFTER_FAILED_BATCHES: u32 = 3;
 
 impl<P: Publisher> Relay<P> {
     /// A worker with a fresh worker id.
     pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
-        Self { outbox, publisher, owner: WorkerId::generate(), tuning, wake: Arc::new(Notify::new()) }
+        Self {
+            outbox,
+            publisher,
+            owner: WorkerId::generate(),
+            tuning,
+            wake: Arc::new(Notify::new()),
+            vitals: Arc::default(),
+        }
+    }
+
+    /// Progress of this worker's step loops, for its health check.
+    pub(crate) fn vitals(&self) -> Arc<Vitals> {
+        Arc::clone(&self.vitals)
+    }
+
+    /// Producers replaced inside this process since the worker started.
+    pub fn producer_rebuilds(&self) -> u64 {
+        self.vitals.rebuilds()
     }
 
     /// Notifying this ends an idle wait early (see [`crate::wake`]); it never skips a poll.
@@ -290,7 +314,10 @@ impl<P: Publisher> Relay<P> {
     /// the wait early (at most one poll per 10 ms however many arrive). A step in progress
     /// always finishes, so a stop never abandons a confirmed publish before its mark.
     ///
-    /// Ends early with an error only when the publisher can never publish again.
+    /// A publisher that turned fatal, or whose every publish the broker answered with an error
+    /// for [`REBUILD_AFTER_FAILED_BATCHES`] batches in a row, is replaced between steps (its
+    /// failed publishes were already released, as any failed publish is). Ends early with an
+    /// error only when no replacement can be made.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
         let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
         let mut idle = shortest;
@@ -298,9 +325,21 @@ impl<P: Publisher> Relay<P> {
         while !*stop.borrow() {
             let polled_at = tokio::time::Instant::now();
             let step = self.step().await;
-            if let Some(reason) = self.publisher.fatal_error() {
-                tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
-                return Err(PublisherFailed(reason));
+            let failed_batches = self.vitals.stepped(&step);
+            match self.publisher.recover(failed_batches >= REBUILD_AFTER_FAILED_BATCHES) {
+                Ok(None) => {}
+                Ok(Some(reason)) => {
+                    self.vitals.rebuilt();
+                    metrics().producer_rebuilds.add(1, &[]);
+                    tracing::warn!(
+                        %reason,
+                        "Kafka producer rebuilt; the events it failed were released and are retried with the new one"
+                    );
+                }
+                Err(reason) => {
+                    tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
+                    return Err(PublisherFailed(reason));
+                }
             }
             let wait = match step {
                 Ok(StepOutcome::Worked(report)) => {

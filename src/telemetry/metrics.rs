@@ -33,6 +33,15 @@ pub(crate) struct Metrics {
     pub(crate) dead_letters: Counter<u64>,
     /// Order transactions run again after a deadlock or lock-wait timeout (attribute `reason`).
     pub(crate) order_lock_retries: Counter<u64>,
+    /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `outpost.service`).
+    pub(crate) health_serving: Gauge<u64>,
+    /// 1 while a health check fails, 0 while it passes (attributes `outpost.service`,
+    /// `outpost.health.check`).
+    pub(crate) health_failing: Gauge<u64>,
+    /// Kafka producers the relay replaced after a fatal error or a run of rejected batches.
+    pub(crate) producer_rebuilds: Counter<u64>,
+    /// Kafka consumers the consumer replaced after a fatal error.
+    pub(crate) client_rebuilds: Counter<u64>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -89,6 +98,22 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         order_lock_retries: meter
             .u64_counter("outpost.order.lock_conflict_retries")
             .with_description("Order transactions run again after a deadlock or lock-wait timeout")
+            .build(),
+        health_serving: meter
+            .u64_gauge("outpost.health.serving")
+            .with_description("1 while the service's grpc.health.v1 status is SERVING, else 0")
+            .build(),
+        health_failing: meter
+            .u64_gauge("outpost.health.failing")
+            .with_description("1 while the named health check fails, else 0")
+            .build(),
+        producer_rebuilds: meter
+            .u64_counter("outpost.relay.producer_rebuilds")
+            .with_description("Kafka producers replaced inside the relay process")
+            .build(),
+        client_rebuilds: meter
+            .u64_counter("outpost.consumer.client_rebuilds")
+            .with_description("Kafka consumers replaced inside the consumer process")
             .build(),
     }
 });

@@ -1,5 +1,5 @@
 //! Chaos mode: orders keep arriving while relays and consumers are SIGKILLed at random and the
-//! broker is restarted; afterwards every event id is checked.
+//! broker (and, when asked, the database) is restarted; afterwards every event id is checked.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -21,6 +21,13 @@ pub trait BrokerControl: Send {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// Restarts the database the services share, when chaos asks for it.
+pub trait DatabaseControl: Send {
+    /// Stops the database (abruptly or not, as the operator's command does) and starts it
+    /// again on the same address and data; returns once it was started again.
+    fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
 /// How much chaos.
 #[derive(Debug, Clone)]
 pub struct ChaosSettings {
@@ -39,6 +46,8 @@ pub struct ChaosReport {
     pub restarts: u64,
     /// Broker restarts.
     pub broker_restarts: u64,
+    /// Database restarts.
+    pub database_restarts: u64,
     /// Records on the topic beyond one per event.
     pub duplicates_delivered: u64,
     /// Deliveries the consumers recognised as already consumed.
@@ -53,10 +62,11 @@ impl ChaosReport {
     /// The counts in one line each, for people.
     pub fn summary(&self) -> String {
         format!(
-            "kills: {}\nrestarts: {}\nbroker restarts: {}\nduplicates delivered: {}\nduplicates absorbed: {}\nevents checked: {}\nviolations: {}\n",
+            "kills: {}\nrestarts: {}\nbroker restarts: {}\ndatabase restarts: {}\nduplicates delivered: {}\nduplicates absorbed: {}\nevents checked: {}\nviolations: {}\n",
             self.kills,
             self.restarts,
             self.broker_restarts,
+            self.database_restarts,
             self.duplicates_delivered,
             self.duplicates_absorbed,
             self.events_checked,
@@ -114,12 +124,14 @@ impl Fleet<'_> {
 /// The consumers' Kafka session timeout: how long the group waits before expiring a killed one.
 const CONSUMER_SESSION: Duration = Duration::from_secs(6);
 
-/// Runs chaos and checks every event. `Err` means chaos could not be carried out; violations
-/// are in the report.
+/// Runs chaos and checks every event. The broker is restarted halfway; the database, when
+/// `database` is given, a quarter of the way in. `Err` means chaos could not be carried out;
+/// violations are in the report.
 pub async fn chaos(
     settings: &Settings,
     chaos: &ChaosSettings,
     broker: &mut dyn BrokerControl,
+    mut database: Option<&mut dyn DatabaseControl>,
 ) -> Result<ChaosReport, VerifyError> {
     std::fs::create_dir_all(&settings.work_dir)?;
     let db = crate::service::open_database(&settings.database_url, 2)
@@ -144,9 +156,12 @@ pub async fn chaos(
     let mut fleet = Fleet {
         settings,
         relay_args: common(&[
-            "--lease=4s",
-            "--delivery-timeout=2s",
-            "--lease-margin=1s",
+            // A delivery timeout far beyond a broker restart: a send of an idempotent producer
+            // that times out bumps its epoch, and Tansu 0.6 then fails every client until it is
+            // restarted (tansu-storage lite.rs:503). The lease must outlast it.
+            "--lease=14s",
+            "--delivery-timeout=10s",
+            "--lease-margin=2s",
             "--max-idle-poll=100ms",
             "--backoff-base=100ms",
             "--backoff-max=1s",
@@ -214,6 +229,7 @@ pub async fn chaos(
     let mut report = ChaosReport::default();
     let started = tokio::time::Instant::now();
     let mut next_broker_restart = started + chaos.duration / 2;
+    let mut next_database_restart = started + chaos.duration / 4;
     // Killed processes come back after a delay, as under an orchestrator's restart back-off.
     let mut restarts: Vec<(tokio::time::Instant, &str)> = Vec::new();
     while started.elapsed() < chaos.duration {
@@ -224,6 +240,14 @@ pub async fn chaos(
             broker.restart().await;
             report.broker_restarts += 1;
             next_broker_restart += chaos.duration;
+            continue;
+        }
+        if let Some(database) = database.as_deref_mut()
+            && tokio::time::Instant::now() >= next_database_restart
+        {
+            database.restart().await;
+            report.database_restarts += 1;
+            next_database_restart += chaos.duration;
             continue;
         }
         if fleet.alive.is_empty() {

@@ -23,7 +23,12 @@ fn topic() -> String {
     format!("outpost-test-{}", uuid::Uuid::new_v4().simple())
 }
 
-fn consumer_settings(app: &TestApp, brokers: &str, topic: &str, group: &str) -> consumer::Settings {
+pub(crate) fn consumer_settings(
+    app: &TestApp,
+    brokers: &str,
+    topic: &str,
+    group: &str,
+) -> consumer::Settings {
     let mut settings = consumer::Settings::new(&app.db.url, brokers);
     settings.topic = topic.to_owned();
     settings.group_id = Some(group.to_owned());
@@ -57,7 +62,7 @@ impl RunningConsumer {
 }
 
 /// An OrderAccepted record as the relay would publish it.
-fn event_record(order_id: i64) -> (String, Vec<u8>) {
+pub(crate) fn event_record(order_id: i64) -> (String, Vec<u8>) {
     let event_id = uuid::Uuid::now_v7().to_string();
     let payload = pb::OrderAccepted {
         event_id: event_id.clone(),
@@ -75,7 +80,7 @@ fn event_record(order_id: i64) -> (String, Vec<u8>) {
     (event_id, payload)
 }
 
-async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8], event_id: Option<&str>) {
+pub(crate) async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8], event_id: Option<&str>) {
     let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     let mut headers =
         OwnedHeaders::new().insert(Header { key: "event_type", value: Some("outpost.v1.OrderAccepted") });

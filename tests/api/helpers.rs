@@ -111,6 +111,16 @@ impl TestDb {
         db
     }
 
+    /// The database at `url` (on a server a test started itself), migrated.
+    pub async fn migrated_at(url: String) -> Self {
+        LazyLock::force(&TRACING);
+        let db = Self { url, _dir: None };
+        let conn = db.connect().await;
+        Migrator::up(&conn, None).await.unwrap();
+        conn.close().await.unwrap();
+        db
+    }
+
     pub async fn connect(&self) -> DatabaseConnection {
         outpost::db::connect(&self.url, 4).await.unwrap()
     }
@@ -180,7 +190,11 @@ impl TestApp {
 
     /// An order service whose settings `adjust` changed first.
     pub async fn spawn_with(backend: Backend, adjust: impl FnOnce(&mut Settings)) -> Self {
-        let db = TestDb::migrated(backend).await;
+        Self::spawn_on(TestDb::migrated(backend).await, adjust).await
+    }
+
+    /// An order service over `db`, whose settings `adjust` changed first.
+    pub async fn spawn_on(db: TestDb, adjust: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = Settings::for_database(&db.url);
         adjust(&mut settings);
         let app = Application::build(settings).await.unwrap();

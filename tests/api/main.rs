@@ -6,6 +6,7 @@
 mod broker;
 mod helpers;
 mod otlp;
+mod private_db;
 
 mod admin;
 #[cfg(feature = "failpoints")]
@@ -13,6 +14,8 @@ mod chaos;
 mod classify;
 mod client;
 mod consumer;
+mod dependencies;
+mod outage;
 mod python;
 mod reconcile;
 mod relay;

@@ -20,7 +20,7 @@ fn topic() -> String {
 }
 
 /// Short, test-sized timings that still satisfy the relay's start-up check.
-fn relay_settings(app: &TestApp, brokers: &str, topic: &str) -> relay::Settings {
+pub(crate) fn relay_settings(app: &TestApp, brokers: &str, topic: &str) -> relay::Settings {
     let mut settings = relay::Settings::new(&app.db.url, brokers);
     settings.topic = topic.to_owned();
     settings.lease = Duration::from_secs(5);

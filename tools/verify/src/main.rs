@@ -40,22 +40,36 @@ struct Cli {
     /// A shell command that restarts the broker on durable storage; chaos runs it halfway.
     #[arg(long)]
     broker_restart_command: Option<String>,
+    /// A shell command that restarts the database (stops it and starts it again on the same
+    /// address and data); chaos runs it a quarter of the way in.
+    #[arg(long)]
+    db_restart_command: Option<String>,
 }
 
 fn humantime_duration(text: &str) -> Result<std::time::Duration, String> {
     outpost::startup::parse_duration(text)
 }
 
-/// Restarts the broker by running the operator's command, if there is one.
-struct ShellBroker(Option<String>);
+/// Restarts the broker or the database by running the operator's command, if there is one.
+struct Shell(Option<String>);
 
-impl verify::BrokerControl for ShellBroker {
+impl Shell {
+    async fn run(&self) {
+        if let Some(command) = &self.0 {
+            let _ = tokio::process::Command::new("sh").arg("-c").arg(command).status().await;
+        }
+    }
+}
+
+impl verify::BrokerControl for Shell {
     fn restart(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            if let Some(command) = &self.0 {
-                let _ = tokio::process::Command::new("sh").arg("-c").arg(command).status().await;
-            }
-        })
+        Box::pin(self.run())
+    }
+}
+
+impl verify::DatabaseControl for Shell {
+    fn restart(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.run())
     }
 }
 
@@ -75,7 +89,10 @@ async fn main() -> ExitCode {
     };
     if let Some(orders) = cli.chaos_orders {
         let chaos = verify::ChaosSettings { orders, duration: cli.chaos_duration };
-        let outcome = verify::chaos(&settings, &chaos, &mut ShellBroker(cli.broker_restart_command)).await;
+        let mut database = cli.db_restart_command.map(|command| Shell(Some(command)));
+        let database = database.as_mut().map(|shell| shell as &mut dyn verify::DatabaseControl);
+        let outcome =
+            verify::chaos(&settings, &chaos, &mut Shell(cli.broker_restart_command), database).await;
         telemetry.shutdown();
         return match outcome {
             Ok(report) => {

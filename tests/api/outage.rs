@@ -1,0 +1,152 @@
+//! The database stopped for 20 s during load and started again, on a private MariaDB or
+//! PostgreSQL server: the order service answers UNAVAILABLE (nothing written) or an exact
+//! outcome, never a bare INTERNAL; the relay and the consumer keep running and resume by
+//! themselves; every service's health says NOT_SERVING meanwhile and SERVING after; no event is
+//! lost and none has a second effect.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outpost::relay;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::broker::TestBroker;
+use crate::consumer::consumer_settings;
+use crate::dependencies::{RunningConsumer, assert_health};
+use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually, metadata, order, reason};
+use crate::private_db::PrivateServer;
+use crate::relay::relay_settings;
+
+const OUTAGE: Duration = Duration::from_secs(20);
+
+mod a_database_outage_during_load_is_survived_by_every_service {
+    use crate::helpers::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mariadb() {
+        super::a_database_outage_during_load_is_survived_by_every_service(Backend::MariaDb).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_database_outage_during_load_is_survived_by_every_service(Backend::Postgres).await;
+    }
+}
+
+/// One SubmitOrder answer: the request id, the status code and the reason.
+type Answer = (String, Code, String);
+
+async fn a_database_outage_during_load_is_survived_by_every_service(backend: Backend) {
+    let mut server = PrivateServer::start(backend).await;
+    let app = TestApp::spawn_on(server.migrated_database().await, |_| {}).await;
+    let broker = TestBroker::start().await;
+    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    broker.create_topic(&topic, 2).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    settings.max_attempts = 1_000;
+    let relay = relay::Application::build(settings).await.unwrap();
+    let relay_port = relay.port();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+    let mut settings = consumer_settings(&app, &broker.address(), &topic, "outage");
+    // A member that stopped polling for 10 s would be put out of its group: the consumer must
+    // keep polling while it waits for the database.
+    settings.kafka_options.push(("max.poll.interval.ms".into(), "10000".into()));
+    let consumer = RunningConsumer::start(settings).await;
+    for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
+        assert_health("every service is SERVING", port, service, ServingStatus::Serving).await;
+    }
+
+    // Load: one caller submitting new orders back to back, through the whole outage.
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let (stop_load, load_stopped) = tokio::sync::watch::channel(false);
+    let load = tokio::spawn({
+        let (client, answers) = (app.client.clone(), Arc::clone(&answers));
+        async move {
+            let mut i = 0;
+            while !*load_stopped.borrow() {
+                i += 1;
+                let request_id = format!("load-{i}");
+                let answer = client.clone().submit_order(order(7, &request_id)).await;
+                let (code, why) = match &answer {
+                    Ok(_) => (Code::Ok, String::new()),
+                    Err(status) => (status.code(), reason(status)),
+                };
+                answers.lock().unwrap().push((request_id, code, why));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    server.stop().await;
+    let stopped_at = tokio::time::Instant::now();
+    assert_health(
+        "the order service is NOT_SERVING",
+        app.port,
+        "outpost.v1.OrderService",
+        ServingStatus::NotServing,
+    )
+    .await;
+    assert_health("the relay is NOT_SERVING", relay_port, "", ServingStatus::NotServing).await;
+    assert_health("the consumer is NOT_SERVING", consumer.port, "", ServingStatus::NotServing).await;
+    tokio::time::sleep_until(stopped_at + OUTAGE).await;
+    server.resume().await;
+    for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
+        assert_health("every service is SERVING again", port, service, ServingStatus::Serving).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_load.send(true).unwrap();
+    load.await.unwrap();
+
+    let answers = answers.lock().unwrap().clone();
+    let mut committed = 0;
+    for (request_id, code, why) in &answers {
+        let found = app.reconcile(7, request_id).await;
+        match (code, why.as_str()) {
+            (Code::Ok, _) => {
+                committed += 1;
+                assert!(found.is_ok(), "{request_id} was committed");
+            }
+            (Code::Unavailable, "DATABASE_UNAVAILABLE") | (Code::Aborted, "ROLLED_BACK") => {
+                let status = found.unwrap_err();
+                assert_eq!(
+                    status.code(),
+                    Code::NotFound,
+                    "{request_id} answered {code:?}: nothing was written"
+                );
+            }
+            (Code::Unknown, "OUTCOME_UNKNOWN") => {}
+            _ => panic!("{request_id} got {code:?} {why:?}: not an exact outcome"),
+        }
+    }
+    let unavailable = answers.iter().filter(|(_, code, _)| *code == Code::Unavailable).count();
+    assert!(unavailable > 0, "the outage really reached callers: {answers:?}");
+    assert!(committed > 0 && answers.last().is_some_and(|(_, code, _)| *code == Code::Ok), "{answers:?}");
+    let _ = metadata;
+
+    // Every committed order is published and has exactly one effect.
+    let orders = app.count("orders").await;
+    let probe = OutboxProbe { conn: &app.conn };
+    assert_eq!(app.count("outbox_event").await, orders, "one outbox row per order");
+    assert_eventually("every event is published and consumed once", WAIT_DRAIN, || async {
+        probe.count_with_status("PUBLISHED").await == orders
+            && app.count("consumed_event").await == orders
+            && app.count("notification_job").await == orders
+    })
+    .await;
+    assert_eq!(
+        app.scalar_i64(
+            "SELECT COUNT(*) FROM notification_job j LEFT JOIN orders o ON o.acceptance_event_id = j.event_id WHERE o.id IS NULL"
+        )
+        .await,
+        0,
+        "no effect without an order"
+    );
+    // Both kept running through the outage: each stops now, on request, without an error.
+    relay.stop().await;
+    consumer.service.stop().await;
+    app.stop().await;
+}
+
+const WAIT_DRAIN: Duration = Duration::from_secs(90);
