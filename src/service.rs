@@ -6,10 +6,10 @@ use sea_orm::{DatabaseConnection, DbErr};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
 use crate::db::{self, SchemaError};
+use crate::security::Listener;
 
 /// A service could not get ready.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,9 @@ pub enum ReadyError {
         /// Why binding failed.
         source: std::io::Error,
     },
+    /// A listener's TLS or plaintext settings refused it.
+    #[error(transparent)]
+    Listener(#[from] crate::security::ListenerError),
 }
 
 /// Connects to `url` and checks that every migration is applied; writes nothing.
@@ -54,18 +57,16 @@ pub struct HealthEndpoint {
 }
 
 impl HealthEndpoint {
-    /// Serves health on `listener` until `stop` turns true.
-    pub async fn serve(listener: TcpListener, mut stop: watch::Receiver<bool>) -> Self {
+    /// Serves health on `listener` (with its TLS and load limits) until `stop` turns true.
+    pub async fn serve(listener: Listener, mut stop: watch::Receiver<bool>) -> Self {
         let (reporter, service) = tonic_health::server::health_reporter();
         reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-        let server = tokio::spawn(
-            tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
-                TcpIncoming::from(listener),
-                async move {
-                    let _ = stop.wait_for(|stop| *stop).await;
-                },
-            ),
-        );
+        let server = tokio::spawn(listener.server().add_service(service).serve_with_incoming_shutdown(
+            listener.incoming(),
+            async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            },
+        ));
         Self { reporter, server }
     }
 

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Settings;
 use super::inbox::Inbox;
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
+use crate::security::Listener;
 use crate::service::{self, HealthEndpoint, ReadyError};
 
 /// The consumer could not start.
@@ -36,7 +36,7 @@ pub struct Application {
     consumer: StreamConsumer<CommitOnRevoke>,
     inbox: Inbox,
     stats: Arc<ConsumerStats>,
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
     settings: Settings,
 }
@@ -58,7 +58,8 @@ impl Application {
         let stats = Arc::<ConsumerStats>::default();
         let consumer = kafka_consumer(&settings, Arc::clone(&stats))?;
         consumer.subscribe(&[&settings.topic])?;
-        let (listener, port) = service::bind(settings.listen).await?;
+        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let port = listener.port();
         let inbox = Inbox::new(db, settings.consumer_name.clone());
         Ok(Self { consumer, inbox, stats, listener, port, settings })
     }

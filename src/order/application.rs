@@ -4,15 +4,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use super::Settings;
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
 use crate::admin::{AdminGrpc, Retention, RetentionError};
 use crate::proto;
+use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, ReadyError};
 use crate::wake::WakeSender;
 
@@ -31,6 +30,9 @@ pub enum StartupError {
     /// The retention settings would purge dedup history that a redelivery may still need.
     #[error("invalid retention settings: {0}")]
     Retention(#[from] RetentionError),
+    /// The authentication settings cannot be used.
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
     /// No UDP socket for relay wake-ups could be opened.
     #[error("cannot open a socket for relay wake-ups: {0}")]
     Wake(#[source] std::io::Error),
@@ -39,10 +41,13 @@ pub enum StartupError {
 /// A built, listening order service.
 #[derive(Debug)]
 pub struct Application {
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
-    admin_listener: TcpListener,
+    admin_listener: Listener,
     admin_port: u16,
+    auth: Authenticator,
+    public_reflection: bool,
+    reload_every: Duration,
     db: DatabaseConnection,
     retention: Retention,
     wake: WakeSender,
@@ -57,15 +62,21 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let retention = settings.retention();
         retention.check()?;
+        let security = &settings.security;
+        let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
-        let (listener, port) = service::bind(settings.listen).await?;
-        let (admin_listener, admin_port) = service::bind(settings.admin_listen).await?;
+        let listener = Listener::bind(settings.listen, &security.listeners).await?;
+        let admin_listener = Listener::bind(settings.admin_listen, &security.listeners).await?;
+        let (port, admin_port) = (listener.port(), admin_listener.port());
         let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {
             listener,
             port,
             admin_listener,
             admin_port,
+            auth,
+            public_reflection: security.auth.reflection_on(settings.listen),
+            reload_every: security.listeners.reload_every,
             db,
             retention,
             wake,
@@ -104,19 +115,30 @@ impl Application {
             health.set_not_serving::<proto::v1::order_service_server::OrderServiceServer<OrderGrpc>>().await;
             let _ = stop.send(true);
         };
-        tracing::info!(port = self.port, admin_port = self.admin_port, "order service listening");
-        let orders = tonic::transport::Server::builder()
+        tracing::info!(
+            port = self.port,
+            admin_port = self.admin_port,
+            tls = self.listener.is_tls(),
+            "order service listening"
+        );
+        let keys = tokio::spawn(self.auth.clone().watch(self.reload_every, stopped.clone()));
+        let orders = self
+            .listener
+            .server()
             .add_service(health_service)
-            .add_service(reflection.clone())
-            .add_service(OrderGrpc::server(OrderStore::new(self.db.clone()), self.wake.clone()))
-            .serve_with_incoming_shutdown(TcpIncoming::from(self.listener), signal);
-        let admin = tonic::transport::Server::builder()
+            .add_optional_service(self.public_reflection.then(|| reflection.clone()))
+            .add_service(OrderGrpc::server(
+                OrderStore::new(self.db.clone()),
+                self.wake.clone(),
+                self.auth.clone(),
+            ))
+            .serve_with_incoming_shutdown(self.listener.incoming(), signal);
+        let admin = self
+            .admin_listener
+            .server()
             .add_service(reflection)
-            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone()))
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(self.admin_listener),
-                until_true(stopped.clone()),
-            );
+            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth))
+            .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
         let purger =
             tokio::spawn(purge_periodically(self.db, self.retention, self.purge_every, stopped.clone()));
         let servers = async { tokio::try_join!(orders, admin).map(|_| ()) };
@@ -132,6 +154,7 @@ impl Application {
             },
         };
         purger.abort();
+        keys.abort();
         Ok(result?)
     }
 }

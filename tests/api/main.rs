@@ -6,6 +6,7 @@
 mod broker;
 mod helpers;
 mod otlp;
+mod pki;
 
 mod admin;
 #[cfg(feature = "failpoints")]
@@ -17,6 +18,7 @@ mod python;
 mod reconcile;
 mod relay;
 mod rollback;
+mod security;
 mod service;
 mod submit_order;
 mod traces;
