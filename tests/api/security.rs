@@ -373,3 +373,114 @@ async fn past_the_concurrency_limit_callers_are_refused_at_once_and_the_others_s
     assert!(after.is_ok(), "the service still answers once load is back: {after:?}");
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listener_other_hosts_can_reach_refuses_plaintext_and_auth_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let everywhere: std::net::SocketAddr = "0.0.0.0:0".parse().unwrap();
+
+    // Refused before anything is bound.
+    let mut unauthenticated = Settings::for_database(&db.url);
+    unauthenticated.admin_listen = everywhere;
+    let error = Application::build(unauthenticated).await.unwrap_err().to_string();
+    assert!(error.contains("--auth none is accepted only when every listener is loopback"), "{error}");
+
+    let mut plaintext = Settings::for_database(&db.url);
+    plaintext.listen = everywhere;
+    plaintext.security.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
+    let error = Application::build(plaintext).await.unwrap_err().to_string();
+    assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
+
+    let mut no_jwks = Settings::for_database(&db.url);
+    no_jwks.security.auth =
+        AuthSettings { auth_jwks: None, ..AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE) };
+    let error = Application::build(no_jwks).await.unwrap_err().to_string();
+    assert!(error.contains("--auth jwt needs --auth-jwks"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_certificate_replaced_while_the_service_runs_is_served_to_new_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let mut settings = Settings::for_database(&db.url);
+    settings.security.listeners.tls_cert = Some(pki.cert.clone());
+    settings.security.listeners.tls_key = Some(pki.key.clone());
+    settings.security.listeners.reload_every = Duration::from_millis(100);
+    let app = Application::build(settings).await.unwrap();
+    let url = format!("https://localhost:{}", app.port());
+    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let old = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
+    assert_eq!(reconcile_over(&url, &old).await, Ok(Code::NotFound));
+
+    // A new CA and certificate are renamed over the served files.
+    let next_dir = tempfile::tempdir().unwrap();
+    let next = Pki::make(next_dir.path()).unwrap();
+    std::fs::rename(&next.key, &pki.key).unwrap();
+    std::fs::rename(&next.cert, &pki.cert).unwrap();
+    let new = ClientTls { ca_file: Some(next.ca.clone()), identity: None };
+    assert_eventually("new connections get the new certificate", WAIT, || {
+        let (url, old, new) = (url.clone(), old.clone(), new.clone());
+        async move {
+            reconcile_over(&url, &new).await == Ok(Code::NotFound)
+                && reconcile_over(&url, &old).await.is_err()
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_service_log_never_contains_a_token_it_was_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = dir.path().join("order.log");
+    let mut child = tokio::process::Command::new(crate::helpers::service_binary("outpost-order"))
+        .args([
+            format!("--database-url={}", db.url),
+            format!("--listen=127.0.0.1:{port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            "--auth=jwt".to_owned(),
+            format!("--auth-jwks={}", pki.jwks.display()),
+            format!("--auth-issuer={ISSUER}"),
+            format!("--auth-audience={AUDIENCE}"),
+        ])
+        .env("RUST_LOG", "trace")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("order.err")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut client = crate::helpers::connect_order_service(&format!("http://127.0.0.1:{port}")).await;
+
+    let now = jsonwebtoken::get_current_timestamp();
+    let expired = pki.token(json!({ "sub": "late", "tenant_id": 7, "exp": now - 3600 })).unwrap();
+    let forged = pki::token_from_unknown_key("key-1", json!({ "sub": "forger", "tenant_id": 7 })).unwrap();
+    let (good, other) = (tenant(&pki, 7), tenant(&pki, 8));
+    let tokens = [&expired, &forged, &good, &other];
+    client.submit_order(with_token(order(0, "logged"), &good)).await.unwrap();
+    for token in tokens {
+        let _ = client.submit_order(with_token(order(7, "logged-2"), token)).await;
+        let _ = client
+            .reconcile(with_token(pb::ReconcileRequest { tenant_id: 7, request_id: "x".into() }, token))
+            .await;
+    }
+    let _ = client.submit_order(with_token(order(7, "garbage"), "garbage-token-value")).await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let mut logged = std::fs::read_to_string(&log).unwrap();
+    logged.push_str(&std::fs::read_to_string(dir.path().join("order.err")).unwrap());
+    assert!(logged.contains("call refused"), "the refusals were not logged at all:\n{logged}");
+    for token in tokens {
+        // Any of a JWT's three parts would give it away; the signature is unique to the token.
+        let signature = token.rsplit('.').next().unwrap();
+        assert!(!logged.contains(signature), "a token reached the log");
+    }
+    assert!(!logged.contains("garbage-token-value"));
+}
