@@ -65,8 +65,11 @@ impl Application {
         let security = &settings.security;
         let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
-        let listener = Listener::bind(settings.listen, &security.listeners).await?;
-        let admin_listener = Listener::bind(settings.admin_listen, &security.listeners).await?;
+        // One call holds at most one connection, so each listener admits as many calls as the
+        // pool has connections: past that, callers are refused at once instead of queueing.
+        let limited = security.listeners.limited_by_default(settings.db_max_connections);
+        let listener = Listener::bind(settings.listen, &limited).await?;
+        let admin_listener = Listener::bind(settings.admin_listen, &limited).await?;
         let (port, admin_port) = (listener.port(), admin_listener.port());
         let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {

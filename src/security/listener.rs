@@ -24,6 +24,9 @@ use super::tls::{ReloadingTls, TlsError, TlsFiles};
 /// hold handshake slots.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The concurrency limit of a listener whose service set none (the health listeners).
+const HEALTH_LIMIT: u32 = 16;
+
 /// A listener refused to start.
 #[derive(Debug, thiserror::Error)]
 pub enum ListenerError {
@@ -85,7 +88,7 @@ impl Listener {
             addr,
             port,
             tls,
-            limit: Arc::new(Semaphore::new(settings.max_concurrent_calls as usize)),
+            limit: Arc::new(Semaphore::new(settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT) as usize)),
             call_timeout: settings.call_timeout,
             reload_every: settings.reload_every,
         })

@@ -26,9 +26,10 @@ pub struct ListenerSettings {
     pub allow_plaintext: bool,
 
     /// Most calls one listener runs at once; past it a call is answered RESOURCE_EXHAUSTED at
-    /// once instead of waiting for a database connection.
-    #[arg(long, env = "OUTPOST_MAX_CONCURRENT_CALLS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub max_concurrent_calls: u32,
+    /// once instead of waiting for a database connection. Default: the order service's
+    /// `--db-max-connections` on each of its two listeners, 16 on a health listener.
+    #[arg(long, env = "OUTPOST_MAX_CONCURRENT_CALLS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_concurrent_calls: Option<u32>,
 
     /// Longest a call may run on the server; the caller's own deadline wins when shorter.
     #[arg(long, env = "OUTPOST_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -40,15 +41,22 @@ pub struct ListenerSettings {
     pub reload_every: Duration,
 }
 
+impl ListenerSettings {
+    /// These settings with `limit` as the concurrency limit unless one was set.
+    pub fn limited_by_default(&self, limit: u32) -> Self {
+        Self { max_concurrent_calls: Some(self.max_concurrent_calls.unwrap_or(limit)), ..self.clone() }
+    }
+}
+
 impl Default for ListenerSettings {
-    /// Plaintext (loopback only), 64 concurrent calls, 30 s per call.
+    /// Plaintext (loopback only), the default concurrency limits, 30 s per call.
     fn default() -> Self {
         Self {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
             allow_plaintext: false,
-            max_concurrent_calls: 64,
+            max_concurrent_calls: None,
             call_timeout: Duration::from_secs(30),
             reload_every: Duration::from_secs(5),
         }

@@ -67,7 +67,8 @@ enum Command {
         /// Why it may be published again now.
         #[arg(long)]
         reason: String,
-        /// Who asks.
+        /// Who asks. With a token the server records the token's subject and keeps this only as
+        /// a note in the reason.
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
     },
