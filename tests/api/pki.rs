@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// The issuer every token carries.
 pub const ISSUER: &str = "https://issuer.outpost.example";
@@ -49,15 +49,22 @@ fn signing_key(kid: &str) -> Fallible<(EncodingKey, Jwk)> {
 impl Pki {
     /// Makes everything in `dir`.
     pub fn make(dir: &Path) -> Fallible<Self> {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        // Distinct subject names: OpenSSL-based clients take a leaf named like its issuer for a
+        // self-signed certificate.
+        let named = |names: Vec<String>, common_name: &str| -> Fallible<CertificateParams> {
+            let mut params = CertificateParams::new(names)?;
+            params.distinguished_name.push(DnType::CommonName, common_name);
+            Ok(params)
+        };
+        let mut ca_params = named(Vec::new(), "Outpost test CA")?;
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
         let server_key = KeyPair::generate()?;
-        let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?
+        let server = named(vec!["localhost".to_owned(), "127.0.0.1".to_owned()], "localhost")?
             .signed_by(&server_key, &ca)?;
         let client_key = KeyPair::generate()?;
-        let client =
-            CertificateParams::new(vec!["client.outpost.example".to_owned()])?.signed_by(&client_key, &ca)?;
+        let client = named(vec!["client.outpost.example".to_owned()], "client.outpost.example")?
+            .signed_by(&client_key, &ca)?;
         let (signing, jwk) = signing_key("key-1")?;
         let jwks = dir.join("jwks.json");
         std::fs::write(&jwks, serde_json::to_vec(&JwkSet { keys: vec![jwk] })?)?;
