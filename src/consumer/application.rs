@@ -7,12 +7,12 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sea_orm::DatabaseConnection;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Settings;
 use super::inbox::Inbox;
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
+use crate::security::Listener;
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 
@@ -39,7 +39,7 @@ pub struct Application {
     db: DatabaseConnection,
     inbox: Inbox,
     stats: Arc<ConsumerStats>,
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
     settings: Settings,
 }
@@ -60,7 +60,8 @@ impl Application {
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
         let consumer = subscribed(&settings, &stats)?;
-        let (listener, port) = service::bind(settings.listen).await?;
+        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let port = listener.port();
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
         Ok(Self { consumer, db, inbox, stats, listener, port, settings })
     }

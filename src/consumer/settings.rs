@@ -57,6 +57,10 @@ pub struct Settings {
     /// Address of the gRPC health endpoint; port 0 picks a free port.
     #[arg(long, env = "OUTPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
     pub listen: SocketAddr,
+
+    /// TLS, plaintext policy and load bounds of the health listener.
+    #[command(flatten)]
+    pub security: crate::security::ListenerSettings,
 }
 
 impl Settings {
@@ -75,6 +79,7 @@ impl Settings {
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            security: crate::security::ListenerSettings::default(),
         }
     }
 

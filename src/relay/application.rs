@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::budget::StepBudget;
@@ -12,6 +11,7 @@ use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, RedriveAudit, Settings};
+use crate::security::Listener;
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 use crate::wake::WakeListener;
@@ -40,7 +40,7 @@ pub enum StartupError {
 #[derive(Debug)]
 pub struct Application {
     relay: Relay<KafkaPublisher>,
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
     wake: Option<WakeListener>,
     settings: Settings,
@@ -59,7 +59,8 @@ impl Application {
             settings.delivery_timeout,
             &settings.kafka_options,
         )?;
-        let (listener, port) = service::bind(settings.listen).await?;
+        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let port = listener.port();
         let wake = match settings.wake_listen {
             Some(addr) => {
                 Some(WakeListener::bind(addr).await.map_err(|source| ReadyError::Listen { addr, source })?)

@@ -88,6 +88,10 @@ pub struct Settings {
     /// polls at once instead of after its back-off. Off when unset; polling alone stays correct.
     #[arg(long, global = true, env = "OUTPOST_RELAY_WAKE_LISTEN")]
     pub wake_listen: Option<SocketAddr>,
+
+    /// TLS, plaintext policy and load bounds of the health listener.
+    #[command(flatten)]
+    pub security: crate::security::ListenerSettings,
 }
 
 /// Operator commands.
@@ -130,6 +134,7 @@ impl Settings {
             max_idle_poll: Duration::from_secs(1),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             publish_stall: Duration::from_secs(60),
+            security: crate::security::ListenerSettings::default(),
             wake_listen: None,
         }
     }
