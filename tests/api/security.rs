@@ -507,3 +507,48 @@ async fn a_call_past_the_server_deadline_is_cancelled_and_commits_nothing() {
     assert_eq!(app.count("outbox_event").await, 0);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let mut settings = Settings::for_database(&db.url);
+    settings.security.listeners.tls_cert = Some(pki.cert.clone());
+    settings.security.listeners.tls_key = Some(pki.key.clone());
+    settings.security.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
+    let app = Application::build(settings).await.unwrap();
+    let url = format!("--admin-url=https://localhost:{}", app.admin_port());
+    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let operator_file = dir.path().join("operator.jwt");
+    std::fs::write(&operator_file, operator(&pki, "alice")).unwrap();
+    let tenant_token = tenant(&pki, 7);
+
+    let ctl = |args: Vec<String>, token: Option<&str>| {
+        let mut command = tokio::process::Command::new(crate::helpers::service_binary("outpostctl"));
+        command.args(args).env_remove("OUTPOST_TOKEN").env_remove("OUTPOST_TOKEN_FILE");
+        if let Some(token) = token {
+            command.env("OUTPOST_TOKEN", token);
+        }
+        async move {
+            let output = command.output().await.unwrap();
+            let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+            (output.status.success(), text(output.stdout), text(output.stderr))
+        }
+    };
+    let ca = format!("--ca-file={}", pki.ca.display());
+    let with_file = format!("--token-file={}", operator_file.display());
+
+    let (ok, stdout, stderr) =
+        ctl(vec![url.clone(), ca.clone(), with_file, "--json".into(), "backlog".into()], None).await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("\"stats\""), "{stdout}");
+    let (ok, _, stderr) = ctl(vec![url.clone(), ca.clone(), "backlog".into()], Some(&tenant_token)).await;
+    assert!(!ok && stderr.contains("PermissionDenied") && stderr.contains("SCOPE_MISSING"), "{stderr}");
+    assert!(!stderr.contains(&tenant_token), "outpostctl printed the token");
+    let (ok, _, stderr) = ctl(vec![url.clone(), ca, "backlog".into()], None).await;
+    assert!(!ok && stderr.contains("TOKEN_MISSING"), "{stderr}");
+    let (ok, _, stderr) = ctl(vec![url, "backlog".into()], Some(&tenant_token)).await;
+    assert!(!ok, "a TLS listener answered outpostctl without a CA: {stderr}");
+    server.stop().await;
+}
