@@ -355,7 +355,14 @@ async fn past_the_concurrency_limit_callers_are_refused_at_once_and_the_others_s
 
     // The lock is still held, so this answer cannot have waited for a database connection.
     let shed = app.client.clone().submit_order(order(5, "shed")).await.unwrap_err();
-    assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
+    assert_eq!((shed.code(), reason(&shed).as_str()), (Code::ResourceExhausted, "OVERLOADED"), "{shed:?}");
+    // Health is always admitted: a busy instance is not reported dead.
+    let health = tonic_health::pb::health_client::HealthClient::new(app.channel().await)
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
     let shed_again =
         app.client.clone().reconcile(pb::ReconcileRequest { tenant_id: 5, request_id: "x".into() }).await;
     assert_eq!(shed_again.unwrap_err().code(), Code::ResourceExhausted);
