@@ -559,3 +559,34 @@ async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_onl
     assert!(!ok, "a TLS listener answered outpostctl without a CA: {stderr}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reflection_switched_off_on_the_public_listener_stays_on_the_admin_listener() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest,
+    };
+    let app =
+        TestApp::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = Some(false))
+            .await;
+    let list = || ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let public = ServerReflectionClient::new(app.channel().await)
+        .server_reflection_info(futures::stream::iter([list()]))
+        .await;
+    assert_eq!(public.unwrap_err().code(), Code::Unimplemented);
+    let admin = Channel::from_shared(format!("http://127.0.0.1:{}", app.admin_port))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut answers = ServerReflectionClient::new(admin)
+        .server_reflection_info(futures::stream::iter([list()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answers.message().await.unwrap().is_some(), "the admin listener serves reflection");
+    app.stop().await;
+}
