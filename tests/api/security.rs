@@ -255,13 +255,18 @@ async fn a_jwks_rotated_while_the_service_runs_takes_effect_without_a_restart() 
     app.stop().await;
 }
 
-/// An order service serving TLS from `pki` (mutual TLS when `mutual`), not authenticating.
-async fn tls_service(pki: &Pki, mutual: bool) -> (TestDb, InProcess, u16, u16) {
-    let db = TestDb::migrated(Backend::Sqlite).await;
+/// A running order service serving TLS with `pki`'s certificate over a fresh database, its
+/// settings changed by `adjust` first; with its database, server and both ports.
+pub async fn tls_service(
+    backend: Backend,
+    pki: &Pki,
+    adjust: impl FnOnce(&mut Settings),
+) -> (TestDb, InProcess, u16, u16) {
+    let db = TestDb::migrated(backend).await;
     let mut settings = Settings::for_database(&db.url);
     settings.security.listeners.tls_cert = Some(pki.cert.clone());
     settings.security.listeners.tls_key = Some(pki.key.clone());
-    settings.security.listeners.tls_client_ca = mutual.then(|| pki.ca.clone());
+    adjust(&mut settings);
     let app = Application::build(settings).await.unwrap();
     let (port, admin_port) = (app.port(), app.admin_port());
     (db, InProcess::spawn(|shutdown| app.run_until_stopped(shutdown)), port, admin_port)
@@ -286,7 +291,7 @@ async fn tls_handshakes_succeed_with_the_right_ca_and_fail_without_it() {
     let pki = Pki::make(dir.path()).unwrap();
     let other_dir = tempfile::tempdir().unwrap();
     let stranger = Pki::make(other_dir.path()).unwrap();
-    let (_db, server, port, admin_port) = tls_service(&pki, false).await;
+    let (_db, server, port, admin_port) = tls_service(Backend::Sqlite, &pki, |_| {}).await;
 
     let trusted = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     for host in ["localhost", "127.0.0.1"] {
@@ -309,7 +314,9 @@ async fn tls_handshakes_succeed_with_the_right_ca_and_fail_without_it() {
 async fn mutual_tls_refuses_a_client_without_a_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let (_db, server, port, _) = tls_service(&pki, true).await;
+    let (_db, server, port, _) =
+        tls_service(Backend::Sqlite, &pki, |s| s.security.listeners.tls_client_ca = Some(pki.ca.clone()))
+            .await;
     let url = format!("https://localhost:{port}");
 
     let anonymous = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
@@ -411,14 +418,11 @@ async fn a_listener_other_hosts_can_reach_refuses_plaintext_and_auth_none() {
 async fn a_certificate_replaced_while_the_service_runs_is_served_to_new_connections() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let db = TestDb::migrated(Backend::Sqlite).await;
-    let mut settings = Settings::for_database(&db.url);
-    settings.security.listeners.tls_cert = Some(pki.cert.clone());
-    settings.security.listeners.tls_key = Some(pki.key.clone());
-    settings.security.listeners.reload_every = Duration::from_millis(100);
-    let app = Application::build(settings).await.unwrap();
-    let url = format!("https://localhost:{}", app.port());
-    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let (_db, server, port, _) = tls_service(Backend::Sqlite, &pki, |s| {
+        s.security.listeners.reload_every = Duration::from_millis(100)
+    })
+    .await;
+    let url = format!("https://localhost:{port}");
     let old = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     assert_eq!(reconcile_over(&url, &old).await, Ok(Code::NotFound));
 
@@ -519,14 +523,11 @@ async fn a_call_past_the_server_deadline_is_cancelled_and_commits_nothing() {
 async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_only() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let db = TestDb::migrated(Backend::Sqlite).await;
-    let mut settings = Settings::for_database(&db.url);
-    settings.security.listeners.tls_cert = Some(pki.cert.clone());
-    settings.security.listeners.tls_key = Some(pki.key.clone());
-    settings.security.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
-    let app = Application::build(settings).await.unwrap();
-    let url = format!("--admin-url=https://localhost:{}", app.admin_port());
-    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let jwks = pki.jwks.clone();
+    let (_db, server, _, admin_port) =
+        tls_service(Backend::Sqlite, &pki, |s| s.security.auth = AuthSettings::jwt(jwks, ISSUER, AUDIENCE))
+            .await;
+    let url = format!("--admin-url=https://localhost:{admin_port}");
     let operator_file = dir.path().join("operator.jwt");
     std::fs::write(&operator_file, operator(&pki, "alice")).unwrap();
     let tenant_token = tenant(&pki, 7);
