@@ -99,9 +99,11 @@ fn next_after_submit(status: &Status) -> Next {
     let reason =
         status.get_details_error_info().filter(|info| info.domain == ERROR_DOMAIN).map(|info| info.reason);
     match (status.code(), reason.as_deref()) {
-        (Code::Aborted, Some("ROLLED_BACK")) | (Code::Unavailable, Some("DATABASE_UNAVAILABLE")) => {
-            Next::Resubmit
-        }
+        // Refused before any transaction began (the database was unreachable) or at the
+        // listener's door before any handler ran (OVERLOADED): nothing was written.
+        (Code::Aborted, Some("ROLLED_BACK"))
+        | (Code::Unavailable, Some("DATABASE_UNAVAILABLE"))
+        | (Code::ResourceExhausted, Some("OVERLOADED")) => Next::Resubmit,
         (
             Code::InvalidArgument
             | Code::AlreadyExists
@@ -308,4 +310,28 @@ pub async fn connect(url: &str, tls: &ClientTls) -> Result<Channel, ClientError>
         endpoint = endpoint.tls_config(config).map_err(failed)?;
     }
     endpoint.connect().await.map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_types::ErrorDetails;
+
+    fn status(code: Code, reason: &str) -> Status {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
+        Status::with_error_details(code, "refused", details)
+    }
+
+    #[test]
+    fn only_refusals_known_to_have_written_nothing_are_resubmitted_at_once() {
+        let next = |code, reason| next_after_submit(&status(code, reason));
+        assert!(matches!(next(Code::Aborted, "ROLLED_BACK"), Next::Resubmit));
+        assert!(matches!(next(Code::ResourceExhausted, "OVERLOADED"), Next::Resubmit));
+        // Exhausted for any other reason may have run: reconcile first.
+        assert!(matches!(next(Code::ResourceExhausted, "SOMETHING_ELSE"), Next::Reconcile));
+        assert!(matches!(next(Code::Cancelled, ""), Next::Reconcile));
+        assert!(matches!(next(Code::Unauthenticated, "TOKEN_EXPIRED"), Next::GiveUp));
+        assert!(matches!(next(Code::PermissionDenied, "TENANT_MISMATCH"), Next::GiveUp));
+    }
 }

@@ -2,6 +2,7 @@
 //! explicitly allowed), bearer-token callers whose tenant comes from their credentials,
 //! operators recognised by scope, and a bounded load per listener.
 
+mod admission;
 mod auth;
 mod listener;
 mod settings;

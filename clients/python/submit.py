@@ -5,7 +5,8 @@ The protocol (the same as the Rust `outpost::client::SafeSubmitter`):
 
 1. Fix the event id before the first attempt; every retry reuses it and the request id.
 2. SubmitOrder. OK: done (`replayed` says an identical earlier submission committed it).
-3. ABORTED with reason ROLLED_BACK: nothing was written; submit again with the same ids.
+3. ABORTED with reason ROLLED_BACK, or RESOURCE_EXHAUSTED with reason OVERLOADED: nothing was
+   written; submit again (after the backoff) with the same ids.
 4. A refusal retrying cannot fix (INVALID_ARGUMENT, ALREADY_EXISTS, ...): stop.
 5. Anything else (UNKNOWN, UNAVAILABLE, DEADLINE_EXCEEDED, a transport error): the order may
    exist. Reconcile by (tenant_id, request_id): found, done; NOT_FOUND, submit again with the
@@ -212,6 +213,8 @@ class SafeSubmitter:
                     self._report("submit", calls, request, failure=failure)
                     if failure.code == grpc.StatusCode.ABORTED and failure.reason == "ROLLED_BACK":
                         pass  # rolled back before commit: resubmit with the same ids
+                    elif failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED and failure.reason == "OVERLOADED":
+                        pass  # refused at the door before anything ran: resubmit after the backoff
                     elif failure.code in FINAL_CODES:
                         raise Rejected(failure, calls) from error
                     else:

@@ -3,21 +3,20 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tower::layer::util::{Identity, Stack};
-use tower::limit::GlobalConcurrencyLimitLayer;
 
 use super::ListenerSettings;
+use super::admission::Admission;
 use super::tls::{ReloadingTls, TlsError, TlsFiles};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
@@ -44,7 +43,7 @@ pub enum ListenerError {
 }
 
 /// The tonic server every listener is built from: shed past the limit, bounded per call.
-pub(crate) type LimitedServer = tonic::transport::Server<Stack<GlobalConcurrencyLimitLayer, Identity>>;
+pub(crate) type LimitedServer = tonic::transport::Server<Stack<Admission, Identity>>;
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
@@ -53,7 +52,7 @@ pub struct Listener {
     addr: SocketAddr,
     port: u16,
     tls: Option<ReloadingTls>,
-    limit: Arc<Semaphore>,
+    admission: Admission,
     call_timeout: Duration,
     reload_every: Duration,
 }
@@ -88,7 +87,7 @@ impl Listener {
             addr,
             port,
             tls,
-            limit: Arc::new(Semaphore::new(settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT) as usize)),
+            admission: Admission::new(settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT) as usize),
             call_timeout: settings.call_timeout,
             reload_every: settings.reload_every,
         })
@@ -110,12 +109,10 @@ impl Listener {
     }
 
     /// A server with this listener's concurrency limit (shared by all its connections; a call
-    /// past it is answered RESOURCE_EXHAUSTED at once) and per-call deadline.
+    /// past it is answered RESOURCE_EXHAUSTED at once; health checks are always admitted) and
+    /// per-call deadline.
     pub(crate) fn server(&self) -> LimitedServer {
-        tonic::transport::Server::builder()
-            .load_shed(true)
-            .timeout(self.call_timeout)
-            .layer(GlobalConcurrencyLimitLayer::with_semaphore(Arc::clone(&self.limit)))
+        tonic::transport::Server::builder().timeout(self.call_timeout).layer(self.admission.clone())
     }
 
     /// The accepted connections, TLS already negotiated. Handshakes run on their own tasks, so a

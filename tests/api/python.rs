@@ -414,14 +414,12 @@ async fn the_python_submitter_speaks_tls_and_carries_its_token_which_names_the_t
     use crate::pki::{AUDIENCE, ISSUER, Pki};
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let db = crate::helpers::TestDb::migrated(Backend::MariaDb).await;
-    let mut settings = outpost::order::Settings::for_database(&db.url);
-    settings.security.listeners.tls_cert = Some(pki.cert.clone());
-    settings.security.listeners.tls_key = Some(pki.key.clone());
-    settings.security.auth = outpost::security::AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
-    let app = outpost::order::Application::build(settings).await.unwrap();
-    let target = format!("localhost:{}", app.port());
-    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let jwks = pki.jwks.clone();
+    let (db, server, port, _) = crate::security::tls_service(Backend::MariaDb, &pki, |s| {
+        s.security.auth = outpost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
+    })
+    .await;
+    let target = format!("localhost:{port}");
     let token_file = |tenant_id: i64| {
         let token = pki.token(json!({ "sub": format!("py-{tenant_id}"), "tenant_id": tenant_id })).unwrap();
         let path = dir.path().join(format!("tenant-{tenant_id}.jwt"));

@@ -255,13 +255,18 @@ async fn a_jwks_rotated_while_the_service_runs_takes_effect_without_a_restart() 
     app.stop().await;
 }
 
-/// An order service serving TLS from `pki` (mutual TLS when `mutual`), not authenticating.
-async fn tls_service(pki: &Pki, mutual: bool) -> (TestDb, InProcess, u16, u16) {
-    let db = TestDb::migrated(Backend::Sqlite).await;
+/// A running order service serving TLS with `pki`'s certificate over a fresh database, its
+/// settings changed by `adjust` first; with its database, server and both ports.
+pub async fn tls_service(
+    backend: Backend,
+    pki: &Pki,
+    adjust: impl FnOnce(&mut Settings),
+) -> (TestDb, InProcess, u16, u16) {
+    let db = TestDb::migrated(backend).await;
     let mut settings = Settings::for_database(&db.url);
     settings.security.listeners.tls_cert = Some(pki.cert.clone());
     settings.security.listeners.tls_key = Some(pki.key.clone());
-    settings.security.listeners.tls_client_ca = mutual.then(|| pki.ca.clone());
+    adjust(&mut settings);
     let app = Application::build(settings).await.unwrap();
     let (port, admin_port) = (app.port(), app.admin_port());
     (db, InProcess::spawn(|shutdown| app.run_until_stopped(shutdown)), port, admin_port)
@@ -286,7 +291,7 @@ async fn tls_handshakes_succeed_with_the_right_ca_and_fail_without_it() {
     let pki = Pki::make(dir.path()).unwrap();
     let other_dir = tempfile::tempdir().unwrap();
     let stranger = Pki::make(other_dir.path()).unwrap();
-    let (_db, server, port, admin_port) = tls_service(&pki, false).await;
+    let (_db, server, port, admin_port) = tls_service(Backend::Sqlite, &pki, |_| {}).await;
 
     let trusted = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     for host in ["localhost", "127.0.0.1"] {
@@ -309,7 +314,9 @@ async fn tls_handshakes_succeed_with_the_right_ca_and_fail_without_it() {
 async fn mutual_tls_refuses_a_client_without_a_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let (_db, server, port, _) = tls_service(&pki, true).await;
+    let (_db, server, port, _) =
+        tls_service(Backend::Sqlite, &pki, |s| s.security.listeners.tls_client_ca = Some(pki.ca.clone()))
+            .await;
     let url = format!("https://localhost:{port}");
 
     let anonymous = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
@@ -355,7 +362,14 @@ async fn past_the_concurrency_limit_callers_are_refused_at_once_and_the_others_s
 
     // The lock is still held, so this answer cannot have waited for a database connection.
     let shed = app.client.clone().submit_order(order(5, "shed")).await.unwrap_err();
-    assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
+    assert_eq!((shed.code(), reason(&shed).as_str()), (Code::ResourceExhausted, "OVERLOADED"), "{shed:?}");
+    // Health is always admitted: a busy instance is not reported dead.
+    let health = tonic_health::pb::health_client::HealthClient::new(app.channel().await)
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
     let shed_again =
         app.client.clone().reconcile(pb::ReconcileRequest { tenant_id: 5, request_id: "x".into() }).await;
     assert_eq!(shed_again.unwrap_err().code(), Code::ResourceExhausted);
@@ -404,14 +418,11 @@ async fn a_listener_other_hosts_can_reach_refuses_plaintext_and_auth_none() {
 async fn a_certificate_replaced_while_the_service_runs_is_served_to_new_connections() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let db = TestDb::migrated(Backend::Sqlite).await;
-    let mut settings = Settings::for_database(&db.url);
-    settings.security.listeners.tls_cert = Some(pki.cert.clone());
-    settings.security.listeners.tls_key = Some(pki.key.clone());
-    settings.security.listeners.reload_every = Duration::from_millis(100);
-    let app = Application::build(settings).await.unwrap();
-    let url = format!("https://localhost:{}", app.port());
-    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let (_db, server, port, _) = tls_service(Backend::Sqlite, &pki, |s| {
+        s.security.listeners.reload_every = Duration::from_millis(100)
+    })
+    .await;
+    let url = format!("https://localhost:{port}");
     let old = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     assert_eq!(reconcile_over(&url, &old).await, Ok(Code::NotFound));
 
@@ -483,4 +494,100 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
         assert!(!logged.contains(signature), "a token reached the log");
     }
     assert!(!logged.contains("garbage-token-value"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_past_the_server_deadline_is_cancelled_and_commits_nothing() {
+    let app = TestApp::spawn_with(Backend::Postgres, |settings| {
+        settings.security.listeners.call_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let lock = app.conn.begin().await.unwrap();
+    lock.execute_unprepared("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await.unwrap();
+
+    // The client sets no deadline of its own: the server's ends the call.
+    let answer = app.client.clone().submit_order(order(5, "too-slow")).await.unwrap_err();
+    assert_eq!(answer.code(), Code::Cancelled, "{answer:?}");
+
+    lock.rollback().await.unwrap();
+    // The abandoned transaction never committed: Reconcile finds nothing, as the safe caller
+    // protocol expects after a cancelled call.
+    let missing = app.reconcile(5, "too-slow").await.unwrap_err();
+    assert_eq!(reason(&missing), "ORDER_NOT_FOUND");
+    assert_eq!(app.count("orders").await, 0);
+    assert_eq!(app.count("outbox_event").await, 0);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let jwks = pki.jwks.clone();
+    let (_db, server, _, admin_port) =
+        tls_service(Backend::Sqlite, &pki, |s| s.security.auth = AuthSettings::jwt(jwks, ISSUER, AUDIENCE))
+            .await;
+    let url = format!("--admin-url=https://localhost:{admin_port}");
+    let operator_file = dir.path().join("operator.jwt");
+    std::fs::write(&operator_file, operator(&pki, "alice")).unwrap();
+    let tenant_token = tenant(&pki, 7);
+
+    let ctl = |args: Vec<String>, token: Option<&str>| {
+        let mut command = tokio::process::Command::new(crate::helpers::service_binary("outpostctl"));
+        command.args(args).env_remove("OUTPOST_TOKEN").env_remove("OUTPOST_TOKEN_FILE");
+        if let Some(token) = token {
+            command.env("OUTPOST_TOKEN", token);
+        }
+        async move {
+            let output = command.output().await.unwrap();
+            let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+            (output.status.success(), text(output.stdout), text(output.stderr))
+        }
+    };
+    let ca = format!("--ca-file={}", pki.ca.display());
+    let with_file = format!("--token-file={}", operator_file.display());
+
+    let (ok, stdout, stderr) =
+        ctl(vec![url.clone(), ca.clone(), with_file, "--json".into(), "backlog".into()], None).await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("\"stats\""), "{stdout}");
+    let (ok, _, stderr) = ctl(vec![url.clone(), ca.clone(), "backlog".into()], Some(&tenant_token)).await;
+    assert!(!ok && stderr.contains("PermissionDenied") && stderr.contains("SCOPE_MISSING"), "{stderr}");
+    assert!(!stderr.contains(&tenant_token), "outpostctl printed the token");
+    let (ok, _, stderr) = ctl(vec![url.clone(), ca, "backlog".into()], None).await;
+    assert!(!ok && stderr.contains("TOKEN_MISSING"), "{stderr}");
+    let (ok, _, stderr) = ctl(vec![url, "backlog".into()], Some(&tenant_token)).await;
+    assert!(!ok, "a TLS listener answered outpostctl without a CA: {stderr}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reflection_switched_off_on_the_public_listener_stays_on_the_admin_listener() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest,
+    };
+    let app =
+        TestApp::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = Some(false))
+            .await;
+    let list = || ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let public = ServerReflectionClient::new(app.channel().await)
+        .server_reflection_info(futures::stream::iter([list()]))
+        .await;
+    assert_eq!(public.unwrap_err().code(), Code::Unimplemented);
+    let admin = Channel::from_shared(format!("http://127.0.0.1:{}", app.admin_port))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut answers = ServerReflectionClient::new(admin)
+        .server_reflection_info(futures::stream::iter([list()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answers.message().await.unwrap().is_some(), "the admin listener serves reflection");
+    app.stop().await;
 }
