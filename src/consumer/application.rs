@@ -9,9 +9,9 @@ use rdkafka::error::KafkaError;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::Settings;
 use super::inbox::Inbox;
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
+use super::{Membership, Settings};
 use crate::service::{self, HealthEndpoint, ReadyError};
 
 /// The consumer could not start.
@@ -60,7 +60,10 @@ impl Application {
         // Bound first: the health port names the instance when --instance-name does not, and
         // no two processes on one host hold the same port.
         let (listener, port) = service::bind(settings.listen).await?;
-        settings.listen.set_port(port);
+        settings.instance_name = settings.static_instance_name(port);
+        if settings.instance_name.is_none() {
+            settings.membership = Membership::Dynamic;
+        }
         let consumer = kafka_consumer(&settings, Arc::clone(&stats))?;
         consumer.subscribe(&[&settings.topic])?;
         let inbox = Inbox::new(db, settings.consumer_name.clone());

@@ -40,16 +40,18 @@ pub struct Settings {
     pub group_id: Option<String>,
 
     /// How this instance is a member of its group. `static`: the group knows it by
-    /// `group.instance.id` (the consumer name and `--instance-name`), so an instance that
-    /// restarts, even after SIGKILL, takes its own partitions back at once. `dynamic`: every
-    /// start is a new member, and a dead one holds its partitions until the broker drops it.
-    #[arg(long, env = "OUTPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Dynamic)]
+    /// `group.instance.id` (the consumer name and the instance name), so an instance that
+    /// restarts under its name, even after SIGKILL, takes its own partitions back at once.
+    /// `dynamic`: every start is a new member, and a dead one holds its partitions until the
+    /// broker drops it. `auto`: static when the instance has a stable name (`--instance-name`,
+    /// or a fixed `--listen` port), dynamic otherwise.
+    #[arg(long, env = "OUTPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
     pub membership: Membership,
 
     /// This instance's name among the group's instances: the same across its restarts, and
     /// different from every other instance's. Default: `<host name>-<health port>`, which two
-    /// consumers on one host cannot share (with `--listen` port 0, the port picked at start,
-    /// which is not stable: name the instance then).
+    /// consumers on one host cannot share; with `--listen` port 0 the port is picked at start and
+    /// is no stable name.
     #[arg(long, env = "OUTPOST_CONSUMER_INSTANCE_NAME")]
     pub instance_name: Option<String>,
 
@@ -87,7 +89,7 @@ impl Settings {
             topic: DEFAULT_TOPIC.to_owned(),
             consumer_name: DEFAULT_CONSUMER_NAME.to_owned(),
             group_id: None,
-            membership: Membership::Dynamic,
+            membership: Membership::Auto,
             instance_name: None,
             kafka_options: Vec::new(),
             batch_size: 64,
@@ -102,17 +104,21 @@ impl Settings {
         self.group_id.as_deref().unwrap_or(&self.consumer_name)
     }
 
-    /// The static membership id, `<consumer name>.<instance name>` in the characters Kafka
-    /// allows; `None` with dynamic membership. `health_port` names the instance when
-    /// `instance_name` does not.
-    pub fn group_instance_id(&self, health_port: u16) -> Option<String> {
-        if self.membership == Membership::Dynamic {
-            return None;
+    /// This instance's name when it is a static member, `None` when it is dynamic: the
+    /// configured name, or `<host name>-<health_port>` (with `auto`, only for a fixed port).
+    pub fn static_instance_name(&self, health_port: u16) -> Option<String> {
+        match (self.membership, &self.instance_name) {
+            (Membership::Dynamic, _) => None,
+            (_, Some(name)) => Some(name.clone()),
+            (Membership::Auto, None) if self.listen.port() == 0 => None,
+            (_, None) => Some(format!("{}-{health_port}", gethostname::gethostname().to_string_lossy())),
         }
-        let instance = self
-            .instance_name
-            .clone()
-            .unwrap_or_else(|| format!("{}-{health_port}", gethostname::gethostname().to_string_lossy()));
+    }
+
+    /// The static membership id, `<consumer name>.<instance name>` in the characters Kafka
+    /// allows; `None` for a dynamic member.
+    pub fn group_instance_id(&self, health_port: u16) -> Option<String> {
+        let instance = self.static_instance_name(health_port)?;
         let id = format!("{}.{instance}", self.consumer_name)
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
@@ -206,6 +212,8 @@ const OWN_SETTINGS: [(&str, &str); 3] = [
 /// How a consumer instance is a member of its group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Membership {
+    /// Static when the instance has a stable name, dynamic otherwise.
+    Auto,
     /// Known by `group.instance.id` across restarts.
     Static,
     /// A new member at every start.
@@ -288,6 +296,13 @@ mod tests {
         assert_eq!(settings.group_instance_id(1).unwrap().len(), GROUP_INSTANCE_ID_MAX_CHARS);
         settings.membership = Membership::Dynamic;
         assert_eq!(settings.group_instance_id(1), None);
+        // auto: static only with a stable name.
+        settings.membership = Membership::Auto;
+        assert!(settings.group_instance_id(1).is_some(), "named");
+        settings.instance_name = None;
+        assert_eq!(settings.group_instance_id(40000), None, "port 0 picks a new port at every start");
+        settings.listen.set_port(50053);
+        assert!(settings.group_instance_id(50053).unwrap().ends_with("-50053"), "a fixed port names it");
         let refused = with_options(&[("group.instance.id", "x")]).check().unwrap_err();
         assert!(refused.contains("--instance-name"), "{refused}");
     }

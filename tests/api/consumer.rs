@@ -111,6 +111,7 @@ on_every_backend!(
     two_consumer_names_on_one_database_each_make_their_own_job_once,
     jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_made_them,
     a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_commits_past_the_end,
+    a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start,
 );
 
 async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each(backend: Backend) {
@@ -639,4 +640,87 @@ async fn settings_that_would_break_a_guarantee_are_refused_at_start_up() {
         assert!(!status.success(), "{extra} was accepted");
         assert!(stderr.contains("invalid settings") && stderr.contains(says), "{extra}: {stderr}");
     }
+}
+
+/// Starts the consumer binary with `args`, as an operator's supervisor would.
+fn consumer_process(args: &[String]) -> ServiceProcess {
+    ServiceProcess::spawn("outpost-consumer", args, &[])
+}
+
+async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start(
+    backend: Backend,
+) {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    const ORDERS: i64 = 2_000;
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 3).await;
+    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    relay_settings.topic = topic.clone();
+    relay_settings.max_idle_poll = Duration::from_millis(100);
+    let relay = relay::Application::build(relay_settings).await.unwrap();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+
+    // A fixed health port: the default instance name (host and port) is the same at every start,
+    // as it is for a supervised process with its configured port.
+    let args = vec![
+        format!("--database-url={}", app.db.url),
+        format!("--brokers={}", broker.address()),
+        format!("--topic={topic}"),
+        "--group-id=g1".to_owned(),
+        format!("--listen=127.0.0.1:{}", crate::broker::free_port()),
+    ];
+    let mut consumer = consumer_process(&args);
+
+    // The load: 2,000 orders from 8 concurrent callers following the caller protocol (a
+    // ROLLED_BACK answer is retried with the same ids), while the consumer is killed.
+    let load = {
+        let client = app.client.clone();
+        tokio::spawn(async move {
+            let callers = (0..8).map(|caller| {
+                let policy = outpost::client::RetryPolicy { max_calls: 20, ..Default::default() };
+                let mut submitter = outpost::client::SafeSubmitter::new(client.clone(), policy);
+                tokio::spawn(async move {
+                    for i in (caller..ORDERS).step_by(8) {
+                        submitter.submit(order(7, &format!("load-{i}"))).await.unwrap();
+                    }
+                })
+            });
+            for caller in futures::future::join_all(callers).await {
+                caller.unwrap();
+            }
+        })
+    };
+
+    let jobs = || async { app.count("notification_job").await };
+    let mut last_start = tokio::time::Instant::now();
+    for kill in 1..=3 {
+        // Each incarnation makes progress of its own before it is killed.
+        let before = jobs().await;
+        assert_eventually(&format!("incarnation {kill} makes 200 new jobs"), WAIT, || async {
+            jobs().await >= (before + 200).min(ORDERS)
+        })
+        .await;
+        consumer.signal("KILL").await;
+        let status = consumer.wait(WAIT).await;
+        assert_eq!(status.signal(), Some(9), "incarnation {kill} was SIGKILLed: {status:?}");
+        consumer = consumer_process(&args);
+        last_start = tokio::time::Instant::now();
+    }
+    let killed_at = jobs().await;
+    assert!(killed_at < ORDERS, "the last kill came before everything was consumed ({killed_at} jobs)");
+
+    let remaining = tokio::time::Duration::from_secs(60).saturating_sub(last_start.elapsed());
+    assert_eventually("every order has its job within 60 s of the last start", remaining, || async {
+        jobs().await == ORDERS
+    })
+    .await;
+    tokio::time::timeout(WAIT, load).await.expect("the load finished").unwrap();
+    assert_eq!(app.count("consumed_event").await, ORDERS, "one dedup row per event");
+    assert_eq!(app.count("notification_job").await, ORDERS, "one effect per event");
+    consumer.signal("TERM").await;
+    assert!(consumer.wait(WAIT).await.success());
+    relay.stop().await;
 }
