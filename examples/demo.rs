@@ -242,7 +242,7 @@ async fn print_jobs(database_url: &str, count: i64) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let sql = "SELECT j.event_id, j.order_id, j.status, c.consumer_name FROM notification_job j \
-               JOIN consumed_event c ON c.event_id = j.event_id ORDER BY j.order_id";
+               JOIN consumed_event c ON c.consumer_name = j.consumer_name AND c.event_id = j.event_id ORDER BY j.order_id";
     let rows = db.query_all_raw(Statement::from_string(backend, sql)).await.expect("the jobs read");
     println!("\nnotification jobs (one per event, committed with its consumed_event row):");
     for row in rows {

@@ -358,7 +358,8 @@ impl From<Timeline> for pb::EventTimeline {
             order: t.order.map(Into::into),
             outbox: t.outbox.map(Into::into),
             consumers: t.consumers.into_iter().map(Into::into).collect(),
-            notification_job: t.job.map(Into::into),
+            notification_job: t.jobs.first().cloned().map(Into::into),
+            notification_jobs: t.jobs.into_iter().map(Into::into).collect(),
             dead_letters: t.dead_letters.into_iter().map(Into::into).collect(),
         }
     }
@@ -413,6 +414,7 @@ impl From<consumed_event::Model> for pb::ConsumerRecord {
 impl From<notification_job::Model> for pb::NotificationJobRecord {
     fn from(j: notification_job::Model) -> Self {
         Self {
+            consumer_name: j.consumer_name,
             order_id: j.order_id,
             source_version: j.source_version,
             status: j.status,

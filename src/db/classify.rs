@@ -25,8 +25,12 @@ pub enum UniqueKey {
 }
 
 impl UniqueKey {
-    const ALL: [Self; 3] =
-        [Self::OrdersTenantRequest, Self::OrdersAcceptanceEvent, Self::ConsumedEventIdentity];
+    const ALL: [Self; 4] = [
+        Self::OrdersTenantRequest,
+        Self::OrdersAcceptanceEvent,
+        Self::ConsumedEventIdentity,
+        Self::DeadLetterCoordinates,
+    ];
 
     /// The constraint's name in the schema.
     pub const fn name(self) -> &'static str {

@@ -31,9 +31,10 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_TOPIC", default_value = DEFAULT_TOPIC)]
     pub topic: String,
 
-    /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...);
-    /// repeat the flag, or separate pairs with commas in the environment variable.
-    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = crate::startup::parse_key_value)]
+    /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...):
+    /// repeat the flag, one option each (a value may contain commas); in the environment
+    /// variable, one option per line.
+    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
     /// Batches one relay works on at once: while one batch awaits the broker's confirms,
