@@ -11,7 +11,7 @@ use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
 use super::budget::StepBudget;
-use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
+use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
@@ -124,10 +124,17 @@ impl<P: Publisher> Relay<P> {
             let publish = self.publisher.publish(event).instrument(span.clone());
             async move {
                 match tokio::time::timeout_at(publish_by, publish).await {
-                    Ok(sent) => sent.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!(
-                        "not confirmed within the delivery timeout ({:?}, queue wait included)",
-                        budget.publish
+                    Ok(sent) => sent.map_err(|e| {
+                        let blame = if e.broker_unavailable() { Blame::Broker } else { Blame::Event };
+                        (e.to_string(), blame)
+                    }),
+                    // Nothing came back in time: the broker, not this record, is slow or away.
+                    Err(_) => Err((
+                        format!(
+                            "not confirmed within the delivery timeout ({:?}, queue wait included)",
+                            budget.publish
+                        ),
+                        Blame::Broker,
                     )),
                 }
             }
@@ -146,20 +153,20 @@ impl<P: Publisher> Relay<P> {
                     }
                     confirmed.push((event, delivery, span));
                 }
-                Err(e) => failed.push((event, e, span)),
+                Err((error, blame)) => failed.push((event, error, blame, span)),
             }
         }
         // Failed events go back in one statement, each row under its own claim fence.
-        let failures: Vec<(&ClaimedEvent, &str)> =
-            failed.iter().map(|(event, error, _)| (*event, error.as_str())).collect();
+        let failures: Vec<(&ClaimedEvent, &str, Blame)> =
+            failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
         match record(record_by, self.outbox.release_all(&failures, &self.tuning.retry)).await {
             Ok(outcomes) => {
-                for ((event, error, span), outcome) in failed.iter().zip(outcomes) {
-                    span.in_scope(|| self.released(event, error, outcome, &mut report));
+                for ((event, error, blame, span), outcome) in failed.iter().zip(outcomes) {
+                    span.in_scope(|| self.released(event, error, *blame, outcome, &mut report));
                 }
             }
             Err(e) => {
-                for (event, _, span) in &failed {
+                for (event, _, _, span) in &failed {
                     span.in_scope(|| self.unrecorded(event, &mut report, &e));
                 }
             }
@@ -237,10 +244,21 @@ impl<P: Publisher> Relay<P> {
         &self,
         event: &ClaimedEvent,
         error: &str,
+        blame: Blame,
         outcome: Fenced<Released>,
         report: &mut StepReport,
     ) {
         match outcome {
+            Fenced::Done(Released::RetryAt(at)) if blame == Blame::Broker => {
+                report.released += 1;
+                metrics().releases.add(1, &[]);
+                tracing::warn!(
+                    outpost.event_id = %event.event_id,
+                    retry_at = %at,
+                    error,
+                    "broker unavailable; released to PENDING with backoff, the attempt not counted"
+                );
+            }
             Fenced::Done(Released::RetryAt(at)) => {
                 report.released += 1;
                 metrics().releases.add(1, &[]);

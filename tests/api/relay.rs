@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outpost::relay::{self, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
+use outpost::relay::{self, Blame, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
 use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
@@ -66,7 +66,7 @@ on_every_backend!(
     a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing,
     a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing,
     a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
-    while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off,
+    while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent,
     a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
     an_event_that_keeps_failing_ends_failed_and_redrive_returns_it,
     two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing,
@@ -122,7 +122,11 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
 
     // Releases likewise: B's own rows go back with their own errors; A's stale one does not.
     let retry = quick_retry(12);
-    let failures = [(&taken_over[0], "error 0"), (&lost[1], "stale"), (&taken_over[2], "error 2")];
+    let failures = [
+        (&taken_over[0], "error 0", Blame::Event),
+        (&lost[1], "stale", Blame::Event),
+        (&taken_over[2], "error 2", Blame::Event),
+    ];
     let released = outbox.release_all(&failures, &retry).await.unwrap();
     assert!(
         matches!(released[..], [Done(Released::RetryAt(_)), LeaseLost, Done(Released::RetryAt(_))]),
@@ -506,7 +510,7 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
     assert!(ids.iter().all(|id| seen.contains(id.as_str())));
 }
 
-async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off(backend: Backend) {
+async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
@@ -517,20 +521,29 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
     settings.lease_margin = Duration::from_secs(1);
-    // However long the broker takes to come back, the events must not run out of attempts.
-    settings.max_attempts = 1_000;
+    // One attempt allowed: were an unreachable broker to spend attempts, the first failure
+    // would end the event FAILED. It must not, however long the outage lasts.
+    settings.max_attempts = 1;
     let relay = start_relay(settings).await;
 
-    assert_eventually("every event failed at least twice", WAIT, || async {
+    let failed_again = || async {
         let mut all = true;
         for id in &ids {
             let state = probe.state(id).await;
             assert!(!state.published, "published without a broker: {state:?}");
-            all &= state.attempts >= 2 && state.last_error.is_some();
+            assert_ne!(state.status, "FAILED", "an unreachable broker spent the attempt: {state:?}");
+            if state.status == "PENDING" {
+                assert_eq!(state.attempts, 0, "released without spending an attempt: {state:?}");
+            }
+            all &= state.last_error.is_some();
         }
         all
-    })
-    .await;
+    };
+    assert_eventually("every event failed once", WAIT, failed_again).await;
+    // Clear the errors: the relay writes them again only by failing (and releasing) again.
+    use sea_orm::ConnectionTrait as _;
+    app.conn.execute_unprepared("UPDATE outbox_event SET last_error = NULL").await.unwrap();
+    assert_eventually("every event failed at least twice", WAIT, failed_again).await;
     assert_eq!(probe.count_with_status("PUBLISHED").await, 0);
 
     broker.run().await;
@@ -570,17 +583,32 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
 }
 
 async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend: Backend) {
+    use sea_orm::ConnectionTrait as _;
     let app = TestApp::spawn(backend).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(1).await;
+    // A record this relay's producer refuses by itself (larger than its message.max.bytes): the
+    // event, not the broker, is to blame, so each failure spends an attempt.
+    let backend_kind = app.conn.get_database_backend();
+    let placeholder = if backend_kind == sea_orm::DbBackend::Postgres { "$1" } else { "?" };
+    app.conn
+        .execute_raw(sea_orm::Statement::from_sql_and_values(
+            backend_kind,
+            format!("UPDATE outbox_event SET payload = {placeholder}"),
+            [vec![b'x'; 4_000].into()],
+        ))
+        .await
+        .unwrap();
     let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_millis(500);
     settings.lease = Duration::from_secs(2);
     settings.lease_margin = Duration::from_millis(500);
     settings.max_attempts = 2;
-    let relay = start_relay(settings.clone()).await;
+    let mut refusing = settings.clone();
+    refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
+    let relay = start_relay(refusing).await;
 
     assert_eventually("the event is FAILED", WAIT, || async {
         probe.state(&ids[0]).await.status == "FAILED"
@@ -588,7 +616,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     .await;
     let failed = probe.state(&ids[0]).await;
     assert_eq!(failed.attempts, 2);
-    assert!(failed.last_error.is_some());
+    assert!(failed.last_error.as_ref().is_some_and(|e| e.to_lowercase().contains("too large")), "{failed:?}");
     relay.stop().await;
 
     // The operator's command, as a real process.
