@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use application::{Application, StartupError, redrive};
-pub use budget::{MIN_RECORD_TIME, StepBudget};
+pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{
     Backlog, Blame, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
 };

@@ -43,6 +43,49 @@ impl StepBudget {
     }
 }
 
+/// The claim size a relay loop uses next.
+///
+/// A loop starts small, so a lone event is claimed, published and marked without waiting for
+/// company. While claims come back full (a backlog) and a step's publishing takes at most half
+/// of its budget, the size doubles, up to `max`; a step that used more than half of the budget
+/// halves it, and a claim that found nothing returns it to the smallest size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveBatch {
+    current: u64,
+    max: u64,
+}
+
+impl AdaptiveBatch {
+    /// The smallest size (unless `max` is smaller).
+    pub const MIN: u64 = 10;
+
+    /// A batch size that adapts between [`AdaptiveBatch::MIN`] and `max`.
+    pub fn new(max: u64) -> Self {
+        let max = max.max(1);
+        Self { current: Self::MIN.min(max), max }
+    }
+
+    /// The size of the next claim.
+    pub fn size(&self) -> u64 {
+        self.current
+    }
+
+    /// Adapts to a step that claimed `claimed` events and spent `publishing` of its
+    /// `publish_budget` on publishing them.
+    pub fn after(&mut self, claimed: u64, publishing: Duration, publish_budget: Duration) {
+        let floor = Self::MIN.min(self.max);
+        self.current = if claimed == 0 {
+            floor
+        } else if publishing > publish_budget / 2 {
+            (self.current / 2).max(floor)
+        } else if claimed >= self.current {
+            self.current.saturating_mul(2).min(self.max)
+        } else {
+            self.current
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +121,53 @@ mod tests {
         let budget = StepBudget::lenient(Duration::from_millis(300), Duration::from_millis(1500), S(0));
         assert_eq!(budget.publish, Duration::from_millis(1500));
         assert_eq!(budget.whole, Duration::from_millis(2500));
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn a_batch_starts_small_and_doubles_while_claims_come_back_full_up_to_the_setting() {
+        let mut batch = AdaptiveBatch::new(100);
+        assert_eq!(batch.size(), 10);
+        for expected in [20, 40, 80, 100, 100] {
+            batch.after(batch.size(), MS(200), S(10));
+            assert_eq!(batch.size(), expected);
+        }
+    }
+
+    #[test]
+    fn a_partly_filled_claim_keeps_the_size_and_an_empty_one_returns_to_the_smallest() {
+        let mut batch = AdaptiveBatch::new(1000);
+        batch.after(10, MS(10), S(10));
+        batch.after(20, MS(10), S(10));
+        assert_eq!(batch.size(), 40);
+        batch.after(3, MS(10), S(10));
+        assert_eq!(batch.size(), 40, "no backlog, but no reason to shrink either");
+        batch.after(0, MS(0), S(10));
+        assert_eq!(batch.size(), 10, "idle: a lone event goes out in a small batch at once");
+    }
+
+    #[test]
+    fn a_step_that_used_more_than_half_its_publishing_budget_halves_the_batch() {
+        let mut batch = AdaptiveBatch::new(1000);
+        for _ in 0..4 {
+            batch.after(batch.size(), MS(100), S(10));
+        }
+        assert_eq!(batch.size(), 160);
+        batch.after(160, MS(5_001), S(10));
+        assert_eq!(batch.size(), 80);
+        batch.after(80, S(9), S(10));
+        batch.after(40, S(9), S(10));
+        batch.after(20, S(9), S(10));
+        assert_eq!(batch.size(), 10, "never below the smallest size");
+    }
+
+    #[test]
+    fn a_setting_below_the_smallest_size_is_the_size() {
+        let mut batch = AdaptiveBatch::new(3);
+        assert_eq!(batch.size(), 3);
+        batch.after(3, MS(1), S(10));
+        batch.after(0, MS(1), S(10));
+        assert_eq!(batch.size(), 3);
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
-use super::budget::StepBudget;
+use super::budget::{AdaptiveBatch, StepBudget};
 use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
 use crate::failpoint;
@@ -19,7 +19,7 @@ use crate::telemetry::{self, metrics};
 /// How a relay claims.
 #[derive(Debug, Clone)]
 pub struct Tuning {
-    /// Most events one claim takes.
+    /// Most events one claim takes; [`Relay::run`] adapts its claims up to this size.
     pub batch_size: u64,
     /// How long a claim is leased.
     pub lease: Duration,
@@ -98,6 +98,11 @@ impl<P: Publisher> Relay<P> {
     /// confirmed when the publishing time is up counts as failed, and marks and releases not
     /// done by the end are left unrecorded (their leases expire; the events are published again).
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
+        self.step_of(self.tuning.batch_size).await
+    }
+
+    /// [`Relay::step`] claiming at most `batch_size` events.
+    async fn step_of(&self, batch_size: u64) -> Result<StepOutcome, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
             return Ok(StepOutcome::Idle);
         }
@@ -106,7 +111,7 @@ impl<P: Publisher> Relay<P> {
         // Before the claim, so that the database's lease starts no earlier than this.
         let started = tokio::time::Instant::now();
         let (publish_by, record_by) = (started + budget.publish, started + budget.whole);
-        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, self.tuning.batch_size).await?;
+        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, batch_size).await?;
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
         }
@@ -312,10 +317,16 @@ impl<P: Publisher> Relay<P> {
     pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
         let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
         let mut idle = shortest;
+        let mut batch = AdaptiveBatch::new(self.tuning.batch_size);
         tracing::info!(lease_owner = %self.owner, "relay started");
         while !*stop.borrow() {
             let polled_at = tokio::time::Instant::now();
-            let step = self.step().await;
+            let step = self.step_of(batch.size()).await;
+            let claimed = match &step {
+                Ok(StepOutcome::Worked(report)) => report.claimed as u64,
+                _ => 0,
+            };
+            batch.after(claimed, polled_at.elapsed(), self.tuning.delivery_timeout);
             if let Some(reason) = self.publisher.fatal_error() {
                 tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
                 return Err(PublisherFailed(reason));

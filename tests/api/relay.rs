@@ -74,7 +74,58 @@ on_every_backend!(
     a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
     callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
     one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
+    two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
+    four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
 );
+
+async fn two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock(
+    backend: Backend,
+) {
+    relays_drain_one_backlog(backend, 2).await;
+}
+
+async fn four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock(
+    backend: Backend,
+) {
+    relays_drain_one_backlog(backend, 4).await;
+}
+
+/// `relays` relay processes (two loops each, adaptive batches) drain one 2,000-event backlog.
+async fn relays_drain_one_backlog(backend: Backend, relays: usize) {
+    const EVENTS: usize = 2_000;
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 4).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(EVENTS).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    // Ordinary timings: a lease lost to a slow machine would be a duplicate, and this test
+    // counts duplicates.
+    settings.lease = Duration::from_secs(30);
+    settings.delivery_timeout = Duration::from_secs(10);
+    settings.lease_margin = Duration::from_secs(5);
+    let args = relay_args(&settings);
+    let logs = tempfile::tempdir().unwrap();
+    let running: Vec<LoggedRelay> = (0..relays).map(|n| LoggedRelay::spawn(&args, logs.path(), n)).collect();
+    assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || {
+        all_published(&probe, EVENTS as i64)
+    })
+    .await;
+
+    for relay in running {
+        let log = relay.stop().await;
+        assert!(lock_trouble(&log).is_empty(), "{:?}", lock_trouble(&log));
+        // Every relay took part: the drain really ran them side by side.
+        assert!(log.contains("marked PUBLISHED"), "a relay published nothing");
+    }
+    let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
+    assert_eq!(claimed_again, 0, "every event was claimed once, so marked once");
+    let records = read_topic(&broker.address(), &topic, EVENTS, WAIT, SETTLE).await;
+    let seen: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert!(ids.iter().all(|id| seen.contains(id.as_str())), "every event reached the topic");
+    assert_eq!(records.len(), EVENTS, "no event was published twice");
+}
 
 async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values(
     backend: Backend,
@@ -142,7 +193,7 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
     assert_eq!(probe.state(&ids[1]).await, taken_over_states[1], "the stale release changed nothing");
 }
 
-/// A relay process whose log (warnings and errors) goes to a file the test reads afterwards.
+/// A relay process whose log goes to a file the test reads afterwards.
 struct LoggedRelay {
     child: tokio::process::Child,
     log: std::path::PathBuf,
@@ -155,7 +206,8 @@ impl LoggedRelay {
         let child = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
             .args(args)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env("RUST_LOG", "warn")
+            // Warnings and errors, and each event's claim and mark.
+            .env("RUST_LOG", "warn,outpost::relay::worker=info")
             .env("NO_COLOR", "1")
             .stdout(file.try_clone().unwrap())
             .stderr(file)
