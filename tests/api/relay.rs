@@ -434,6 +434,25 @@ async fn claim_once_expired(outbox: &Outbox, worker: &WorkerId) -> Vec<ClaimedEv
     }
 }
 
+/// Loop A of `relay` steps in the background and claims `event_id`; once its lease has expired,
+/// loop B of the same relay (its worker id) claims it again. Returns loop A's step, loop B's
+/// claim and the row as loop B holds it.
+async fn another_loop_takes_over(
+    relay: Relay<KafkaPublisher>,
+    outbox: &Outbox,
+    probe: &OutboxProbe<'_>,
+    event_id: &str,
+) -> (tokio::task::JoinHandle<StepOutcome>, Vec<ClaimedEvent>, crate::helpers::OutboxState) {
+    let worker = relay.owner().clone();
+    let loop_a = tokio::spawn(async move { relay.step().await.unwrap() });
+    assert_eventually("loop A holds the lease", WAIT, || async {
+        probe.state(event_id).await.status == "PUBLISHING"
+    })
+    .await;
+    let loop_b = claim_once_expired(outbox, &worker).await;
+    (loop_a, loop_b, probe.state(event_id).await)
+}
+
 fn quick_retry(max_attempts: i32) -> RetryPolicy {
     RetryPolicy {
         max_attempts,
@@ -510,20 +529,9 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
         retry: quick_retry(1),
         max_idle_poll: Duration::from_millis(100),
     };
-    let relay = std::sync::Arc::new(Relay::new(outbox.clone(), publisher, tuning));
-
-    // Loop A: claims, and its publish fails only after its lease has run out.
-    let loop_a = tokio::spawn({
-        let relay = std::sync::Arc::clone(&relay);
-        async move { relay.step().await.unwrap() }
-    });
-    assert_eventually("loop A holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.status == "PUBLISHING"
-    })
-    .await;
-    // Loop B of the same relay claims the event again once the lease has expired.
-    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
-    let held_by_b = probe.state(&ids[0]).await;
+    // Loop A's publish fails only after its lease has run out.
+    let relay = Relay::new(outbox.clone(), publisher, tuning);
+    let (loop_a, loop_b, held_by_b) = another_loop_takes_over(relay, &outbox, &probe, &ids[0]).await;
     assert_eq!(held_by_b.lease_owner.as_deref(), Some(loop_b[0].lease_token.as_str()));
 
     let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
@@ -752,7 +760,6 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     backend: Backend,
 ) {
     use outpost::failpoint::DURING_CONCURRENT_CLAIM;
-    use std::sync::Arc;
 
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -773,18 +780,9 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     };
     // Loop A stalls between its claim and its publish for longer than its lease.
     crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(2500)");
-    let relay = Arc::new(Relay::new(outbox.clone(), publisher, tuning));
-    let loop_a = tokio::spawn({
-        let relay = Arc::clone(&relay);
-        async move { relay.step().await.unwrap() }
-    });
-    assert_eventually("loop A holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.status == "PUBLISHING"
-    })
-    .await;
-    // Loop B of the same relay claims it again and still holds it when loop A's confirm arrives.
-    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
-    let held_by_b = probe.state(&ids[0]).await;
+    let relay = Relay::new(outbox.clone(), publisher, tuning);
+    // Loop B still holds the lease when loop A's confirm arrives.
+    let (loop_a, loop_b, held_by_b) = another_loop_takes_over(relay, &outbox, &probe, &ids[0]).await;
 
     let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
     assert_eq!((report.published, report.lease_lost), (0, 1), "{report:?}");
