@@ -50,6 +50,17 @@ fn relay_args(settings: &relay::Settings) -> Vec<String> {
     ]
 }
 
+/// Flags for a relay process with the default lease timings: on two shared cores a step may take
+/// seconds, and a lease lost to a slow machine would be a duplicate, which the tests that use
+/// these count as a failure.
+fn ordinary_relay_args(app: &TestApp, brokers: &str, topic: &str) -> Vec<String> {
+    let mut settings = relay_settings(app, brokers, topic);
+    settings.lease = Duration::from_secs(30);
+    settings.delivery_timeout = Duration::from_secs(10);
+    settings.lease_margin = Duration::from_secs(5);
+    relay_args(&settings)
+}
+
 /// A relay running in this process until dropped or stopped.
 async fn start_relay(settings: relay::Settings) -> InProcess {
     let app = relay::Application::build(settings).await.unwrap();
@@ -99,13 +110,7 @@ async fn relays_drain_one_backlog(backend: Backend, relays: usize) {
     broker.create_topic(&topic, 4).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(EVENTS).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
-    // Ordinary timings: a lease lost to a slow machine would be a duplicate, and this test
-    // counts duplicates.
-    settings.lease = Duration::from_secs(30);
-    settings.delivery_timeout = Duration::from_secs(10);
-    settings.lease_margin = Duration::from_secs(5);
-    let args = relay_args(&settings);
+    let args = ordinary_relay_args(&app, &broker.address(), &topic);
     let logs = tempfile::tempdir().unwrap();
     let running: Vec<LoggedRelay> = (0..relays).map(|n| LoggedRelay::spawn(&args, logs.path(), n)).collect();
     assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || {
@@ -251,13 +256,7 @@ async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no
     // A backlog, so that both relays are claiming and marking from the first submission on.
     const BACKLOG: i64 = 600;
     probe.seed(BACKLOG as usize).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
-    // Ordinary timings: on two shared cores a step may take seconds, and a lease lost to a slow
-    // machine would be a duplicate, not the deadlock this test looks for.
-    settings.lease = Duration::from_secs(30);
-    settings.delivery_timeout = Duration::from_secs(10);
-    settings.lease_margin = Duration::from_secs(5);
-    let args = relay_args(&settings);
+    let args = ordinary_relay_args(&app, &broker.address(), &topic);
     let logs = tempfile::tempdir().unwrap();
     let relays = [LoggedRelay::spawn(&args, logs.path(), 1), LoggedRelay::spawn(&args, logs.path(), 2)];
     assert_eventually("the relays are publishing", WAIT, || async {
