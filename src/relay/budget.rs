@@ -4,20 +4,22 @@
 //! must end before the lease does, with the margin to spare, or another relay may claim the
 //! events while this one still acts on them. librdkafka's `delivery.timeout.ms` starts only once
 //! a record is in its queue, and `send` may first wait for queue space, so the relay bounds the
-//! publishing itself: queue wait and delivery together end `delivery_timeout` after the step
-//! began, and marks and releases get what is left of `lease - margin`.
+//! publishing itself: the claim, the queue wait and the delivery together take at most
+//! `delivery_timeout`, and marks and releases get what is left of `lease - margin`. The budget
+//! bounds what the step waits for; a process stalled in between outlives any budget, and the
+//! claim's fence makes its late marks and releases change nothing.
 
 use std::time::Duration;
 
 /// The least time a step keeps for its marks and releases.
 pub const MIN_RECORD_TIME: Duration = Duration::from_secs(1);
 
-/// The deadlines of one step, counted from just before its claim.
+/// How long each phase of one step may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepBudget {
-    /// Queue wait and delivery of every record of the batch end this long after the start.
+    /// The claim and the publishing (queue wait and delivery) of the batch together.
     pub publish: Duration,
-    /// Marks and releases end this long after the start: `lease - margin`.
+    /// The whole step, marks and releases included: `lease - margin`.
     pub whole: Duration,
 }
 

@@ -110,8 +110,8 @@ impl<P: Publisher> Relay<P> {
         let budget = StepBudget::lenient(tuning.lease, tuning.delivery_timeout, tuning.lease_margin);
         // Before the claim, so that the database's lease starts no earlier than this.
         let started = tokio::time::Instant::now();
-        let (publish_by, record_by) = (started + budget.publish, started + budget.whole);
         let claimed = self.outbox.claim(&self.owner, self.tuning.lease, batch_size).await?;
+        let claim_took = started.elapsed();
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
         }
@@ -123,6 +123,9 @@ impl<P: Publisher> Relay<P> {
             // As if the worker died here: the leases run out and another worker takes over.
             return Ok(StepOutcome::Worked(report));
         }
+        // The budget bounds what the step waits for (claim, queue, delivery, marks); a process
+        // stalled between two of them outlives any budget, and the claim fence covers that.
+        let publish_by = tokio::time::Instant::now() + budget.publish.saturating_sub(claim_took);
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together.
         let sends = claimed.iter().zip(&spans).map(|(event, span)| {
@@ -161,6 +164,7 @@ impl<P: Publisher> Relay<P> {
                 Err((error, blame)) => failed.push((event, error, blame, span)),
             }
         }
+        let record_by = tokio::time::Instant::now() + budget.whole.saturating_sub(budget.publish);
         // Failed events go back in one statement, each row under its own claim fence.
         let failures: Vec<(&ClaimedEvent, &str, Blame)> =
             failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
