@@ -16,9 +16,9 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use application::{Application, StartupError, redrive};
-pub use budget::{MIN_RECORD_TIME, StepBudget};
+pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{
-    Backlog, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
+    Backlog, Blame, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
 };
 pub use publisher::{CONTENT_TYPE, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};

@@ -4,20 +4,22 @@
 //! must end before the lease does, with the margin to spare, or another relay may claim the
 //! events while this one still acts on them. librdkafka's `delivery.timeout.ms` starts only once
 //! a record is in its queue, and `send` may first wait for queue space, so the relay bounds the
-//! publishing itself: queue wait and delivery together end `delivery_timeout` after the step
-//! began, and marks and releases get what is left of `lease - margin`.
+//! publishing itself: the claim, the queue wait and the delivery together take at most
+//! `delivery_timeout`, and marks and releases get what is left of `lease - margin`. The budget
+//! bounds what the step waits for; a process stalled in between outlives any budget, and the
+//! claim's fence makes its late marks and releases change nothing.
 
 use std::time::Duration;
 
 /// The least time a step keeps for its marks and releases.
 pub const MIN_RECORD_TIME: Duration = Duration::from_secs(1);
 
-/// The deadlines of one step, counted from just before its claim.
+/// How long each phase of one step may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepBudget {
-    /// Queue wait and delivery of every record of the batch end this long after the start.
+    /// The claim and the publishing (queue wait and delivery) of the batch together.
     pub publish: Duration,
-    /// Marks and releases end this long after the start: `lease - margin`.
+    /// The whole step, marks and releases included: `lease - margin`.
     pub whole: Duration,
 }
 
@@ -40,6 +42,49 @@ impl StepBudget {
     pub fn lenient(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Self {
         let whole = lease.saturating_sub(margin).max(delivery_timeout + MIN_RECORD_TIME);
         Self { publish: delivery_timeout, whole }
+    }
+}
+
+/// The claim size a relay loop uses next.
+///
+/// A loop starts small, so a lone event is claimed, published and marked without waiting for
+/// company. While claims come back full (a backlog) and a step's publishing takes at most half
+/// of its budget, the size doubles, up to `max`; a step that used more than half of the budget
+/// halves it, and a claim that found nothing returns it to the smallest size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveBatch {
+    current: u64,
+    max: u64,
+}
+
+impl AdaptiveBatch {
+    /// The smallest size (unless `max` is smaller).
+    pub const MIN: u64 = 10;
+
+    /// A batch size that adapts between [`AdaptiveBatch::MIN`] and `max`.
+    pub fn new(max: u64) -> Self {
+        let max = max.max(1);
+        Self { current: Self::MIN.min(max), max }
+    }
+
+    /// The size of the next claim.
+    pub fn size(&self) -> u64 {
+        self.current
+    }
+
+    /// Adapts to a step that claimed `claimed` events and spent `publishing` of its
+    /// `publish_budget` on publishing them.
+    pub fn after(&mut self, claimed: u64, publishing: Duration, publish_budget: Duration) {
+        let floor = Self::MIN.min(self.max);
+        self.current = if claimed == 0 {
+            floor
+        } else if publishing > publish_budget / 2 {
+            (self.current / 2).max(floor)
+        } else if claimed >= self.current {
+            self.current.saturating_mul(2).min(self.max)
+        } else {
+            self.current
+        };
     }
 }
 
@@ -78,5 +123,53 @@ mod tests {
         let budget = StepBudget::lenient(Duration::from_millis(300), Duration::from_millis(1500), S(0));
         assert_eq!(budget.publish, Duration::from_millis(1500));
         assert_eq!(budget.whole, Duration::from_millis(2500));
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn a_batch_starts_small_and_doubles_while_claims_come_back_full_up_to_the_setting() {
+        let mut batch = AdaptiveBatch::new(100);
+        assert_eq!(batch.size(), 10);
+        for expected in [20, 40, 80, 100, 100] {
+            batch.after(batch.size(), MS(200), S(10));
+            assert_eq!(batch.size(), expected);
+        }
+    }
+
+    #[test]
+    fn a_partly_filled_claim_keeps_the_size_and_an_empty_one_returns_to_the_smallest() {
+        let mut batch = AdaptiveBatch::new(1000);
+        batch.after(10, MS(10), S(10));
+        batch.after(20, MS(10), S(10));
+        assert_eq!(batch.size(), 40);
+        batch.after(3, MS(10), S(10));
+        assert_eq!(batch.size(), 40, "no backlog, but no reason to shrink either");
+        batch.after(0, MS(0), S(10));
+        assert_eq!(batch.size(), 10, "idle: a lone event goes out in a small batch at once");
+    }
+
+    #[test]
+    fn a_step_that_used_more_than_half_its_publishing_budget_halves_the_batch() {
+        let mut batch = AdaptiveBatch::new(1000);
+        for _ in 0..4 {
+            batch.after(batch.size(), MS(100), S(10));
+        }
+        assert_eq!(batch.size(), 160);
+        batch.after(160, MS(5_001), S(10));
+        assert_eq!(batch.size(), 80);
+        batch.after(80, S(9), S(10));
+        batch.after(40, S(9), S(10));
+        batch.after(20, S(9), S(10));
+        assert_eq!(batch.size(), 10, "never below the smallest size");
+    }
+
+    #[test]
+    fn a_setting_below_the_smallest_size_is_the_size() {
+        let mut batch = AdaptiveBatch::new(3);
+        assert_eq!(batch.size(), 3);
+        batch.after(3, MS(1), S(10));
+        batch.after(0, MS(1), S(10));
+        assert_eq!(batch.size(), 3);
     }
 }

@@ -76,6 +76,17 @@ pub enum Released {
     Failed,
 }
 
+/// Whom a failed publish is blamed on, which decides whether it spends an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The event itself (the broker refused this record): the attempt counts, and the event is
+    /// FAILED once its attempts are used up.
+    Event,
+    /// The broker as a whole was unavailable: the attempt is given back, so an outage of any
+    /// length moves no event to FAILED; the backoff still applies.
+    Broker,
+}
+
 /// Who redrives an event and why: recorded on the row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedriveAudit {
@@ -295,38 +306,42 @@ impl Outbox {
         error: &str,
         policy: &RetryPolicy,
     ) -> Result<Fenced<Released>, DbErr> {
-        let mut released = self.release_all(&[(event, error)], policy).await?;
+        let mut released = self.release_all(&[(event, error, Blame::Event)], policy).await?;
         Ok(released.pop().unwrap_or(Fenced::LeaseLost))
     }
 
     /// [`Outbox::release`] for a batch, in one statement: each row gets its own status, retry
     /// time and error, and changes only while it is still PUBLISHING under its own claim's token.
+    /// A failure blamed on the broker gives the claim's attempt back and never ends FAILED.
     pub async fn release_all(
         &self,
-        failures: &[(&ClaimedEvent, &str)],
+        failures: &[(&ClaimedEvent, &str, Blame)],
         policy: &RetryPolicy,
     ) -> Result<Vec<Fenced<Released>>, DbErr> {
         if failures.is_empty() {
             return Ok(Vec::new());
         }
-        const COLUMNS: [ValueColumn; 5] = [
+        const COLUMNS: [ValueColumn; 6] = [
             FENCE_COLUMNS[0],
             FENCE_COLUMNS[1],
             ValueColumn { name: "v_status", pg_type: "text" },
             ValueColumn { name: "v_retry_at", pg_type: "timestamptz" },
             ValueColumn { name: "v_error", pg_type: "text" },
+            ValueColumn { name: "v_refund", pg_type: "integer" },
         ];
         let now = db::now(&self.db).await?;
         let mut outcomes = Vec::with_capacity(failures.len());
         let mut rows: Vec<(usize, Vec<Value>)> = Vec::with_capacity(failures.len());
-        for (i, (event, error)) in failures.iter().enumerate() {
+        for (i, (event, error, blame)) in failures.iter().enumerate() {
             let last_error: String = error.chars().take(LAST_ERROR_CHARS).collect();
-            let (status, retry_at, released) = if event.attempts >= policy.max_attempts {
-                (OutboxStatus::Failed, None, Released::Failed)
-            } else {
-                let at = lease_end(now, policy.backoff(event.attempts))?;
-                (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
-            };
+            let refund = i32::from(*blame == Blame::Broker);
+            let (status, retry_at, released) =
+                if *blame == Blame::Event && event.attempts >= policy.max_attempts {
+                    (OutboxStatus::Failed, None, Released::Failed)
+                } else {
+                    let at = lease_end(now, policy.backoff(event.attempts))?;
+                    (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
+                };
             outcomes.push(released);
             let row = vec![
                 event.event_id.as_str().into(),
@@ -334,11 +349,12 @@ impl Outbox {
                 status.as_str().into(),
                 retry_at.into(),
                 last_error.into(),
+                refund.into(),
             ];
             rows.push((i, row));
         }
-        let assignments =
-            "status = v.v_status, lease_owner = NULL, lease_until = v.v_retry_at, last_error = v.v_error";
+        let assignments = "status = v.v_status, lease_owner = NULL, lease_until = v.v_retry_at, last_error = v.v_error, \
+             attempts = attempts - v.v_refund";
         let update =
             FencedUpdate { columns: &COLUMNS, rows: in_lock_order(&mut rows), assignments, fenced: true };
         let changed = update.run(&self.db).await?;

@@ -56,6 +56,41 @@ pub struct PublishError {
     pub source: KafkaError,
 }
 
+impl PublishError {
+    /// Whether the broker as a whole, not this record, is to blame: nothing reached a broker that
+    /// could take it (unreachable, timed out, no leader, too few replicas, the local queue full).
+    /// Such a failure says nothing about the event, so it must not spend the event's attempts;
+    /// a record the broker refused (too large, invalid, not authorized, ...) does.
+    pub fn broker_unavailable(&self) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        let code = match &self.source {
+            KafkaError::MessageProduction(code) => *code,
+            _ => return false,
+        };
+        matches!(
+            code,
+            Code::MessageTimedOut
+                | Code::AllBrokersDown
+                | Code::BrokerTransportFailure
+                | Code::BrokerDestroy
+                | Code::Resolve
+                | Code::OperationTimedOut
+                | Code::QueueFull
+                | Code::PurgeQueue
+                | Code::PurgeInflight
+                | Code::LeaderNotAvailable
+                | Code::NotLeaderForPartition
+                | Code::PreferredLeaderNotAvailable
+                | Code::RequestTimedOut
+                | Code::BrokerNotAvailable
+                | Code::NetworkException
+                | Code::NotEnoughReplicas
+                | Code::NotEnoughReplicasAfterAppend
+                | Code::KafkaStorageError
+        )
+    }
+}
+
 /// The producer's settings could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerConfigError {

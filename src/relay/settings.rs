@@ -43,8 +43,9 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_RELAY_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub workers: u16,
 
-    /// Most events one claim takes.
-    #[arg(long, global = true, env = "OUTPOST_RELAY_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    /// Most events one claim takes. Claims start small and grow toward this while a backlog
+    /// exists and steps stay well inside the lease budget; they shrink again when idle.
+    #[arg(long, global = true, env = "OUTPOST_RELAY_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub batch_size: u64,
 
     /// How long a claimed event is leased; it is claimable again after that.
@@ -125,7 +126,7 @@ impl Settings {
             topic: DEFAULT_TOPIC.to_owned(),
             kafka_options: Vec::new(),
             workers: 2,
-            batch_size: 100,
+            batch_size: 500,
             lease: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(10),
             lease_margin: Duration::from_secs(5),

@@ -10,9 +10,9 @@ use tokio::sync::{Notify, watch};
 use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
-use super::budget::StepBudget;
+use super::budget::{AdaptiveBatch, StepBudget};
 use super::health::Vitals;
-use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
+use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
@@ -20,7 +20,7 @@ use crate::telemetry::{self, metrics};
 /// How a relay claims.
 #[derive(Debug, Clone)]
 pub struct Tuning {
-    /// Most events one claim takes.
+    /// Most events one claim takes; [`Relay::run`] adapts its claims up to this size.
     pub batch_size: u64,
     /// How long a claim is leased.
     pub lease: Duration,
@@ -122,6 +122,11 @@ impl<P: Publisher> Relay<P> {
     /// confirmed when the publishing time is up counts as failed, and marks and releases not
     /// done by the end are left unrecorded (their leases expire; the events are published again).
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
+        self.step_of(self.tuning.batch_size).await
+    }
+
+    /// [`Relay::step`] claiming at most `batch_size` events.
+    async fn step_of(&self, batch_size: u64) -> Result<StepOutcome, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
             return Ok(StepOutcome::Idle);
         }
@@ -129,8 +134,8 @@ impl<P: Publisher> Relay<P> {
         let budget = StepBudget::lenient(tuning.lease, tuning.delivery_timeout, tuning.lease_margin);
         // Before the claim, so that the database's lease starts no earlier than this.
         let started = tokio::time::Instant::now();
-        let (publish_by, record_by) = (started + budget.publish, started + budget.whole);
-        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, self.tuning.batch_size).await?;
+        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, batch_size).await?;
+        let claim_took = started.elapsed();
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
         }
@@ -142,16 +147,26 @@ impl<P: Publisher> Relay<P> {
             // As if the worker died here: the leases run out and another worker takes over.
             return Ok(StepOutcome::Worked(report));
         }
+        // The budget bounds what the step waits for (claim, queue, delivery, marks); a process
+        // stalled between two of them outlives any budget, and the claim fence covers that.
+        let publish_by = tokio::time::Instant::now() + budget.publish.saturating_sub(claim_took);
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together.
         let sends = claimed.iter().zip(&spans).map(|(event, span)| {
             let publish = self.publisher.publish(event).instrument(span.clone());
             async move {
                 match tokio::time::timeout_at(publish_by, publish).await {
-                    Ok(sent) => sent.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!(
-                        "not confirmed within the delivery timeout ({:?}, queue wait included)",
-                        budget.publish
+                    Ok(sent) => sent.map_err(|e| {
+                        let blame = if e.broker_unavailable() { Blame::Broker } else { Blame::Event };
+                        (e.to_string(), blame)
+                    }),
+                    // Nothing came back in time: the broker, not this record, is slow or away.
+                    Err(_) => Err((
+                        format!(
+                            "not confirmed within the delivery timeout ({:?}, queue wait included)",
+                            budget.publish
+                        ),
+                        Blame::Broker,
                     )),
                 }
             }
@@ -170,20 +185,21 @@ impl<P: Publisher> Relay<P> {
                     }
                     confirmed.push((event, delivery, span));
                 }
-                Err(e) => failed.push((event, e, span)),
+                Err((error, blame)) => failed.push((event, error, blame, span)),
             }
         }
+        let record_by = tokio::time::Instant::now() + budget.whole.saturating_sub(budget.publish);
         // Failed events go back in one statement, each row under its own claim fence.
-        let failures: Vec<(&ClaimedEvent, &str)> =
-            failed.iter().map(|(event, error, _)| (*event, error.as_str())).collect();
+        let failures: Vec<(&ClaimedEvent, &str, Blame)> =
+            failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
         match record(record_by, self.outbox.release_all(&failures, &self.tuning.retry)).await {
             Ok(outcomes) => {
-                for ((event, error, span), outcome) in failed.iter().zip(outcomes) {
-                    span.in_scope(|| self.released(event, error, outcome, &mut report));
+                for ((event, error, blame, span), outcome) in failed.iter().zip(outcomes) {
+                    span.in_scope(|| self.released(event, error, *blame, outcome, &mut report));
                 }
             }
             Err(e) => {
-                for (event, _, span) in &failed {
+                for (event, _, _, span) in &failed {
                     span.in_scope(|| self.unrecorded(event, &mut report, &e));
                 }
             }
@@ -261,10 +277,21 @@ impl<P: Publisher> Relay<P> {
         &self,
         event: &ClaimedEvent,
         error: &str,
+        blame: Blame,
         outcome: Fenced<Released>,
         report: &mut StepReport,
     ) {
         match outcome {
+            Fenced::Done(Released::RetryAt(at)) if blame == Blame::Broker => {
+                report.released += 1;
+                metrics().releases.add(1, &[]);
+                tracing::warn!(
+                    outpost.event_id = %event.event_id,
+                    retry_at = %at,
+                    error,
+                    "broker unavailable; released to PENDING with backoff, the attempt not counted"
+                );
+            }
             Fenced::Done(Released::RetryAt(at)) => {
                 report.released += 1;
                 metrics().releases.add(1, &[]);
@@ -321,10 +348,16 @@ impl<P: Publisher> Relay<P> {
     pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
         let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
         let mut idle = shortest;
+        let mut batch = AdaptiveBatch::new(self.tuning.batch_size);
         tracing::info!(lease_owner = %self.owner, "relay started");
         while !*stop.borrow() {
             let polled_at = tokio::time::Instant::now();
-            let step = self.step().await;
+            let step = self.step_of(batch.size()).await;
+            let claimed = match &step {
+                Ok(StepOutcome::Worked(report)) => report.claimed as u64,
+                _ => 0,
+            };
+            batch.after(claimed, polled_at.elapsed(), self.tuning.delivery_timeout);
             let failed_batches = self.vitals.stepped(&step);
             match self.publisher.recover(failed_batches >= REBUILD_AFTER_FAILED_BATCHES) {
                 Ok(None) => {}

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outpost::relay::{self, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
+use outpost::relay::{self, Blame, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
 use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
@@ -50,6 +50,17 @@ fn relay_args(settings: &relay::Settings) -> Vec<String> {
     ]
 }
 
+/// Flags for a relay process with the default lease timings: on two shared cores a step may take
+/// seconds, and a lease lost to a slow machine would be a duplicate, which the tests that use
+/// these count as a failure.
+fn ordinary_relay_args(app: &TestApp, brokers: &str, topic: &str) -> Vec<String> {
+    let mut settings = relay_settings(app, brokers, topic);
+    settings.lease = Duration::from_secs(30);
+    settings.delivery_timeout = Duration::from_secs(10);
+    settings.lease_margin = Duration::from_secs(5);
+    relay_args(&settings)
+}
+
 /// A relay running in this process until dropped or stopped.
 async fn start_relay(settings: relay::Settings) -> InProcess {
     let app = relay::Application::build(settings).await.unwrap();
@@ -66,7 +77,7 @@ on_every_backend!(
     a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing,
     a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing,
     a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
-    while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off,
+    while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent,
     a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
     an_event_that_keeps_failing_ends_failed_and_redrive_returns_it,
     two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing,
@@ -74,7 +85,52 @@ on_every_backend!(
     a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
     callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
     one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
+    two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
+    four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
 );
+
+async fn two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock(
+    backend: Backend,
+) {
+    relays_drain_one_backlog(backend, 2).await;
+}
+
+async fn four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock(
+    backend: Backend,
+) {
+    relays_drain_one_backlog(backend, 4).await;
+}
+
+/// `relays` relay processes (two loops each, adaptive batches) drain one 2,000-event backlog.
+async fn relays_drain_one_backlog(backend: Backend, relays: usize) {
+    const EVENTS: usize = 2_000;
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 4).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(EVENTS).await;
+    let args = ordinary_relay_args(&app, &broker.address(), &topic);
+    let logs = tempfile::tempdir().unwrap();
+    let running: Vec<LoggedRelay> = (0..relays).map(|n| LoggedRelay::spawn(&args, logs.path(), n)).collect();
+    assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || {
+        all_published(&probe, EVENTS as i64)
+    })
+    .await;
+
+    for relay in running {
+        let log = relay.stop().await;
+        assert!(lock_trouble(&log).is_empty(), "{:?}", lock_trouble(&log));
+        // Every relay took part: the drain really ran them side by side.
+        assert!(log.contains("marked PUBLISHED"), "a relay published nothing");
+    }
+    let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
+    assert_eq!(claimed_again, 0, "every event was claimed once, so marked once");
+    let records = read_topic(&broker.address(), &topic, EVENTS, WAIT, SETTLE).await;
+    let seen: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert!(ids.iter().all(|id| seen.contains(id.as_str())), "every event reached the topic");
+    assert_eq!(records.len(), EVENTS, "no event was published twice");
+}
 
 async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values(
     backend: Backend,
@@ -122,7 +178,11 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
 
     // Releases likewise: B's own rows go back with their own errors; A's stale one does not.
     let retry = quick_retry(12);
-    let failures = [(&taken_over[0], "error 0"), (&lost[1], "stale"), (&taken_over[2], "error 2")];
+    let failures = [
+        (&taken_over[0], "error 0", Blame::Event),
+        (&lost[1], "stale", Blame::Event),
+        (&taken_over[2], "error 2", Blame::Event),
+    ];
     let released = outbox.release_all(&failures, &retry).await.unwrap();
     assert!(
         matches!(released[..], [Done(Released::RetryAt(_)), LeaseLost, Done(Released::RetryAt(_))]),
@@ -138,7 +198,7 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
     assert_eq!(probe.state(&ids[1]).await, taken_over_states[1], "the stale release changed nothing");
 }
 
-/// A relay process whose log (warnings and errors) goes to a file the test reads afterwards.
+/// A relay process whose log goes to a file the test reads afterwards.
 struct LoggedRelay {
     child: tokio::process::Child,
     log: std::path::PathBuf,
@@ -151,7 +211,8 @@ impl LoggedRelay {
         let child = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
             .args(args)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env("RUST_LOG", "warn")
+            // Warnings and errors, and each event's claim and mark.
+            .env("RUST_LOG", "warn,outpost::relay::worker=info")
             .env("NO_COLOR", "1")
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -195,13 +256,7 @@ async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no
     // A backlog, so that both relays are claiming and marking from the first submission on.
     const BACKLOG: i64 = 600;
     probe.seed(BACKLOG as usize).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
-    // Ordinary timings: on two shared cores a step may take seconds, and a lease lost to a slow
-    // machine would be a duplicate, not the deadlock this test looks for.
-    settings.lease = Duration::from_secs(30);
-    settings.delivery_timeout = Duration::from_secs(10);
-    settings.lease_margin = Duration::from_secs(5);
-    let args = relay_args(&settings);
+    let args = ordinary_relay_args(&app, &broker.address(), &topic);
     let logs = tempfile::tempdir().unwrap();
     let relays = [LoggedRelay::spawn(&args, logs.path(), 1), LoggedRelay::spawn(&args, logs.path(), 2)];
     assert_eventually("the relays are publishing", WAIT, || async {
@@ -378,6 +433,25 @@ async fn claim_once_expired(outbox: &Outbox, worker: &WorkerId) -> Vec<ClaimedEv
     }
 }
 
+/// Loop A of `relay` steps in the background and claims `event_id`; once its lease has expired,
+/// loop B of the same relay (its worker id) claims it again. Returns loop A's step, loop B's
+/// claim and the row as loop B holds it.
+async fn another_loop_takes_over(
+    relay: Relay<KafkaPublisher>,
+    outbox: &Outbox,
+    probe: &OutboxProbe<'_>,
+    event_id: &str,
+) -> (tokio::task::JoinHandle<StepOutcome>, Vec<ClaimedEvent>, crate::helpers::OutboxState) {
+    let worker = relay.owner().clone();
+    let loop_a = tokio::spawn(async move { relay.step().await.unwrap() });
+    assert_eventually("loop A holds the lease", WAIT, || async {
+        probe.state(event_id).await.status == "PUBLISHING"
+    })
+    .await;
+    let loop_b = claim_once_expired(outbox, &worker).await;
+    (loop_a, loop_b, probe.state(event_id).await)
+}
+
 fn quick_retry(max_attempts: i32) -> RetryPolicy {
     RetryPolicy {
         max_attempts,
@@ -454,20 +528,9 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
         retry: quick_retry(1),
         max_idle_poll: Duration::from_millis(100),
     };
-    let relay = std::sync::Arc::new(Relay::new(outbox.clone(), publisher, tuning));
-
-    // Loop A: claims, and its publish fails only after its lease has run out.
-    let loop_a = tokio::spawn({
-        let relay = std::sync::Arc::clone(&relay);
-        async move { relay.step().await.unwrap() }
-    });
-    assert_eventually("loop A holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.status == "PUBLISHING"
-    })
-    .await;
-    // Loop B of the same relay claims the event again once the lease has expired.
-    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
-    let held_by_b = probe.state(&ids[0]).await;
+    // Loop A's publish fails only after its lease has run out.
+    let relay = Relay::new(outbox.clone(), publisher, tuning);
+    let (loop_a, loop_b, held_by_b) = another_loop_takes_over(relay, &outbox, &probe, &ids[0]).await;
     assert_eq!(held_by_b.lease_owner.as_deref(), Some(loop_b[0].lease_token.as_str()));
 
     let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
@@ -506,7 +569,7 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
     assert!(ids.iter().all(|id| seen.contains(id.as_str())));
 }
 
-async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off(backend: Backend) {
+async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
@@ -517,20 +580,29 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
     settings.lease_margin = Duration::from_secs(1);
-    // However long the broker takes to come back, the events must not run out of attempts.
-    settings.max_attempts = 1_000;
+    // One attempt allowed: were an unreachable broker to spend attempts, the first failure
+    // would end the event FAILED. It must not, however long the outage lasts.
+    settings.max_attempts = 1;
     let relay = start_relay(settings).await;
 
-    assert_eventually("every event failed at least twice", WAIT, || async {
+    let failed_again = || async {
         let mut all = true;
         for id in &ids {
             let state = probe.state(id).await;
             assert!(!state.published, "published without a broker: {state:?}");
-            all &= state.attempts >= 2 && state.last_error.is_some();
+            assert_ne!(state.status, "FAILED", "an unreachable broker spent the attempt: {state:?}");
+            if state.status == "PENDING" {
+                assert_eq!(state.attempts, 0, "released without spending an attempt: {state:?}");
+            }
+            all &= state.last_error.is_some();
         }
         all
-    })
-    .await;
+    };
+    assert_eventually("every event failed once", WAIT, failed_again).await;
+    // Clear the errors: the relay writes them again only by failing (and releasing) again.
+    use sea_orm::ConnectionTrait as _;
+    app.conn.execute_unprepared("UPDATE outbox_event SET last_error = NULL").await.unwrap();
+    assert_eventually("every event failed at least twice", WAIT, failed_again).await;
     assert_eq!(probe.count_with_status("PUBLISHED").await, 0);
 
     broker.run().await;
@@ -570,17 +642,32 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
 }
 
 async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend: Backend) {
+    use sea_orm::ConnectionTrait as _;
     let app = TestApp::spawn(backend).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(1).await;
+    // A record this relay's producer refuses by itself (larger than its message.max.bytes): the
+    // event, not the broker, is to blame, so each failure spends an attempt.
+    let backend_kind = app.conn.get_database_backend();
+    let placeholder = if backend_kind == sea_orm::DbBackend::Postgres { "$1" } else { "?" };
+    app.conn
+        .execute_raw(sea_orm::Statement::from_sql_and_values(
+            backend_kind,
+            format!("UPDATE outbox_event SET payload = {placeholder}"),
+            [vec![b'x'; 4_000].into()],
+        ))
+        .await
+        .unwrap();
     let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_millis(500);
     settings.lease = Duration::from_secs(2);
     settings.lease_margin = Duration::from_millis(500);
     settings.max_attempts = 2;
-    let relay = start_relay(settings.clone()).await;
+    let mut refusing = settings.clone();
+    refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
+    let relay = start_relay(refusing).await;
 
     assert_eventually("the event is FAILED", WAIT, || async {
         probe.state(&ids[0]).await.status == "FAILED"
@@ -588,7 +675,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     .await;
     let failed = probe.state(&ids[0]).await;
     assert_eq!(failed.attempts, 2);
-    assert!(failed.last_error.is_some());
+    assert!(failed.last_error.as_ref().is_some_and(|e| e.to_lowercase().contains("too large")), "{failed:?}");
     relay.stop().await;
 
     // The operator's command, as a real process.
@@ -672,7 +759,6 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     backend: Backend,
 ) {
     use outpost::failpoint::DURING_CONCURRENT_CLAIM;
-    use std::sync::Arc;
 
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -693,18 +779,9 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     };
     // Loop A stalls between its claim and its publish for longer than its lease.
     crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(2500)");
-    let relay = Arc::new(Relay::new(outbox.clone(), publisher, tuning));
-    let loop_a = tokio::spawn({
-        let relay = Arc::clone(&relay);
-        async move { relay.step().await.unwrap() }
-    });
-    assert_eventually("loop A holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.status == "PUBLISHING"
-    })
-    .await;
-    // Loop B of the same relay claims it again and still holds it when loop A's confirm arrives.
-    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
-    let held_by_b = probe.state(&ids[0]).await;
+    let relay = Relay::new(outbox.clone(), publisher, tuning);
+    // Loop B still holds the lease when loop A's confirm arrives.
+    let (loop_a, loop_b, held_by_b) = another_loop_takes_over(relay, &outbox, &probe, &ids[0]).await;
 
     let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
     assert_eq!((report.published, report.lease_lost), (0, 1), "{report:?}");

@@ -201,3 +201,34 @@ async fn invalid_orders_are_rejected_naming_the_field_and_write_nothing(backend:
     assert_eq!(app.count("orders").await, 0);
     assert_eq!(app.count("outbox_event").await, 0);
 }
+
+/// SQLite is the one backend on which a test can make the order transaction lose a lock conflict
+/// without changing a shared server's settings: another connection holds the write lock for
+/// longer than the order service's 5 s busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_order_transaction_that_timed_out_on_a_lock_runs_again_with_the_same_ids_and_commits() {
+    use sea_orm::TransactionTrait as _;
+    use std::time::Duration;
+
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let other = app.db.connect().await;
+    let holding = other.begin().await.unwrap();
+    holding.execute_unprepared("CREATE TABLE lock_holder (x INTEGER)").await.unwrap();
+    let mut request = order(7, "req-locked");
+    request.event_id = uuid::Uuid::new_v4().to_string();
+    let event_id = request.event_id.clone();
+    let mut client = app.client.clone();
+    let submitting = tokio::spawn(async move { client.submit_order(request).await });
+
+    // The first run fails after the 5 s busy timeout; without a retry the caller would have its
+    // ROLLED_BACK answer by now.
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    assert!(!submitting.is_finished(), "the call ended while the lock was still held");
+    holding.rollback().await.unwrap();
+
+    let accepted = submitting.await.unwrap().unwrap().into_inner();
+    assert_eq!(accepted.outcome(), pb::TransactionOutcome::Committed);
+    assert_eq!(accepted.event_id, event_id, "the retry reused the caller's event id");
+    assert_eq!(app.count("orders").await, 1);
+    assert_eq!(app.count("outbox_event").await, 1);
+}
