@@ -112,6 +112,7 @@ on_every_backend!(
     jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_made_them,
     a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_commits_past_the_end,
     a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start,
+    a_static_member_that_stops_leaves_the_group_and_another_instance_takes_over,
 );
 
 async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each(backend: Backend) {
@@ -723,4 +724,43 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
     consumer.signal("TERM").await;
     assert!(consumer.wait(WAIT).await.success());
     relay.stop().await;
+}
+
+async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_over(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 2).await;
+    let static_member = |instance: &str| {
+        let mut settings = consumer_settings(&app, &broker.address(), &topic, "g1");
+        settings.membership = consumer::Membership::Static;
+        settings.instance_name = Some(instance.to_owned());
+        // Tansu pauses static joins and syncs for 3 s each: the session must outlast both.
+        settings.kafka_options = vec![("heartbeat.interval.ms".into(), "500".into())];
+        settings
+    };
+    for order_id in 1..=4 {
+        let (event_id, payload) = event_record(order_id);
+        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
+    }
+    let first = RunningConsumer::start(static_member("first")).await;
+    assert_eventually("the first instance consumed four events", WAIT, || async {
+        first.stats.snapshot().consumed == 4
+    })
+    .await;
+    first.stop().await;
+
+    // Had the first instance stayed in the group, Tansu would keep its partitions (and its
+    // leadership) until it came back under its name.
+    let (event_id, payload) = event_record(5);
+    produce(&broker.address(), &topic, "5", &payload, Some(&event_id)).await;
+    let second = RunningConsumer::start(static_member("second")).await;
+    assert_eventually("another instance consumed the new event", WAIT, || async {
+        rows(&app, "notification_job", &event_id).await == 1
+    })
+    .await;
+    let stats = second.stats.snapshot();
+    assert_eq!(stats.assigned_partitions, 2, "it holds both partitions: {stats:?}");
+    assert_eq!(app.count("notification_job").await, 5);
+    second.stop().await;
 }
