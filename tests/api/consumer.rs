@@ -86,6 +86,21 @@ async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8], event_id
     producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
 
+/// Produces OrderAccepted records for orders `1..=count`, the event of order `copy_of` twice in a
+/// row (as a relay's republish would put it), and answers the event ids in order.
+async fn produce_events(brokers: &str, topic: &str, count: i64, copy_of: Option<i64>) -> Vec<String> {
+    let mut ids = Vec::new();
+    for order_id in 1..=count {
+        let (event_id, payload) = event_record(order_id);
+        produce(brokers, topic, &order_id.to_string(), &payload, Some(&event_id)).await;
+        if copy_of == Some(order_id) {
+            produce(brokers, topic, &order_id.to_string(), &payload, Some(&event_id)).await;
+        }
+        ids.push(event_id);
+    }
+    ids
+}
+
 async fn rows(app: &TestApp, table: &str, event_id: &str) -> i64 {
     let backend = app.conn.get_database_backend();
     let placeholder = if backend == sea_orm::DbBackend::Postgres { "$1" } else { "?" };
@@ -186,16 +201,7 @@ async fn records_fetched_together_commit_together_with_one_job_each_and_a_copy_a
     let topic = topic();
     broker.create_topic(&topic, 1).await;
     // Everything is on the topic before the consumer starts, so its first fetch brings many.
-    let mut ids = Vec::new();
-    for order_id in 1..=40 {
-        let (event_id, payload) = event_record(order_id);
-        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
-        if order_id == 20 {
-            // A copy of an event next to it, as a relay's republish would put it.
-            produce(&broker.address(), &topic, "20", &payload, Some(&event_id)).await;
-        }
-        ids.push(event_id);
-    }
+    let ids = produce_events(&broker.address(), &topic, 40, Some(20)).await;
 
     let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
     assert_eventually("all 41 deliveries are handled", WAIT, || async {
@@ -415,15 +421,7 @@ async fn two_consumer_names_on_one_database_each_make_their_own_job_once(backend
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 2).await;
-    let mut ids = Vec::new();
-    for order_id in 1..=10 {
-        let (event_id, payload) = event_record(order_id);
-        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
-        if order_id == 5 {
-            produce(&broker.address(), &topic, "5", &payload, Some(&event_id)).await;
-        }
-        ids.push(event_id);
-    }
+    let ids = produce_events(&broker.address(), &topic, 10, Some(5)).await;
 
     let mut consumers = Vec::new();
     for name in ["planner-a", "planner-b"] {
@@ -739,10 +737,7 @@ async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_
         settings.kafka_options = vec![("heartbeat.interval.ms".into(), "500".into())];
         settings
     };
-    for order_id in 1..=4 {
-        let (event_id, payload) = event_record(order_id);
-        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
-    }
+    produce_events(&broker.address(), &topic, 4, None).await;
     let first = RunningConsumer::start(static_member("first")).await;
     assert_eventually("the first instance consumed four events", WAIT, || async {
         first.stats.snapshot().consumed == 4
