@@ -91,6 +91,21 @@ pub(crate) async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8
     producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
 
+/// Produces OrderAccepted records for orders `1..=count`, the event of order `copy_of` twice in a
+/// row (as a relay's republish would put it), and answers the event ids in order.
+async fn produce_events(brokers: &str, topic: &str, count: i64, copy_of: Option<i64>) -> Vec<String> {
+    let mut ids = Vec::new();
+    for order_id in 1..=count {
+        let (event_id, payload) = event_record(order_id);
+        produce(brokers, topic, &order_id.to_string(), &payload, Some(&event_id)).await;
+        if copy_of == Some(order_id) {
+            produce(brokers, topic, &order_id.to_string(), &payload, Some(&event_id)).await;
+        }
+        ids.push(event_id);
+    }
+    ids
+}
+
 async fn rows(app: &TestApp, table: &str, event_id: &str) -> i64 {
     let backend = app.conn.get_database_backend();
     let placeholder = if backend == sea_orm::DbBackend::Postgres { "$1" } else { "?" };
@@ -117,6 +132,7 @@ on_every_backend!(
     jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_made_them,
     a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_commits_past_the_end,
     a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start,
+    a_static_member_that_stops_leaves_the_group_and_another_instance_takes_over,
 );
 
 async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each(backend: Backend) {
@@ -190,16 +206,7 @@ async fn records_fetched_together_commit_together_with_one_job_each_and_a_copy_a
     let topic = topic();
     broker.create_topic(&topic, 1).await;
     // Everything is on the topic before the consumer starts, so its first fetch brings many.
-    let mut ids = Vec::new();
-    for order_id in 1..=40 {
-        let (event_id, payload) = event_record(order_id);
-        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
-        if order_id == 20 {
-            // A copy of an event next to it, as a relay's republish would put it.
-            produce(&broker.address(), &topic, "20", &payload, Some(&event_id)).await;
-        }
-        ids.push(event_id);
-    }
+    let ids = produce_events(&broker.address(), &topic, 40, Some(20)).await;
 
     let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
     assert_eventually("all 41 deliveries are handled", WAIT, || async {
@@ -419,15 +426,7 @@ async fn two_consumer_names_on_one_database_each_make_their_own_job_once(backend
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 2).await;
-    let mut ids = Vec::new();
-    for order_id in 1..=10 {
-        let (event_id, payload) = event_record(order_id);
-        produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
-        if order_id == 5 {
-            produce(&broker.address(), &topic, "5", &payload, Some(&event_id)).await;
-        }
-        ids.push(event_id);
-    }
+    let ids = produce_events(&broker.address(), &topic, 10, Some(5)).await;
 
     let mut consumers = Vec::new();
     for name in ["planner-a", "planner-b"] {
@@ -728,4 +727,40 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
     consumer.signal("TERM").await;
     assert!(consumer.wait(WAIT).await.success());
     relay.stop().await;
+}
+
+async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_over(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 2).await;
+    let static_member = |instance: &str| {
+        let mut settings = consumer_settings(&app, &broker.address(), &topic, "g1");
+        settings.membership = consumer::Membership::Static;
+        settings.instance_name = Some(instance.to_owned());
+        // Tansu pauses static joins and syncs for 3 s each: the session must outlast both.
+        settings.kafka_options = vec![("heartbeat.interval.ms".into(), "500".into())];
+        settings
+    };
+    produce_events(&broker.address(), &topic, 4, None).await;
+    let first = RunningConsumer::start(static_member("first")).await;
+    assert_eventually("the first instance consumed four events", WAIT, || async {
+        first.stats.snapshot().consumed == 4
+    })
+    .await;
+    first.stop().await;
+
+    // Had the first instance stayed in the group, Tansu would keep its partitions (and its
+    // leadership) until it came back under its name.
+    let (event_id, payload) = event_record(5);
+    produce(&broker.address(), &topic, "5", &payload, Some(&event_id)).await;
+    let second = RunningConsumer::start(static_member("second")).await;
+    assert_eventually("another instance consumed the new event", WAIT, || async {
+        rows(&app, "notification_job", &event_id).await == 1
+    })
+    .await;
+    let stats = second.stats.snapshot();
+    assert_eq!(stats.assigned_partitions, 2, "it holds both partitions: {stats:?}");
+    assert_eq!(app.count("notification_job").await, 5);
+    second.stop().await;
 }
