@@ -111,6 +111,14 @@ impl LockConflict {
             Self::LockWaitTimeout => "lock_wait_timeout",
         }
     }
+
+    /// The wait before retry `retry` (1-based) of a lock-conflict victim: a random point in the
+    /// upper half of 10 ms doubled per retry (at most 1.28 s), so victims of one conflict do not
+    /// collide again in step.
+    pub fn backoff(retry: u32) -> std::time::Duration {
+        let ceiling = std::time::Duration::from_millis(10) * (1 << retry.clamp(1, 8).saturating_sub(1));
+        ceiling.mul_f64(rand::random_range(0.5..=1.0))
+    }
 }
 
 /// The lock conflict `err` reports, if it is one.

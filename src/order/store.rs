@@ -9,7 +9,7 @@ use sea_orm::{
 };
 
 use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
-use crate::db::{TxFailure, UniqueKey, lock_conflict, violated_unique_key};
+use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::{
     CustomerId, EventId, LineItem, NewOrder, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder, TenantId,
 };
@@ -22,13 +22,6 @@ const FIRST_VERSION: i64 = 1;
 
 /// Runs of the order transaction after the first one that lost a lock conflict.
 const LOCK_CONFLICT_RETRIES: u32 = 5;
-
-/// The wait before retry `retry` (1-based) of a lock-conflict victim: a random point in the upper
-/// half of 10 ms doubled per retry, so victims of one conflict do not collide again in step.
-fn lock_retry_backoff(retry: u32) -> std::time::Duration {
-    let ceiling = std::time::Duration::from_millis(10) * (1 << retry.clamp(1, 8).saturating_sub(1));
-    ceiling.mul_f64(rand::random_range(0.5..=1.0))
-}
 
 /// An order that committed with its acceptance event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +156,7 @@ impl OrderStore {
                     }
                     retries += 1;
                     metrics().order_lock_retries.add(1, &[KeyValue::new("reason", conflict.as_str())]);
-                    let wait = lock_retry_backoff(retries);
+                    let wait = LockConflict::backoff(retries);
                     tracing::warn!(
                         reason = conflict.as_str(),
                         retry = retries,
@@ -448,9 +441,9 @@ mod tests {
     fn lock_conflict_retries_wait_a_jittered_doubling_time_that_stays_bounded() {
         for retry in 1..=LOCK_CONFLICT_RETRIES {
             let ceiling = std::time::Duration::from_millis(10 * (1 << (retry - 1)));
-            let wait = lock_retry_backoff(retry);
+            let wait = LockConflict::backoff(retry);
             assert!(wait >= ceiling / 2 && wait <= ceiling, "retry {retry}: {wait:?}");
         }
-        assert!(lock_retry_backoff(u32::MAX) <= std::time::Duration::from_millis(1280));
+        assert!(LockConflict::backoff(u32::MAX) <= std::time::Duration::from_millis(1280));
     }
 }

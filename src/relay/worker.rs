@@ -14,6 +14,7 @@ use super::budget::{AdaptiveBatch, StepBudget};
 use super::health::Vitals;
 use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
+use crate::db;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
 
@@ -192,7 +193,7 @@ impl<P: Publisher> Relay<P> {
         // Failed events go back in one statement, each row under its own claim fence.
         let failures: Vec<(&ClaimedEvent, &str, Blame)> =
             failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
-        match record(record_by, self.outbox.release_all(&failures, &self.tuning.retry)).await {
+        match record(record_by, || self.outbox.release_all(&failures, &self.tuning.retry)).await {
             Ok(outcomes) => {
                 for ((event, error, blame, span), outcome) in failed.iter().zip(outcomes) {
                     span.in_scope(|| self.released(event, error, *blame, outcome, &mut report));
@@ -210,7 +211,7 @@ impl<P: Publisher> Relay<P> {
             .iter()
             .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
             .collect();
-        match record(record_by, self.outbox.mark_all_published(&marks)).await {
+        match record(record_by, || self.outbox.mark_all_published(&marks)).await {
             Ok(outcomes) => {
                 for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
                     span.in_scope(|| self.marked(event, delivery, outcome, &mut report));
@@ -402,11 +403,31 @@ impl<P: Publisher> Relay<P> {
 }
 
 /// `write` unless `deadline` passes first: a step never acts on its events after its budget.
-async fn record<T>(
-    deadline: tokio::time::Instant,
-    write: impl std::future::Future<Output = Result<T, DbErr>>,
-) -> Result<T, DbErr> {
-    tokio::time::timeout_at(deadline, write).await.unwrap_or_else(|_| {
+///
+/// A write that lost a lock conflict (a deadlock, a lock-wait timeout, SQLite's busy timeout) was
+/// undone by the server, so it runs again while the budget lasts: every row it changes is fenced
+/// by its claim's token, so running it again can only do what the first run would have done.
+/// Giving up at the first conflict would leave the leases to expire and the events to be
+/// published a second time.
+async fn record<T, W, F>(deadline: tokio::time::Instant, mut write: W) -> Result<T, DbErr>
+where
+    W: FnMut() -> F,
+    F: std::future::Future<Output = Result<T, DbErr>>,
+{
+    let attempts = async {
+        let mut retry = 0;
+        loop {
+            match write().await {
+                Err(e) if db::lock_conflict(&e).is_some() => {
+                    retry += 1;
+                    tracing::debug!(error = %e, retry, "recording outcomes met a lock conflict; running it again");
+                    tokio::time::sleep(db::LockConflict::backoff(retry)).await;
+                }
+                done => return done,
+            }
+        }
+    };
+    tokio::time::timeout_at(deadline, attempts).await.unwrap_or_else(|_| {
         Err(DbErr::Custom("the step's lease budget ran out before its outcomes were recorded".into()))
     })
 }
