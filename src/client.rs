@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 use crate::domain::EventId;
-use crate::order::ERROR_DOMAIN;
+use crate::edge::ERROR_DOMAIN;
 use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 /// How hard the submitter tries.

@@ -9,8 +9,10 @@
 pub mod admin;
 pub mod client;
 pub mod consumer;
+pub mod contract;
 pub mod db;
 pub mod domain;
+mod edge;
 mod entity;
 pub mod failpoint;
 pub mod order;

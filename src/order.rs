@@ -7,10 +7,8 @@ mod grpc;
 mod settings;
 mod store;
 
+pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
+pub use crate::edge::ERROR_DOMAIN;
 pub use application::{Application, StartupError};
-pub(crate) use event::timestamp;
-pub use event::{AGGREGATE_TYPE, EVENT_TYPE};
-pub use grpc::ERROR_DOMAIN;
-pub(crate) use grpc::{record_status, rpc_span};
 pub use settings::Settings;
 pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};

@@ -15,17 +15,17 @@ mod worker;
 use std::fmt;
 use std::sync::Arc;
 
+pub use crate::contract::CONTENT_TYPE;
 pub use application::{Application, StartupError, redrive};
 pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{
     Backlog, Blame, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
 };
-pub use publisher::{CONTENT_TYPE, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
+pub use publisher::{KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
 pub use worker::{PublisherFailed, Relay, StepOutcome, StepReport, Tuning};
 
-/// The Kafka topic OrderAccepted events go to unless configured otherwise.
-pub const DEFAULT_TOPIC: &str = "outpost.order-accepted.v1";
+pub use crate::contract::DEFAULT_TOPIC;
 
 /// A relay process's identity: host, process id and a random part. Every claim it makes gets its
 /// own [`LeaseToken`] that starts with this id, so operators still see which relay holds a lease.

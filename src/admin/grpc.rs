@@ -12,8 +12,8 @@ use tracing::Instrument as _;
 use super::inspect::{Backlog, Inspector, Timeline};
 use super::retention::{PurgeReport, Retention, RetentionError};
 use crate::domain::{EventId, FieldViolation, InvalidInput, OutboxStatus, RequestId, TenantId};
+use crate::edge::{ERROR_DOMAIN, record_status, rpc_span, timestamp};
 use crate::entity::{consumed_event, dead_letter, notification_job, orders, outbox_event};
-use crate::order::{ERROR_DOMAIN, record_status, rpc_span, timestamp};
 use crate::proto::v1::{
     self as pb,
     admin_service_server::{AdminService, AdminServiceServer},

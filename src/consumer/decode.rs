@@ -2,8 +2,8 @@
 
 use prost::Message as _;
 
+use crate::contract::EVENT_TYPE;
 use crate::domain::EventId;
-use crate::order::EVENT_TYPE;
 use crate::proto::v1::OrderAccepted;
 
 /// What the consumer needs of an OrderAccepted event.

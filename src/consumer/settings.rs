@@ -4,7 +4,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 
 use super::DEFAULT_CONSUMER_NAME;
-use crate::relay::DEFAULT_TOPIC;
+use crate::contract::DEFAULT_TOPIC;
 
 /// The consumer's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]

@@ -4,12 +4,8 @@ use chrono::{DateTime, Utc};
 use prost::Message;
 
 use crate::domain::{EventId, SubmitOrder};
+use crate::edge::timestamp;
 use crate::proto::v1 as pb;
-
-/// `outbox_event.event_type` and the Kafka `event_type` header: the protobuf message's full name.
-pub const EVENT_TYPE: &str = "outpost.v1.OrderAccepted";
-/// `outbox_event.aggregate_type` for orders.
-pub const AGGREGATE_TYPE: &str = "order";
 
 /// Encodes the acceptance snapshot of `submit` as committed under `order_id`.
 pub(crate) fn encode_order_accepted(
@@ -33,13 +29,4 @@ pub(crate) fn encode_order_accepted(
         accepted_at: Some(timestamp(accepted_at)),
     }
     .encode_to_vec()
-}
-
-/// A protobuf timestamp with the same microseconds the database keeps.
-pub(crate) fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: at.timestamp(),
-        // Always below 10^9, so the cast cannot truncate.
-        nanos: at.timestamp_subsec_nanos() as i32,
-    }
 }

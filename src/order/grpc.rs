@@ -7,19 +7,15 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::Instrument as _;
 
-use super::event::timestamp;
 use super::store::{AcceptedOrder, OrderStore, SubmitError, Submitted};
 use crate::domain::{InvalidInput, LineItem, OrderStatus, RequestId, SubmitOrder, TenantId};
+use crate::edge::{ERROR_DOMAIN, record_status, rpc_span, timestamp};
 use crate::proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},
 };
 use crate::security::{AuthError, Authenticator, Caller};
-use crate::telemetry;
 use crate::wake::WakeSender;
-
-/// `ErrorInfo.domain` of every error this service returns.
-pub const ERROR_DOMAIN: &str = "outpost.v1";
 
 /// The largest request the service decodes; a full 100-line order is far below it.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -116,41 +112,6 @@ impl OrderGrpc {
 }
 
 const SERVICE: &str = "outpost.v1.OrderService";
-
-/// A server span for one call, continuing the caller's trace from its request metadata.
-pub(crate) fn rpc_span(
-    service: &'static str,
-    method: &'static str,
-    metadata: &tonic::metadata::MetadataMap,
-) -> tracing::Span {
-    let span = tracing::info_span!(
-        "rpc",
-        otel.name = format!("{service}/{method}"),
-        otel.kind = "server",
-        rpc.system = "grpc",
-        rpc.service = service,
-        rpc.method = method,
-        rpc.grpc.status_code = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-        outpost.event_id = tracing::field::Empty,
-        trace_id = tracing::field::Empty,
-    );
-    telemetry::follow(&span, telemetry::grpc_context(metadata));
-    span
-}
-
-pub(crate) fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
-    let code = answer.as_ref().err().map_or(Code::Ok, Status::code);
-    span.record("rpc.grpc.status_code", code as i32);
-    if let Err(status) = answer {
-        span.record("otel.status_code", "ERROR");
-        if let Some(event_id) =
-            status.get_details_error_info().and_then(|i| i.metadata.get("event_id").cloned())
-        {
-            span.record("outpost.event_id", event_id);
-        }
-    }
-}
 
 impl TryFrom<pb::SubmitOrderRequest> for SubmitOrder {
     type Error = InvalidInput;

@@ -8,7 +8,8 @@ use sea_orm::{
     TransactionTrait,
 };
 
-use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
+use super::event::encode_order_accepted;
+use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::{
     CustomerId, EventId, LineItem, NewOrder, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder, TenantId,

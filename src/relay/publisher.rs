@@ -16,8 +16,7 @@ use tracing::Instrument as _;
 use super::outbox::{ClaimedEvent, Delivery};
 use crate::{failpoint, telemetry};
 
-/// `content-type` header of every record: the value is a protobuf message named by `event_type`.
-pub const CONTENT_TYPE: &str = "application/x-protobuf";
+use crate::contract::CONTENT_TYPE;
 
 /// Publishes one outbox event.
 ///

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::DEFAULT_TOPIC;
+use crate::contract::DEFAULT_TOPIC;
 
 /// The relay's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]

@@ -76,7 +76,7 @@ where
                 let mut details = ErrorDetails::new();
                 details.set_error_info(
                     "OVERLOADED",
-                    crate::order::ERROR_DOMAIN,
+                    crate::edge::ERROR_DOMAIN,
                     std::collections::HashMap::new(),
                 );
                 let status = tonic::Status::with_error_details(

@@ -1,0 +1,16 @@
+//! The event's contract, which the order service writes, the relay publishes and the consumer
+//! reads: its topic, type, aggregate and content type. One place, so that no service takes
+//! these from another.
+
+/// The Kafka topic OrderAccepted events go to (and the consumer reads) unless configured
+/// otherwise.
+pub const DEFAULT_TOPIC: &str = "outpost.order-accepted.v1";
+
+/// `outbox_event.event_type` and the Kafka `event_type` header: the protobuf message's full name.
+pub const EVENT_TYPE: &str = "outpost.v1.OrderAccepted";
+
+/// `outbox_event.aggregate_type` for orders.
+pub const AGGREGATE_TYPE: &str = "order";
+
+/// `content-type` header of every record: the value is a protobuf message named by `event_type`.
+pub const CONTENT_TYPE: &str = "application/x-protobuf";
