@@ -19,9 +19,9 @@ migrate url:
 migrate-status url:
     cargo run --quiet --bin outpost-migrate -- -u '{{url}}' status
 
-# Run the order service against a migrated database.
+# Run the order service against a migrated database (loopback, no authentication).
 order url listen="127.0.0.1:50051":
-    OUTPOST_DATABASE_URL='{{url}}' OUTPOST_ORDER_LISTEN='{{listen}}' cargo run --bin outpost-order
+    OUTPOST_AUTH=none OUTPOST_DATABASE_URL='{{url}}' OUTPOST_ORDER_LISTEN='{{listen}}' cargo run --bin outpost-order
 
 # Run the fault-injection verifier against DATABASE_URL and BROKERS (migrate first).
 verify url brokers="127.0.0.1:9092":

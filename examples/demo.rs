@@ -1,17 +1,27 @@
 //! The README demo's client.
 //!
-//! `demo submit GRPC_URL`: submits a few orders to a running order service and prints what the
-//! service answered, including a replay, an invalid order and a reused request id.
+//! `demo secure-setup DIR`: makes what the secure demo needs, on the spot: a CA, a certificate for
+//! localhost and 127.0.0.1 with its key, a JWKS with a fresh signing key, a token for tenant 1
+//! (`tenant.jwt`) and an operator token (`operator.jwt`).
+//! `demo submit GRPC_URL [CA_FILE TOKEN_FILE]`: submits a few orders to a running order service
+//! (over TLS, with the token, when given) and prints what the service answered, including a
+//! replay, an invalid order, a reused request id, a call without a token and one for another
+//! tenant.
 //! `demo show DATABASE_URL BROKERS TOPIC COUNT`: waits until COUNT outbox events are PUBLISHED,
 //! then prints the order and outbox rows and the records on the topic.
 #![allow(clippy::expect_used)] // a demo: failing loudly is the point
 
 use std::time::Duration;
 
-use outpost::client::{RetryPolicy, SafeSubmitter};
+use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitter};
 use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use sea_orm::{ConnectionTrait, Statement};
 use tonic_types::StatusExt;
+
+// The same certificate and token maker the security tests use.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../tests/api/pki.rs"]
+mod pki;
 
 fn order(request_id: &str, sku: &str, quantity: u32) -> pb::SubmitOrderRequest {
     pb::SubmitOrderRequest {
@@ -51,24 +61,51 @@ fn show(label: &str, answer: Result<tonic::Response<pb::SubmitOrderResponse>, to
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["submit", address] => submit(address).await,
+        ["secure-setup", dir] => secure_setup(std::path::Path::new(dir)),
+        ["submit", address] => submit(address, None).await,
+        ["submit", address, ca_file, token_file] => submit(address, Some((ca_file, token_file))).await,
         ["show", database_url, brokers, topic, count] => {
             let count = count.parse().expect("COUNT is a number");
             print_rows(database_url, count).await;
             print_records(brokers, topic, count).await;
             print_jobs(database_url, count).await;
         }
-        _ => eprintln!("usage: demo submit GRPC_URL | demo show DATABASE_URL BROKERS TOPIC COUNT"),
+        _ => eprintln!(
+            "usage: demo secure-setup DIR | demo submit GRPC_URL [CA_FILE TOKEN_FILE] | demo show DATABASE_URL BROKERS TOPIC COUNT"
+        ),
     }
 }
 
-async fn submit(address: &str) {
+fn secure_setup(dir: &std::path::Path) {
+    let pki = pki::Pki::make(dir).expect("certificates and keys are made");
+    let tenant = pki.token(serde_json::json!({ "sub": "demo-shop", "tenant_id": 1 })).expect("a token");
+    let operator =
+        pki.token(serde_json::json!({ "sub": "demo-operator", "scope": "outpost:admin" })).expect("a token");
+    std::fs::write(dir.join("tenant.jwt"), tenant).expect("the token is written");
+    std::fs::write(dir.join("operator.jwt"), operator).expect("the token is written");
+    println!("{}\n{}", pki::ISSUER, pki::AUDIENCE);
+}
+
+/// `message` with the token, when there is one.
+fn authorized<T>(token: &Option<BearerToken>, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        token.apply(&mut request);
+    }
+    request
+}
+
+async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
     let address = address.to_owned();
-    let endpoint = tonic::transport::Endpoint::from_shared(address.clone()).expect("a valid URL");
+    let tls = ClientTls { ca_file: secure.map(|(ca, _)| (**ca).into()), identity: None };
+    let token = secure.map(|(_, token)| {
+        let token = std::fs::read_to_string(token).expect("the token file is readable");
+        BearerToken::new(&token).expect("a token a header can carry")
+    });
     // The service may still be starting: try for a few seconds.
     let mut channel = None;
     for _ in 0..50 {
-        match endpoint.connect().await {
+        match client::connect(&address, &tls).await {
             Ok(c) => {
                 channel = Some(c);
                 break;
@@ -77,18 +114,39 @@ async fn submit(address: &str) {
         }
     }
     let mut client = OrderServiceClient::new(channel.expect("the order service answers"));
-    println!("Submitting to the order service at {address}\n");
+    match &secure {
+        Some((ca, _)) => {
+            println!("Submitting to the order service at {address} (TLS, CA {ca}, tenant 1's token)\n")
+        }
+        None => println!("Submitting to the order service at {address}\n"),
+    }
 
     let run = std::process::id();
     let first = format!("demo-{run}-1");
-    show("new order", client.submit_order(order(&first, "SKU-RED-MUG", 2)).await);
-    show("same order again (a client retry)", client.submit_order(order(&first, "SKU-RED-MUG", 2)).await);
-    show("same request id, different content", client.submit_order(order(&first, "SKU-RED-MUG", 5)).await);
+    show("new order", client.submit_order(authorized(&token, order(&first, "SKU-RED-MUG", 2))).await);
+    show(
+        "same order again (a client retry)",
+        client.submit_order(authorized(&token, order(&first, "SKU-RED-MUG", 2))).await,
+    );
+    show(
+        "same request id, different content",
+        client.submit_order(authorized(&token, order(&first, "SKU-RED-MUG", 5))).await,
+    );
     let mut invalid = order(&format!("demo-{run}-2"), "SKU-RED-MUG", 0);
     invalid.currency = "euro".to_owned();
-    show("invalid order (quantity 0, currency euro)", client.submit_order(invalid).await);
+    show("invalid order (quantity 0, currency euro)", client.submit_order(authorized(&token, invalid)).await);
+    if token.is_some() {
+        let second = format!("demo-{run}-4");
+        show("no token", client.submit_order(order(&second, "SKU-RED-MUG", 1)).await);
+        let mut elsewhere = order(&second, "SKU-RED-MUG", 1);
+        elsewhere.tenant_id = 2;
+        show("tenant 1's token, tenant_id 2", client.submit_order(authorized(&token, elsewhere)).await);
+    }
 
-    match client.reconcile(pb::ReconcileRequest { tenant_id: 1, request_id: first.clone() }).await {
+    match client
+        .reconcile(authorized(&token, pb::ReconcileRequest { tenant_id: 1, request_id: first.clone() }))
+        .await
+    {
         Ok(found) => {
             let found = found.into_inner();
             println!(
@@ -105,6 +163,9 @@ async fn submit(address: &str) {
     }
 
     let mut submitter = SafeSubmitter::new(client, RetryPolicy::default());
+    if let Some(token) = token.clone() {
+        submitter = submitter.with_token(token);
+    }
     match submitter.submit(order(&format!("demo-{run}-3"), "SKU-BLUE-MUG", 1)).await {
         Ok(confirmed) => println!(
             "{:<44} {:?} after {} call(s): order_id={} event_id={}",
@@ -181,7 +242,7 @@ async fn print_jobs(database_url: &str, count: i64) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let sql = "SELECT j.event_id, j.order_id, j.status, c.consumer_name FROM notification_job j \
-               JOIN consumed_event c ON c.event_id = j.event_id ORDER BY j.order_id";
+               JOIN consumed_event c ON c.consumer_name = j.consumer_name AND c.event_id = j.event_id ORDER BY j.order_id";
     let rows = db.query_all_raw(Statement::from_string(backend, sql)).await.expect("the jobs read");
     println!("\nnotification jobs (one per event, committed with its consumed_event row):");
     for row in rows {

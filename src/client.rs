@@ -4,9 +4,11 @@
 //! if the order is found, use it; if not, resubmit with the same ids. Ids never change between
 //! attempts, so no path can create a second order or a second event.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::Channel;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
@@ -97,9 +99,11 @@ fn next_after_submit(status: &Status) -> Next {
     let reason =
         status.get_details_error_info().filter(|info| info.domain == ERROR_DOMAIN).map(|info| info.reason);
     match (status.code(), reason.as_deref()) {
-        (Code::Aborted, Some("ROLLED_BACK")) | (Code::Unavailable, Some("DATABASE_UNAVAILABLE")) => {
-            Next::Resubmit
-        }
+        // Refused before any transaction began (the database was unreachable) or at the
+        // listener's door before any handler ran (OVERLOADED): nothing was written.
+        (Code::Aborted, Some("ROLLED_BACK"))
+        | (Code::Unavailable, Some("DATABASE_UNAVAILABLE"))
+        | (Code::ResourceExhausted, Some("OVERLOADED")) => Next::Resubmit,
         (
             Code::InvalidArgument
             | Code::AlreadyExists
@@ -119,12 +123,20 @@ fn next_after_submit(status: &Status) -> Next {
 pub struct SafeSubmitter {
     client: OrderServiceClient<Channel>,
     policy: RetryPolicy,
+    token: Option<BearerToken>,
 }
 
 impl SafeSubmitter {
     /// A submitter over an existing client.
     pub fn new(client: OrderServiceClient<Channel>, policy: RetryPolicy) -> Self {
-        Self { client, policy }
+        Self { client, policy, token: None }
+    }
+
+    /// Sends `token` with every call. The server takes the tenant from it: requests may leave
+    /// `tenant_id` at 0.
+    pub fn with_token(mut self, token: BearerToken) -> Self {
+        self.token = Some(token);
+        self
     }
 
     /// Submits `request` until its outcome is known or the policy's calls run out.
@@ -199,6 +211,127 @@ impl SafeSubmitter {
     fn deadline<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(self.policy.call_timeout);
+        if let Some(token) = &self.token {
+            token.apply(&mut request);
+        }
         request
+    }
+}
+
+/// A client could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A CA, certificate, key or token file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The token holds characters a header cannot carry (the token is not repeated here).
+    #[error("the bearer token is not a valid header value")]
+    InvalidToken,
+    /// Not a URL.
+    #[error("{0} is not a valid URL")]
+    InvalidUrl(String),
+    /// The connection or the TLS settings failed.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The service's URL.
+        url: String,
+        /// Why.
+        source: tonic::transport::Error,
+    },
+}
+
+/// A bearer token sent as `authorization: Bearer <token>`. Its `Debug` output never shows it.
+#[derive(Clone)]
+pub struct BearerToken(MetadataValue<Ascii>);
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
+
+impl BearerToken {
+    /// The token as issued (a JWT), surrounding white space removed.
+    pub fn new(token: &str) -> Result<Self, ClientError> {
+        let mut value = MetadataValue::try_from(format!("Bearer {}", token.trim()))
+            .map_err(|_| ClientError::InvalidToken)?;
+        value.set_sensitive(true);
+        Ok(Self(value))
+    }
+
+    /// The token from `file` if given, else from the environment variable `env`; `None` when
+    /// neither is set.
+    pub fn from_file_or_env(file: Option<&Path>, env: &str) -> Result<Option<Self>, ClientError> {
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| ClientError::Read { path: path.to_owned(), source })?;
+            return Self::new(&text).map(Some);
+        }
+        match std::env::var(env) {
+            Ok(token) if !token.trim().is_empty() => Self::new(&token).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Adds the token to `request`.
+    pub fn apply<T>(&self, request: &mut tonic::Request<T>) {
+        request.metadata_mut().insert("authorization", self.0.clone());
+    }
+}
+
+/// How a client trusts and identifies itself to a TLS listener.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// PEM CA bundle that signed the server's certificate. With it, the URL should be `https://`.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for listeners that require mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// A connected channel to `url`: TLS when `tls` names a CA file (the server's certificate must
+/// match the URL's host), plaintext otherwise.
+pub async fn connect(url: &str, tls: &ClientTls) -> Result<Channel, ClientError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| ClientError::Read { path: path.to_owned(), source })
+    };
+    let failed = |source| ClientError::Connect { url: url.to_owned(), source };
+    let mut endpoint =
+        Channel::from_shared(url.to_owned()).map_err(|_| ClientError::InvalidUrl(url.to_owned()))?;
+    if let Some(ca) = &tls.ca_file {
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        endpoint = endpoint.tls_config(config).map_err(failed)?;
+    }
+    endpoint.connect().await.map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_types::ErrorDetails;
+
+    fn status(code: Code, reason: &str) -> Status {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
+        Status::with_error_details(code, "refused", details)
+    }
+
+    #[test]
+    fn only_refusals_known_to_have_written_nothing_are_resubmitted_at_once() {
+        let next = |code, reason| next_after_submit(&status(code, reason));
+        assert!(matches!(next(Code::Aborted, "ROLLED_BACK"), Next::Resubmit));
+        assert!(matches!(next(Code::ResourceExhausted, "OVERLOADED"), Next::Resubmit));
+        // Exhausted for any other reason may have run: reconcile first.
+        assert!(matches!(next(Code::ResourceExhausted, "SOMETHING_ELSE"), Next::Reconcile));
+        assert!(matches!(next(Code::Cancelled, ""), Next::Reconcile));
+        assert!(matches!(next(Code::Unauthenticated, "TOKEN_EXPIRED"), Next::GiveUp));
+        assert!(matches!(next(Code::PermissionDenied, "TENANT_MISMATCH"), Next::GiveUp));
     }
 }

@@ -14,8 +14,8 @@ mod worker;
 
 pub use application::{Application, StartupError};
 pub use decode::{OrderAcceptedEvent, Poison, decode};
-pub use inbox::{Consumed, Inbox, PoisonRecord};
-pub use settings::Settings;
+pub use inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
+pub use settings::{Membership, Settings};
 pub use worker::{ConsumerStats, StatsSnapshot};
 
 /// The consumer name (dedup identity) unless configured otherwise.

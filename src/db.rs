@@ -8,8 +8,8 @@ mod connect;
 mod dialect;
 mod failure;
 
-pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
+pub use classify::{ErrorFacts, LockConflict, UniqueKey, lock_conflict, violated_unique_key};
 pub use connect::{SchemaError, connect, ensure_migrated};
-pub use dialect::{has_skip_locked, now, system_name};
+pub use dialect::{has_skip_locked, now, relay_isolation, system_name};
 pub use failure::TxFailure;
 pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

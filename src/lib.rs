@@ -16,6 +16,7 @@ pub mod failpoint;
 pub mod order;
 pub mod proto;
 pub mod relay;
+pub mod security;
 pub mod service;
 pub mod shutdown;
 pub mod startup;

@@ -9,10 +9,10 @@ use sea_orm::{DatabaseConnection, DbErr};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
 use crate::db::{self, SchemaError};
+use crate::security::Listener;
 use crate::telemetry::metrics;
 
 /// A service could not get ready.
@@ -32,6 +32,9 @@ pub enum ReadyError {
         /// Why binding failed.
         source: std::io::Error,
     },
+    /// A listener's TLS or plaintext settings refused it.
+    #[error(transparent)]
+    Listener(#[from] crate::security::ListenerError),
 }
 
 /// Connects to `url` and checks that every migration is applied; writes nothing.
@@ -170,21 +173,17 @@ pub struct HealthEndpoint {
 }
 
 impl HealthEndpoint {
-    /// Serves health for `service` on `listener` until `stop` turns true.
-    pub async fn serve(
-        listener: TcpListener,
-        service: &'static str,
-        mut stop: watch::Receiver<bool>,
-    ) -> Self {
+    /// Serves health for `service` on `listener` (with its TLS and load limits) until `stop`
+    /// turns true.
+    pub async fn serve(listener: Listener, service: &'static str, mut stop: watch::Receiver<bool>) -> Self {
         let (reporter, grpc) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, service, &[""]).await;
-        let server =
-            tokio::spawn(tonic::transport::Server::builder().add_service(grpc).serve_with_incoming_shutdown(
-                TcpIncoming::from(listener),
-                async move {
-                    let _ = stop.wait_for(|stop| *stop).await;
-                },
-            ));
+        let server = tokio::spawn(listener.server().add_service(grpc).serve_with_incoming_shutdown(
+            listener.incoming(),
+            async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            },
+        ));
         Self { health, server }
     }
 

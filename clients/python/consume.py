@@ -12,12 +12,18 @@ flushed), so a crash before that re-reads the record instead of losing it. A rec
 be decoded is reported as an "undecodable" line and committed: it never blocks its partition and
 is never skipped silently.
 
+With --ca-file the brokers are reached over TLS; with a token (--token-file, else the
+OUTPOST_KAFKA_TOKEN environment variable) the consumer authenticates with SASL/OAUTHBEARER. Any
+other librdkafka security option (SASL/SCRAM, client certificates) goes through -X KEY=VALUE.
+
 Stops after N events (--max-events), after --timeout seconds, or on SIGINT/SIGTERM. Exit status:
 0, or 1 when --max-events was given and fewer events arrived before the timeout.
 """
 
 import argparse
+import base64
 import json
+import os
 import signal
 import sys
 import time
@@ -85,6 +91,24 @@ def decode(message) -> dict:
     return event_line(message, event, headers)
 
 
+def read_token(token_file):
+    """The bearer token from `token_file`, else from OUTPOST_KAFKA_TOKEN; None when neither is set."""
+    if token_file is not None:
+        with open(token_file, encoding="ascii") as file:
+            return file.read().strip()
+    return os.environ.get("OUTPOST_KAFKA_TOKEN", "").strip() or None
+
+
+def token_expiry(token: str) -> float:
+    """The JWT's `exp` (seconds since the epoch), or five minutes from now if it has none."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return float(claims["exp"])
+    except (IndexError, KeyError, TypeError, ValueError):
+        return time.time() + 300
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Print OrderAccepted events from Kafka as JSON lines.")
     parser.add_argument("--brokers", default="127.0.0.1:9092", help="bootstrap servers")
@@ -92,6 +116,11 @@ def main() -> int:
     parser.add_argument("--group-id", default="outpost-python-consumer", help="consumer group")
     parser.add_argument("--max-events", type=int, help="stop after this many events")
     parser.add_argument("--timeout", type=float, help="stop after this many seconds")
+    parser.add_argument("--ca-file", help="PEM CA of the brokers' certificates: use TLS")
+    parser.add_argument(
+        "--token-file",
+        help="file holding an OAuth bearer token for SASL/OAUTHBEARER (else OUTPOST_KAFKA_TOKEN)",
+    )
     parser.add_argument(
         "-X", dest="options", action="append", default=[], metavar="KEY=VALUE", help="librdkafka option"
     )
@@ -106,6 +135,15 @@ def main() -> int:
         "enable.auto.commit": False,
         "client.id": f"outpost-python-{uuid.uuid4().hex[:8]}",
     }
+    if args.ca_file:
+        config["security.protocol"] = "SSL"
+        config["ssl.ca.location"] = args.ca_file
+    token = read_token(args.token_file)
+    if token:
+        config["security.protocol"] = "SASL_SSL" if args.ca_file else "SASL_PLAINTEXT"
+        config["sasl.mechanisms"] = "OAUTHBEARER"
+        config["oauth_cb"] = lambda _config: (token, token_expiry(token))
+    # -X options come last: they override the above.
     for option in args.options:
         key, sep, value = option.partition("=")
         if not sep:

@@ -5,7 +5,8 @@ The protocol (the same as the Rust `outpost::client::SafeSubmitter`):
 
 1. Fix the event id before the first attempt; every retry reuses it and the request id.
 2. SubmitOrder. OK: done (`replayed` says an identical earlier submission committed it).
-3. ABORTED with reason ROLLED_BACK: nothing was written; submit again with the same ids.
+3. ABORTED with reason ROLLED_BACK, or RESOURCE_EXHAUSTED with reason OVERLOADED: nothing was
+   written; submit again (after the backoff) with the same ids.
 4. A refusal retrying cannot fix (INVALID_ARGUMENT, ALREADY_EXISTS, ...): stop.
 5. Anything else (UNKNOWN, UNAVAILABLE, DEADLINE_EXCEEDED, a transport error): the order may
    exist. Reconcile by (tenant_id, request_id): found, done; NOT_FOUND, submit again with the
@@ -13,12 +14,17 @@ The protocol (the same as the Rust `outpost::client::SafeSubmitter`):
 6. A bounded number of calls with exponential backoff; giving up reports the event id, so a
    later attempt can reconcile or resubmit with the same ids.
 
-As a library: `SafeSubmitter(channel).submit(request)`. As a command (one JSON line per call made
-and one per order on stdout):
+As a library: `SafeSubmitter(channel, token=...).submit(request)`. As a command (one JSON line per
+call made and one per order on stdout):
 
     submit.py --target 127.0.0.1:50051 submit --order '{"tenant_id": 7, "request_id": "r-1", ...}'
     submit.py --target 127.0.0.1:50051 submit < orders.jsonl     # one order (proto JSON) a line
     submit.py --target 127.0.0.1:50051 reconcile --tenant-id 7 --request-id r-1
+    submit.py --target localhost:50051 --ca-file ca.pem --token-file token.jwt submit < orders.jsonl
+
+With `--ca-file` the channel is TLS and the server's certificate must chain to that CA; the token
+(`--token-file`, else the OUTPOST_TOKEN environment variable) is sent as `authorization: Bearer`
+on every call, and the server takes the tenant from it (tenant_id 0 in a request means "mine").
 
 Exit status: 0 when every order is confirmed (or the reconciled order was found), 1 otherwise,
 2 for bad usage.
@@ -160,8 +166,11 @@ class SafeSubmitter:
         channel: grpc.Channel,
         policy: Optional[RetryPolicy] = None,
         on_call: Optional[Callable[[dict], None]] = None,
+        token: Optional[str] = None,
     ):
         self._stub = pb_grpc.OrderServiceStub(channel)
+        # Sent with every call; never printed.
+        self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         self._policy = policy or RetryPolicy()
         # Told about every call made: {"call", "attempt", "tenant_id", "request_id", "event_id", "code", ...}.
         self._on_call = on_call or (lambda _: None)
@@ -184,7 +193,7 @@ class SafeSubmitter:
             calls += 1
             if reconcile_first:
                 try:
-                    found = self._stub.Reconcile(key, timeout=policy.call_timeout)
+                    found = self._stub.Reconcile(key, timeout=policy.call_timeout, metadata=self._metadata)
                 except grpc.RpcError as error:
                     failure = Failure.of(error)
                     self._report("reconcile", calls, request, failure=failure)
@@ -198,12 +207,14 @@ class SafeSubmitter:
                     return Confirmed(found.order_id, found.event_id, "reconciled", calls)
             else:
                 try:
-                    accepted = self._stub.SubmitOrder(request, timeout=policy.call_timeout)
+                    accepted = self._stub.SubmitOrder(request, timeout=policy.call_timeout, metadata=self._metadata)
                 except grpc.RpcError as error:
                     failure = Failure.of(error)
                     self._report("submit", calls, request, failure=failure)
                     if failure.code == grpc.StatusCode.ABORTED and failure.reason == "ROLLED_BACK":
                         pass  # rolled back before commit: resubmit with the same ids
+                    elif failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED and failure.reason == "OVERLOADED":
+                        pass  # refused at the door before anything ran: resubmit after the backoff
                     elif failure.code in FINAL_CODES:
                         raise Rejected(failure, calls) from error
                     else:
@@ -221,7 +232,7 @@ class SafeSubmitter:
         """The committed order with that key, or None when no order with it committed."""
         key = pb.ReconcileRequest(tenant_id=tenant_id, request_id=request_id)
         try:
-            return self._stub.Reconcile(key, timeout=self._policy.call_timeout)
+            return self._stub.Reconcile(key, timeout=self._policy.call_timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return None
@@ -304,11 +315,29 @@ def reconcile_command(submitter: SafeSubmitter, tenant_id: int, request_id: str)
     return 0
 
 
+def open_channel(target: str, ca_file: Optional[str]) -> grpc.Channel:
+    """A TLS channel trusting `ca_file`, or plaintext (loopback only) without one."""
+    if ca_file is None:
+        return grpc.insecure_channel(target)
+    with open(ca_file, "rb") as ca:
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca.read()))
+
+
+def read_token(token_file: Optional[str]) -> Optional[str]:
+    """The bearer token from `token_file`, else from OUTPOST_TOKEN; None when neither is set."""
+    if token_file is not None:
+        with open(token_file, encoding="ascii") as file:
+            return file.read().strip()
+    return os.environ.get("OUTPOST_TOKEN", "").strip() or None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description="Submit orders with the safe caller protocol, or reconcile one; JSON lines out."
     )
     parser.add_argument("--target", default="127.0.0.1:50051", help="order service host:port")
+    parser.add_argument("--ca-file", help="PEM CA of the service's certificate: use TLS")
+    parser.add_argument("--token-file", help="file holding the bearer token (else OUTPOST_TOKEN)")
     parser.add_argument("--max-calls", type=int, default=RetryPolicy.max_calls)
     parser.add_argument("--initial-backoff", type=float, default=RetryPolicy.initial_backoff, help="seconds")
     parser.add_argument("--max-backoff", type=float, default=RetryPolicy.max_backoff, help="seconds")
@@ -324,8 +353,8 @@ def main() -> int:
     args = parser.parse_args()
 
     policy = RetryPolicy(args.max_calls, args.initial_backoff, args.max_backoff, args.call_timeout)
-    with grpc.insecure_channel(args.target) as channel:
-        submitter = SafeSubmitter(channel, policy, on_call=emit)
+    with open_channel(args.target, args.ca_file) as channel:
+        submitter = SafeSubmitter(channel, policy, on_call=emit, token=read_token(args.token_file))
         if args.command == "reconcile":
             return reconcile_command(submitter, args.tenant_id, args.request_id)
         orders = args.order if args.order else [line for line in sys.stdin if line.strip()]

@@ -9,6 +9,8 @@ pub use sea_orm_migration::prelude::*;
 mod column;
 mod m20261202_000001_create_outbox_schema;
 mod m20261202_000002_operations;
+mod m20261203_000001_claim_fence;
+mod m20261203_000002_effect_per_consumer;
 
 /// Every migration Outpost knows, oldest first.
 #[derive(Debug)]
@@ -20,6 +22,8 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261202_000001_create_outbox_schema::Migration),
             Box::new(m20261202_000002_operations::Migration),
+            Box::new(m20261203_000001_claim_fence::Migration),
+            Box::new(m20261203_000002_effect_per_consumer::Migration),
         ]
     }
 }

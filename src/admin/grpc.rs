@@ -19,6 +19,7 @@ use crate::proto::v1::{
     admin_service_server::{AdminService, AdminServiceServer},
 };
 use crate::relay::{Outbox, Redrive, RedriveAudit};
+use crate::security::{AuthError, Authenticator, Caller};
 
 const SERVICE: &str = "outpost.v1.AdminService";
 const DEFAULT_LIMIT: u32 = 100;
@@ -30,29 +31,47 @@ pub(crate) struct AdminGrpc {
     inspector: Inspector,
     outbox: Outbox,
     retention: Retention,
+    auth: Authenticator,
 }
 
 impl AdminGrpc {
-    pub(crate) fn server(db: sea_orm::DatabaseConnection, retention: Retention) -> AdminServiceServer<Self> {
+    pub(crate) fn server(
+        db: sea_orm::DatabaseConnection,
+        retention: Retention,
+        auth: Authenticator,
+    ) -> AdminServiceServer<Self> {
         AdminServiceServer::new(Self {
             inspector: Inspector::new(db.clone()),
             outbox: Outbox::new(db),
             retention,
+            auth,
         })
     }
 
-    /// Runs one call inside its server span and records its status there.
-    async fn traced<T>(
+    /// Authenticates the caller and runs one call inside its server span, recording its status
+    /// there; a refused caller reaches no query.
+    async fn traced<T, F: Future<Output = Result<T, AdminError>>>(
+        &self,
         method: &'static str,
         metadata: &tonic::metadata::MetadataMap,
         event_id: Option<&str>,
-        call: impl Future<Output = Result<T, AdminError>>,
+        call: impl FnOnce(Caller) -> F,
     ) -> Result<Response<T>, Status> {
         let span = rpc_span(SERVICE, method, metadata);
         if let Some(event_id) = event_id {
             span.record("outpost.event_id", event_id);
         }
-        let answer = call.instrument(span.clone()).await.map(Response::new).map_err(AdminError::into_status);
+        let caller = span.in_scope(|| self.auth.authenticate(metadata));
+        let answer = async {
+            match caller {
+                Ok(caller) => call(caller).await,
+                Err(refused) => Err(AdminError::Denied(refused)),
+            }
+        }
+        .instrument(span.clone())
+        .await
+        .map(Response::new)
+        .map_err(AdminError::into_status);
         record_status(&span, &answer);
         answer
     }
@@ -65,14 +84,22 @@ impl AdminService for AdminGrpc {
         request: Request<pb::GetEventTimelineRequest>,
     ) -> Result<Response<pb::GetEventTimelineResponse>, Status> {
         let event_id = request.get_ref().event_id.clone();
-        Self::traced("GetEventTimeline", request.metadata(), Some(&event_id), async {
-            let event_id = parse_event_id(&event_id)?;
-            let timeline = self.inspector.timeline(&event_id).await?;
-            if timeline.is_empty() {
-                return Err(AdminError::EventNotFound(event_id));
-            }
-            Ok(pb::GetEventTimelineResponse { timeline: Some(timeline.into()) })
-        })
+        self.traced(
+            "GetEventTimeline",
+            request.metadata(),
+            Some(&request.get_ref().event_id),
+            |caller| async move {
+                let event_id = parse_event_id(&event_id)?;
+                let timeline = self.inspector.timeline(&event_id).await?;
+                // Another tenant's event is answered exactly like an unknown one.
+                let visible =
+                    caller.operator || timeline.order.as_ref().is_some_and(|o| caller.may_read(o.tenant_id));
+                if timeline.is_empty() || !visible {
+                    return Err(AdminError::EventNotFound(event_id));
+                }
+                Ok(pb::GetEventTimelineResponse { timeline: Some(timeline.into()) })
+            },
+        )
         .await
     }
 
@@ -81,8 +108,9 @@ impl AdminService for AdminGrpc {
         request: Request<pb::FindByBusinessKeyRequest>,
     ) -> Result<Response<pb::FindByBusinessKeyResponse>, Status> {
         let key = request.get_ref().clone();
-        Self::traced("FindByBusinessKey", request.metadata(), None, async {
-            let (tenant_id, request_id) = parse_key(key.tenant_id, key.request_id)?;
+        self.traced("FindByBusinessKey", request.metadata(), None, |caller| async move {
+            let tenant_id = caller.tenant_for_read(key.tenant_id)?;
+            let (tenant_id, request_id) = parse_key(tenant_id, key.request_id)?;
             match self.inspector.find(tenant_id.get(), request_id.as_str()).await? {
                 Some(timeline) => {
                     tracing::Span::current().record("outpost.event_id", timeline.event_id.as_str());
@@ -102,7 +130,9 @@ impl AdminService for AdminGrpc {
         request: Request<pb::ListBacklogRequest>,
     ) -> Result<Response<pb::ListBacklogResponse>, Status> {
         let query = request.get_ref().clone();
-        Self::traced("ListBacklog", request.metadata(), None, async {
+        self.traced("ListBacklog", request.metadata(), None, |caller| async move {
+            // The backlog spans every tenant: operators only.
+            caller.require_operator()?;
             let (status, older_than, limit) = parse_backlog(query)?;
             let backlog = self.inspector.backlog(status, older_than, u64::from(limit)).await?;
             Ok(backlog.into())
@@ -115,8 +145,9 @@ impl AdminService for AdminGrpc {
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
         let ask = request.get_ref().clone();
-        Self::traced("Redrive", request.metadata(), Some(&ask.event_id.clone()), async {
-            let (event_id, audit) = parse_redrive(ask)?;
+        self.traced("Redrive", request.metadata(), Some(&ask.event_id.clone()), |caller| async move {
+            caller.require_operator()?;
+            let (event_id, audit) = parse_redrive(ask, &caller)?;
             match self.outbox.redrive(&event_id, &audit).await? {
                 Redrive::Redriven => {
                     tracing::info!(
@@ -137,10 +168,12 @@ impl AdminService for AdminGrpc {
 
     async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
         let ask = *request.get_ref();
-        Self::traced("Purge", request.metadata(), None, async {
+        self.traced("Purge", request.metadata(), None, |caller| async move {
+            caller.require_operator()?;
             let retention = self.retention_for(&ask)?;
             let report = retention.purge(self.inspector.db(), ask.dry_run).await?;
             tracing::info!(
+                requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),
                 outbox_rows = report.outbox_rows,
                 consumed_rows = report.consumed_rows,
                 dry_run = ask.dry_run,
@@ -217,25 +250,45 @@ fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<
     Ok((status.unwrap_or(OutboxStatus::Pending), older_than, limit))
 }
 
-fn parse_redrive(ask: pb::RedriveRequest) -> Result<(String, RedriveAudit), AdminError> {
+/// The event and the audit record. With a token, the token's subject is who did it and the
+/// request's free-text `requested_by` is kept only as a note in the reason; without
+/// authentication (`--auth none`, loopback) `requested_by` is required and recorded as given.
+fn parse_redrive(ask: pb::RedriveRequest, caller: &Caller) -> Result<(String, RedriveAudit), AdminError> {
     let mut violations = Vec::new();
     let event_id = EventId::parse(&ask.event_id)
         .map_err(|e| violations.push(FieldViolation::new("event_id", e)))
         .ok()
         .map(|id| id.to_string());
-    for (field, value) in [("requested_by", &ask.requested_by), ("reason", &ask.reason)] {
+    let required = |field: &str, value: &str, violations: &mut Vec<FieldViolation>| {
         if value.trim().is_empty() {
             violations.push(FieldViolation::new(field, "is required: a redrive is audited on the row"));
         }
+    };
+    if caller.subject.is_none() {
+        required("requested_by", &ask.requested_by, &mut violations);
     }
+    required("reason", &ask.reason, &mut violations);
     InvalidInput::check(violations)?;
-    let audit = RedriveAudit { requested_by: ask.requested_by, reason: ask.reason };
+    let audit = match &caller.subject {
+        None => RedriveAudit { requested_by: ask.requested_by, reason: ask.reason },
+        Some(subject) => {
+            let note = ask.requested_by.trim();
+            let reason = if note.is_empty() || note == subject {
+                ask.reason
+            } else {
+                format!("{} (requested_by note: {note})", ask.reason)
+            };
+            RedriveAudit { requested_by: subject.clone(), reason }
+        }
+    };
     event_id.map(|id| (id, audit)).ok_or(AdminError::Invalid(InvalidInput { violations: Vec::new() }))
 }
 
 /// Everything the admin API can answer besides OK.
 #[derive(Debug, thiserror::Error)]
 enum AdminError {
+    #[error(transparent)]
+    Denied(#[from] AuthError),
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
     #[error("no order, outbox row or consumer record has event {0}")]
@@ -266,6 +319,7 @@ impl AdminError {
         let mut details = ErrorDetails::new();
         let mut metadata = HashMap::new();
         let (code, reason) = match &self {
+            Self::Denied(refused) => (refused.code(), refused.reason()),
             Self::Invalid(invalid) => {
                 for v in &invalid.violations {
                     details.add_bad_request_violation(v.field.clone(), v.description.clone());
@@ -304,7 +358,8 @@ impl From<Timeline> for pb::EventTimeline {
             order: t.order.map(Into::into),
             outbox: t.outbox.map(Into::into),
             consumers: t.consumers.into_iter().map(Into::into).collect(),
-            notification_job: t.job.map(Into::into),
+            notification_job: t.jobs.first().cloned().map(Into::into),
+            notification_jobs: t.jobs.into_iter().map(Into::into).collect(),
             dead_letters: t.dead_letters.into_iter().map(Into::into).collect(),
         }
     }
@@ -359,6 +414,7 @@ impl From<consumed_event::Model> for pb::ConsumerRecord {
 impl From<notification_job::Model> for pb::NotificationJobRecord {
     fn from(j: notification_job::Model) -> Self {
         Self {
+            consumer_name: j.consumer_name,
             order_id: j.order_id,
             source_version: j.source_version,
             status: j.status,

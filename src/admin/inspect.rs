@@ -17,7 +17,8 @@ pub(crate) struct Timeline {
     pub(crate) order: Option<orders::Model>,
     pub(crate) outbox: Option<outbox_event::Model>,
     pub(crate) consumers: Vec<consumed_event::Model>,
-    pub(crate) job: Option<notification_job::Model>,
+    /// One per consumer name that committed the event, oldest first.
+    pub(crate) jobs: Vec<notification_job::Model>,
     pub(crate) dead_letters: Vec<dead_letter::Model>,
 }
 
@@ -27,7 +28,7 @@ impl Timeline {
         self.order.is_none()
             && self.outbox.is_none()
             && self.consumers.is_empty()
-            && self.job.is_none()
+            && self.jobs.is_empty()
             && self.dead_letters.is_empty()
     }
 }
@@ -66,13 +67,18 @@ impl Inspector {
             .order_by_asc(consumed_event::Column::ConsumedAt)
             .all(&self.db)
             .await?;
-        let job = notification_job::Entity::find_by_id(event_id.to_owned()).one(&self.db).await?;
+        let jobs = notification_job::Entity::find()
+            .filter(notification_job::Column::EventId.eq(event_id))
+            .order_by_asc(notification_job::Column::CreatedAt)
+            .order_by_asc(notification_job::Column::ConsumerName)
+            .all(&self.db)
+            .await?;
         let dead_letters = dead_letter::Entity::find()
             .filter(dead_letter::Column::EventId.eq(event_id))
             .order_by_asc(dead_letter::Column::Id)
             .all(&self.db)
             .await?;
-        Ok(Timeline { event_id: event_id.to_owned(), order, outbox, consumers, job, dead_letters })
+        Ok(Timeline { event_id: event_id.to_owned(), order, outbox, consumers, jobs, dead_letters })
     }
 
     /// The timeline of the order accepted under `(tenant_id, request_id)`, if one committed.

@@ -2,17 +2,18 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use sea_orm::DatabaseConnection;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::Settings;
 use super::inbox::Inbox;
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
+use super::{Membership, Settings};
+use crate::security::Listener;
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 
@@ -39,7 +40,7 @@ pub struct Application {
     db: DatabaseConnection,
     inbox: Inbox,
     stats: Arc<ConsumerStats>,
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
     settings: Settings,
 }
@@ -56,11 +57,19 @@ impl std::fmt::Debug for Application {
 impl Application {
     /// Connects to the (migrated) database, creates and subscribes the Kafka consumer, and binds
     /// the health endpoint. Records are received in [`Application::run_until_stopped`].
-    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+    pub async fn build(mut settings: Settings) -> Result<Self, StartupError> {
+        settings.check().map_err(StartupError::Settings)?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
+        // Bound first: the health port names the instance when --instance-name does not, and
+        // no two processes on one host hold the same port.
+        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let port = listener.port();
+        settings.instance_name = settings.static_instance_name(port);
+        if settings.instance_name.is_none() {
+            settings.membership = Membership::Dynamic;
+        }
         let consumer = subscribed(&settings, &stats)?;
-        let (listener, port) = service::bind(settings.listen).await?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
         Ok(Self { consumer, db, inbox, stats, listener, port, settings })
     }
@@ -95,6 +104,7 @@ impl Application {
         tracing::info!(
             consumer_name = self.inbox.consumer_name(),
             group = self.settings.group(),
+            group_instance_id = self.settings.group_instance_id(self.port).as_deref().unwrap_or("-"),
             "consumer started"
         );
         let run = async {
@@ -135,7 +145,7 @@ impl Application {
         };
         let consumer = Arc::clone(&current.borrow());
         commit_stored(consumer.as_ref(), "shutdown");
-        consumer.unsubscribe();
+        leave_group(consumer.as_ref()).await;
         let _ = stop_tx.send(true);
         let _ = watcher.await;
         health.stopped().await?;
@@ -236,28 +246,27 @@ fn probe_broker(
     Ok(Some(lag))
 }
 
+/// Unsubscribes, and serves the revocation until the partitions are given up (bounded), so
+/// librdkafka sends LeaveGroup before the consumer is closed: a static member leaves only then
+/// (closing alone keeps it in the group until its session times out), and the partitions move on
+/// at once. A record received meanwhile is dropped unacknowledged and redelivered.
+async fn leave_group(consumer: &StreamConsumer<CommitOnRevoke>) {
+    consumer.unsubscribe();
+    let deadline = tokio::time::Instant::now() + LEAVE_TIMEOUT;
+    while consumer.assignment().is_ok_and(|assigned| assigned.count() > 0)
+        && tokio::time::Instant::now() < deadline
+    {
+        let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
+    }
+}
+
+/// How long shutdown waits for the partitions to be given up.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn kafka_consumer(
     settings: &Settings,
     stats: Arc<ConsumerStats>,
 ) -> Result<StreamConsumer<CommitOnRevoke>, StartupError> {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", &settings.brokers)
-        .set("group.id", settings.group())
-        // Offsets are stored by hand after the local commit; only stored offsets are committed.
-        .set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", "1000")
-        // A new group starts at the beginning: events published before it existed still count.
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false");
-    for (key, value) in &settings.kafka_options {
-        if key == "enable.auto.offset.store" && value != "false" {
-            return Err(StartupError::Settings(
-                "kafka option enable.auto.offset.store must stay false: offsets are stored only after the local commit".into(),
-            ));
-        }
-        config.set(key, value);
-    }
+    let config = settings.kafka_config().map_err(StartupError::Settings)?;
     Ok(config.create_with_context(CommitOnRevoke { stats })?)
 }

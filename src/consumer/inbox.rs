@@ -20,6 +20,16 @@ pub enum Consumed {
     AlreadyConsumed,
 }
 
+/// What storing an undecodable record did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLettered {
+    /// The record is now in `dead_letter`.
+    Stored,
+    /// `uq_dead_letter_coordinates` already held this (consumer, topic, partition, offset): a
+    /// redelivery of a record set aside before; nothing was written.
+    AlreadyStored,
+}
+
 /// A record that could not be decoded, with its coordinates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoisonRecord<'a> {
@@ -153,9 +163,11 @@ impl Inbox {
             return Err(Write::Failed(e.into()));
         }
         let effect = async {
-            // The event id doubles as the job's idempotency key for whatever sends the
-            // notification: a remote side effect is only once if the remote honours it.
+            // The job has the dedup row's identity, (consumer name, event id): each consumer
+            // name makes its own job once. It doubles as the idempotency key for whatever sends
+            // the notification: a remote side effect is only once if the remote honours it.
             let job = notification_job::ActiveModel {
+                consumer_name: Set(self.consumer_name.clone()),
                 event_id: Set(event_id.clone()),
                 order_id: Set(event.order_id),
                 source_version: Set(event.version),
@@ -184,8 +196,9 @@ impl Inbox {
     }
 
     /// Stores an undecodable record in the dead-letter table, in one transaction. A record already
-    /// stored there (a redelivery) counts as done.
-    pub async fn dead_letter(&self, record: &PoisonRecord<'_>) -> Result<(), TxFailure> {
+    /// stored there (a redelivery: only a violation of `uq_dead_letter_coordinates` says so)
+    /// counts as done.
+    pub async fn dead_letter(&self, record: &PoisonRecord<'_>) -> Result<DeadLettered, TxFailure> {
         let stored = dead_letter::Entity::insert(dead_letter::ActiveModel {
             id: NotSet,
             consumer_name: Set(self.consumer_name.clone()),
@@ -201,8 +214,10 @@ impl Inbox {
         .exec_without_returning(&self.db)
         .await;
         match stored {
-            Ok(_) => Ok(()),
-            Err(e) if violated_unique_key(&e) == Some(UniqueKey::DeadLetterCoordinates) => Ok(()),
+            Ok(_) => Ok(DeadLettered::Stored),
+            Err(e) if violated_unique_key(&e) == Some(UniqueKey::DeadLetterCoordinates) => {
+                Ok(DeadLettered::AlreadyStored)
+            }
             Err(e) => Err(e.into()),
         }
     }

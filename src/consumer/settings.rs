@@ -1,6 +1,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use rdkafka::ClientConfig;
+
 use super::DEFAULT_CONSUMER_NAME;
 use crate::relay::DEFAULT_TOPIC;
 
@@ -37,9 +39,26 @@ pub struct Settings {
     #[arg(long, env = "OUTPOST_CONSUMER_GROUP")]
     pub group_id: Option<String>,
 
-    /// librdkafka consumer options passed through as KEY=VALUE (SASL, TLS, session timeouts, ...);
-    /// repeat the flag, or separate pairs with commas in the environment variable.
-    #[arg(long = "kafka-option", env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = crate::startup::parse_key_value)]
+    /// How this instance is a member of its group. `static`: the group knows it by
+    /// `group.instance.id` (the consumer name and the instance name), so an instance that
+    /// restarts under its name, even after SIGKILL, takes its own partitions back at once.
+    /// `dynamic`: every start is a new member, and a dead one holds its partitions until the
+    /// broker drops it. `auto`: static when the instance has a stable name (`--instance-name`,
+    /// or a fixed `--listen` port), dynamic otherwise.
+    #[arg(long, env = "OUTPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
+    pub membership: Membership,
+
+    /// This instance's name among the group's instances: the same across its restarts, and
+    /// different from every other instance's. Default: `<host name>-<health port>`, which two
+    /// consumers on one host cannot share; with `--listen` port 0 the port is picked at start and
+    /// is no stable name.
+    #[arg(long, env = "OUTPOST_CONSUMER_INSTANCE_NAME")]
+    pub instance_name: Option<String>,
+
+    /// librdkafka consumer options passed through as KEY=VALUE (SASL, TLS, session timeouts, ...):
+    /// repeat the flag, one option each (a value may contain commas); in the environment
+    /// variable, one option per line. Options that would break a guarantee are refused.
+    #[arg(long = "kafka-option", env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
     /// Most records handled in one transaction: those already fetched, never waiting for more.
@@ -57,6 +76,10 @@ pub struct Settings {
     /// Address of the gRPC health endpoint; port 0 picks a free port.
     #[arg(long, env = "OUTPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
     pub listen: SocketAddr,
+
+    /// TLS, plaintext policy and load bounds of the health listener.
+    #[command(flatten)]
+    pub security: crate::security::ListenerSettings,
 }
 
 impl Settings {
@@ -70,16 +93,244 @@ impl Settings {
             topic: DEFAULT_TOPIC.to_owned(),
             consumer_name: DEFAULT_CONSUMER_NAME.to_owned(),
             group_id: None,
+            membership: Membership::Auto,
+            instance_name: None,
             kafka_options: Vec::new(),
             batch_size: 64,
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            security: crate::security::ListenerSettings::default(),
         }
     }
 
     /// The consumer group: `group_id`, or the consumer name.
     pub fn group(&self) -> &str {
         self.group_id.as_deref().unwrap_or(&self.consumer_name)
+    }
+
+    /// This instance's name when it is a static member, `None` when it is dynamic: the
+    /// configured name, or `<host name>-<health_port>` (with `auto`, only for a fixed port).
+    pub fn static_instance_name(&self, health_port: u16) -> Option<String> {
+        match (self.membership, &self.instance_name) {
+            (Membership::Dynamic, _) => None,
+            (_, Some(name)) => Some(name.clone()),
+            (Membership::Auto, None) if self.listen.port() == 0 => None,
+            (_, None) => Some(format!("{}-{health_port}", gethostname::gethostname().to_string_lossy())),
+        }
+    }
+
+    /// The static membership id, `<consumer name>.<instance name>` in the characters Kafka
+    /// allows; `None` for a dynamic member.
+    pub fn group_instance_id(&self, health_port: u16) -> Option<String> {
+        let instance = self.static_instance_name(health_port)?;
+        let id = format!("{}.{instance}", self.consumer_name)
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+            .take(GROUP_INSTANCE_ID_MAX_CHARS)
+            .collect();
+        Some(id)
+    }
+
+    /// Refuses settings that would break a guarantee at run time: a consumer name its columns
+    /// cannot hold, and librdkafka options that would acknowledge records before their local
+    /// commit, skip records, or leave committed work uncommitted.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let name_chars = self.consumer_name.chars().count();
+        if name_chars == 0 || name_chars > CONSUMER_NAME_MAX_CHARS {
+            return Err(format!(
+                "--consumer-name must have 1 to {CONSUMER_NAME_MAX_CHARS} characters (the consumed_event, \
+                 notification_job and dead_letter columns hold {CONSUMER_NAME_MAX_CHARS}); it has {name_chars}"
+            ));
+        }
+        self.kafka_config().map(|_| ())
+    }
+
+    /// The librdkafka consumer configuration: Outpost's settings, then the pass-through options,
+    /// checked by the values librdkafka itself reads from them (so `FALSE`, `0` or an alias
+    /// cannot slip past).
+    pub(crate) fn kafka_config(&self) -> Result<ClientConfig, String> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", self.group())
+            // Offsets are stored by hand after the local commit; only stored offsets are committed.
+            .set("enable.auto.offset.store", "false")
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            // A new group starts at the beginning: events published before it existed still count.
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false");
+        if let Some(id) = self.group_instance_id(self.listen.port()) {
+            config.set("group.instance.id", id);
+        }
+        for (key, value) in &self.kafka_options {
+            if let Some(setting) = OWN_SETTINGS.iter().find(|(k, _)| k == key).map(|(_, s)| s) {
+                return Err(format!("kafka option {key} is a setting of its own: use {setting}"));
+            }
+            config.set(key, value);
+        }
+        let native = config.create_native_config().map_err(|e| format!("kafka options: {e}"))?;
+        let effective = |key: &str| native.get(key).map_err(|e| format!("kafka option {key}: {e}"));
+        if effective("enable.auto.offset.store")? != "false" {
+            return Err("kafka option enable.auto.offset.store must stay false: offsets are stored only \
+                        after the local commit"
+                .into());
+        }
+        if effective("enable.auto.commit")? != "true" {
+            return Err("kafka option enable.auto.commit must stay true: it is what commits the offsets \
+                        stored after each local commit (the consumer has no other periodic commit); tune \
+                        auto.commit.interval.ms instead"
+                .into());
+        }
+        if effective("enable.partition.eof")? != "false" {
+            return Err("kafka option enable.partition.eof must stay false: the consumer reads an \
+                        end-of-partition event as a failed receive"
+                .into());
+        }
+        // librdkafka reads earliest, smallest and beginning alike and shows them as `smallest`.
+        let reset = effective("auto.offset.reset")?;
+        if reset != "smallest" {
+            return Err(format!(
+                "kafka option auto.offset.reset must be earliest (librdkafka reads it as {reset}): for a \
+                 new group or an offset out of range, latest would skip records and error would stall \
+                 the partition"
+            ));
+        }
+        Ok(config)
+    }
+}
+
+/// The most characters of a consumer name: the width of the columns that store it.
+pub(crate) const CONSUMER_NAME_MAX_CHARS: usize = 128;
+
+/// The longest `group.instance.id` Kafka accepts.
+const GROUP_INSTANCE_ID_MAX_CHARS: usize = 249;
+
+/// librdkafka options Outpost sets from settings of its own, which name them instead.
+const OWN_SETTINGS: [(&str, &str); 3] = [
+    ("bootstrap.servers", "--brokers"),
+    ("group.id", "--group-id"),
+    ("group.instance.id", "--membership and --instance-name"),
+];
+
+/// How a consumer instance is a member of its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Membership {
+    /// Static when the instance has a stable name, dynamic otherwise.
+    Auto,
+    /// Known by `group.instance.id` across restarts.
+    Static,
+    /// A new member at every start.
+    Dynamic,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn with_options(options: &[(&str, &str)]) -> Settings {
+        let mut settings = Settings::new("sqlite::memory:", "127.0.0.1:9092");
+        settings.kafka_options = options.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        settings
+    }
+
+    #[test]
+    fn the_defaults_pass() {
+        assert_eq!(with_options(&[]).check(), Ok(()));
+    }
+
+    #[test]
+    fn harmless_options_pass_through() {
+        let settings = with_options(&[
+            ("session.timeout.ms", "6000"),
+            ("auto.offset.reset", "beginning"),
+            ("enable.auto.commit", "TRUE"),
+            ("enable.partition.eof", "0"),
+        ]);
+        assert_eq!(settings.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_consumer_name_longer_than_its_column_is_refused() {
+        let mut settings = with_options(&[]);
+        settings.consumer_name = "n".repeat(CONSUMER_NAME_MAX_CHARS);
+        assert_eq!(settings.check(), Ok(()));
+        settings.consumer_name = "é".repeat(CONSUMER_NAME_MAX_CHARS + 1);
+        assert!(settings.check().unwrap_err().contains("--consumer-name must have 1 to 128"));
+        settings.consumer_name = String::new();
+        assert!(settings.check().is_err());
+    }
+
+    #[test]
+    fn options_that_break_a_guarantee_are_refused_however_spelled() {
+        for (key, value, says) in [
+            ("enable.auto.offset.store", "1", "enable.auto.offset.store must stay false"),
+            ("enable.auto.offset.store", "True", "enable.auto.offset.store must stay false"),
+            ("enable.auto.commit", "false", "enable.auto.commit must stay true"),
+            ("enable.auto.commit", "F", "enable.auto.commit must stay true"),
+            ("enable.partition.eof", "true", "enable.partition.eof must stay false"),
+            ("auto.offset.reset", "latest", "auto.offset.reset must be earliest"),
+            ("auto.offset.reset", "largest", "auto.offset.reset must be earliest"),
+            ("auto.offset.reset", "end", "auto.offset.reset must be earliest"),
+            ("auto.offset.reset", "error", "auto.offset.reset must be earliest"),
+            ("group.id", "other", "use --group-id"),
+            ("no.such.option", "1", "kafka options"),
+        ] {
+            let refused = with_options(&[(key, value)]).check().unwrap_err();
+            assert!(refused.contains(says), "{key}={value}: {refused}");
+        }
+    }
+
+    #[test]
+    fn the_static_membership_id_is_stable_per_instance_and_kafka_safe() {
+        let mut settings = with_options(&[]);
+        settings.membership = Membership::Static;
+        settings.instance_name = Some("pod/0 ü".to_owned());
+        assert_eq!(settings.group_instance_id(1).as_deref(), Some("notification-planner.pod_0__"));
+        settings.instance_name = None;
+        let by_port = settings.group_instance_id(50053).unwrap();
+        assert!(by_port.starts_with("notification-planner.") && by_port.ends_with("-50053"), "{by_port}");
+        assert_ne!(settings.group_instance_id(50054), Some(by_port.clone()), "two ports, two instances");
+        assert_eq!(settings.group_instance_id(50053), Some(by_port), "stable across restarts");
+        settings.consumer_name = "n".repeat(CONSUMER_NAME_MAX_CHARS);
+        settings.instance_name = Some("i".repeat(300));
+        assert_eq!(settings.group_instance_id(1).unwrap().len(), GROUP_INSTANCE_ID_MAX_CHARS);
+        settings.membership = Membership::Dynamic;
+        assert_eq!(settings.group_instance_id(1), None);
+        // auto: static only with a stable name.
+        settings.membership = Membership::Auto;
+        assert!(settings.group_instance_id(1).is_some(), "named");
+        settings.instance_name = None;
+        assert_eq!(settings.group_instance_id(40000), None, "port 0 picks a new port at every start");
+        settings.listen.set_port(50053);
+        assert!(settings.group_instance_id(50053).unwrap().ends_with("-50053"), "a fixed port names it");
+        let refused = with_options(&[("group.instance.id", "x")]).check().unwrap_err();
+        assert!(refused.contains("--instance-name"), "{refused}");
+    }
+
+    #[test]
+    fn an_option_value_may_contain_commas_and_the_flag_repeats() {
+        let settings = Settings::try_parse_from([
+            "outpost-consumer",
+            "--database-url=sqlite::memory:",
+            "--kafka-option",
+            "ssl.cipher.suites=ECDHE-RSA-AES128-GCM-SHA256,ECDHE-RSA-AES256-GCM-SHA384",
+            "--kafka-option=session.timeout.ms=6000",
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.kafka_options,
+            [
+                (
+                    "ssl.cipher.suites".to_owned(),
+                    "ECDHE-RSA-AES128-GCM-SHA256,ECDHE-RSA-AES256-GCM-SHA384".to_owned()
+                ),
+                ("session.timeout.ms".to_owned(), "6000".to_owned()),
+            ]
+        );
     }
 }

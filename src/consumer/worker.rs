@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tracing::{Instrument as _, Span};
 
 use super::decode::{OrderAcceptedEvent, decode};
-use super::inbox::{Consumed, Inbox, PoisonRecord};
+use super::inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
 use crate::db::TxFailure;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
@@ -37,6 +37,7 @@ pub struct ConsumerStats {
     consumed: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
+    dead_letter_duplicates: AtomicU64,
     failures: AtomicU64,
     batched: AtomicU64,
 }
@@ -54,6 +55,8 @@ pub struct StatsSnapshot {
     pub duplicates: u64,
     /// Records stored in the dead-letter table.
     pub dead_lettered: u64,
+    /// Deliveries of records already in the dead-letter table: acknowledged without a new row.
+    pub dead_letter_duplicates: u64,
     /// Attempts that failed and were not acknowledged.
     pub failures: u64,
     /// Deliveries handled in a transaction together with others (a subset of `handled`).
@@ -70,6 +73,7 @@ impl ConsumerStats {
             consumed: get(&self.consumed),
             duplicates: get(&self.duplicates),
             dead_lettered: get(&self.dead_lettered),
+            dead_letter_duplicates: get(&self.dead_letter_duplicates),
             failures: get(&self.failures),
             batched: get(&self.batched),
         }
@@ -423,7 +427,17 @@ impl Worker<'_> {
                     event_id: poison.event_id.as_deref(),
                     error: &poison.reason,
                 };
-                self.inbox.dead_letter(&record).await?;
+                if self.inbox.dead_letter(&record).await? == DeadLettered::AlreadyStored {
+                    ConsumerStats::bump(&self.stats.dead_letter_duplicates);
+                    tracing::info!(
+                        outpost.event_id = poison.event_id.as_deref().unwrap_or("-"),
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "undecodable record already dead-lettered; acknowledged without a new row"
+                    );
+                    return Ok(());
+                }
                 ConsumerStats::bump(&self.stats.dead_lettered);
                 metrics().dead_letters.add(1, &[]);
                 tracing::error!(

@@ -25,8 +25,12 @@ pub enum UniqueKey {
 }
 
 impl UniqueKey {
-    const ALL: [Self; 3] =
-        [Self::OrdersTenantRequest, Self::OrdersAcceptanceEvent, Self::ConsumedEventIdentity];
+    const ALL: [Self; 4] = [
+        Self::OrdersTenantRequest,
+        Self::OrdersAcceptanceEvent,
+        Self::ConsumedEventIdentity,
+        Self::DeadLetterCoordinates,
+    ];
 
     /// The constraint's name in the schema.
     pub const fn name(self) -> &'static str {
@@ -82,6 +86,57 @@ pub fn violated_unique_key(err: &DbErr) -> Option<UniqueKey> {
         }
         let columns = e.message().strip_prefix("UNIQUE constraint failed: ")?;
         return UniqueKey::ALL.into_iter().find(|k| k.sqlite_columns() == columns);
+    }
+    None
+}
+
+/// A lock conflict the database ended by failing one transaction's statement.
+///
+/// The server rolled the victim back (a deadlock) or refused to wait longer (a lock-wait
+/// timeout); once the caller's own rollback is confirmed, nothing of the transaction remains
+/// and it may run again with the same ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockConflict {
+    /// MySQL/MariaDB 1213, PostgreSQL 40P01 (and 40001, a serialization failure).
+    Deadlock,
+    /// MySQL/MariaDB 1205, PostgreSQL 55P03, SQLite `SQLITE_BUSY` after its busy timeout.
+    LockWaitTimeout,
+}
+
+impl LockConflict {
+    /// A short name for logs and metric attributes.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Deadlock => "deadlock",
+            Self::LockWaitTimeout => "lock_wait_timeout",
+        }
+    }
+}
+
+/// The lock conflict `err` reports, if it is one.
+pub fn lock_conflict(err: &DbErr) -> Option<LockConflict> {
+    let db_err = database_error(err)?;
+    if let Some(e) = db_err.try_downcast_ref::<MySqlDatabaseError>() {
+        return match e.number() {
+            1213 => Some(LockConflict::Deadlock),
+            1205 => Some(LockConflict::LockWaitTimeout),
+            _ => None,
+        };
+    }
+    if let Some(e) = db_err.try_downcast_ref::<PgDatabaseError>() {
+        return match e.code() {
+            "40P01" | "40001" => Some(LockConflict::Deadlock),
+            "55P03" => Some(LockConflict::LockWaitTimeout),
+            _ => None,
+        };
+    }
+    if let Some(e) = db_err.try_downcast_ref::<SqliteError>() {
+        // SQLITE_BUSY (5) and its extended codes (SQLITE_BUSY_RECOVERY 261, _SNAPSHOT 517,
+        // _TIMEOUT 773): another connection held the write lock past the busy timeout.
+        return match e.code().as_deref() {
+            Some("5" | "261" | "517" | "773") => Some(LockConflict::LockWaitTimeout),
+            _ => None,
+        };
     }
     None
 }

@@ -1,7 +1,7 @@
 //! The few places where SQL differs per backend beyond what SeaORM's builder hides.
 
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, IsolationLevel, Statement};
 
 /// The database server's current time, to the microsecond.
 ///
@@ -39,6 +39,17 @@ pub async fn now(conn: &impl ConnectionTrait) -> Result<DateTime<Utc>, DbErr> {
 /// a single `UPDATE … RETURNING` claims atomically there.
 pub fn has_skip_locked(conn: &impl ConnectionTrait) -> bool {
     conn.get_database_backend() != DbBackend::Sqlite
+}
+
+/// The isolation level of the relay's short locking transactions (claims, marks, releases).
+///
+/// READ COMMITTED on MariaDB/MySQL: there a locking read takes no gap or next-key locks and
+/// unlocks at once the rows it read but did not keep, so a claim holds exactly the rows it
+/// leases. Under the default REPEATABLE READ the claim's range locks blocked the order
+/// service's inserts and crossed other relays' claims and marks: deadlocks. PostgreSQL has no
+/// gap locks (its default stays), and SQLite has one writer at a time.
+pub fn relay_isolation(conn: &impl ConnectionTrait) -> Option<IsolationLevel> {
+    (conn.get_database_backend() == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted)
 }
 
 /// The OpenTelemetry `db.system.name` of the backend.

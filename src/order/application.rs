@@ -4,17 +4,20 @@ use std::future::Future;
 use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use super::Settings;
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
 use crate::admin::{AdminGrpc, Retention, RetentionError};
 use crate::proto;
+use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, ReadyError};
 use crate::wake::WakeSender;
+
+/// Calls a listener admits per database connection before it refuses more (the default of
+/// `--max-concurrent-calls`).
+const CALLS_PER_CONNECTION: u32 = 8;
 
 /// The order service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +34,9 @@ pub enum StartupError {
     /// The retention settings would purge dedup history that a redelivery may still need.
     #[error("invalid retention settings: {0}")]
     Retention(#[from] RetentionError),
+    /// The authentication settings cannot be used.
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
     /// No UDP socket for relay wake-ups could be opened.
     #[error("cannot open a socket for relay wake-ups: {0}")]
     Wake(#[source] std::io::Error),
@@ -39,10 +45,13 @@ pub enum StartupError {
 /// A built, listening order service.
 #[derive(Debug)]
 pub struct Application {
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
-    admin_listener: TcpListener,
+    admin_listener: Listener,
     admin_port: u16,
+    auth: Authenticator,
+    public_reflection: bool,
+    reload_every: Duration,
     db: DatabaseConnection,
     retention: Retention,
     wake: WakeSender,
@@ -57,15 +66,28 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let retention = settings.retention();
         retention.check()?;
+        let security = &settings.security;
+        let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
-        let (listener, port) = service::bind(settings.listen).await?;
-        let (admin_listener, admin_port) = service::bind(settings.admin_listen).await?;
+        // One call holds at most one connection. A listener admits a short queue of calls per
+        // pooled connection (each waits milliseconds for one under a burst) and refuses calls past
+        // it at once, so a burst never queues without bound on the pool: refusing at the pool size
+        // itself would turn every ordinary burst of more callers than connections into errors.
+        let limited = security
+            .listeners
+            .limited_by_default(settings.db_max_connections.saturating_mul(CALLS_PER_CONNECTION));
+        let listener = Listener::bind(settings.listen, &limited).await?;
+        let admin_listener = Listener::bind(settings.admin_listen, &limited).await?;
+        let (port, admin_port) = (listener.port(), admin_listener.port());
         let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {
             listener,
             port,
             admin_listener,
             admin_port,
+            auth,
+            public_reflection: security.auth.reflection_on(settings.listen),
+            reload_every: security.listeners.reload_every,
             db,
             retention,
             wake,
@@ -106,19 +128,30 @@ impl Application {
             draining.draining().await;
             let _ = stop.send(true);
         };
-        tracing::info!(port = self.port, admin_port = self.admin_port, "order service listening");
-        let orders = tonic::transport::Server::builder()
+        tracing::info!(
+            port = self.port,
+            admin_port = self.admin_port,
+            tls = self.listener.is_tls(),
+            "order service listening"
+        );
+        let keys = tokio::spawn(self.auth.clone().watch(self.reload_every, stopped.clone()));
+        let orders = self
+            .listener
+            .server()
             .add_service(health_service)
-            .add_service(reflection.clone())
-            .add_service(OrderGrpc::server(OrderStore::new(self.db.clone()), self.wake.clone()))
-            .serve_with_incoming_shutdown(TcpIncoming::from(self.listener), signal);
-        let admin = tonic::transport::Server::builder()
+            .add_optional_service(self.public_reflection.then(|| reflection.clone()))
+            .add_service(OrderGrpc::server(
+                OrderStore::new(self.db.clone()),
+                self.wake.clone(),
+                self.auth.clone(),
+            ))
+            .serve_with_incoming_shutdown(self.listener.incoming(), signal);
+        let admin = self
+            .admin_listener
+            .server()
             .add_service(reflection)
-            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone()))
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(self.admin_listener),
-                until_true(stopped.clone()),
-            );
+            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth))
+            .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
         let purger =
             tokio::spawn(purge_periodically(self.db, self.retention, self.purge_every, stopped.clone()));
         let servers = async { tokio::try_join!(orders, admin).map(|_| ()) };
@@ -135,6 +168,7 @@ impl Application {
         };
         purger.abort();
         watcher.abort();
+        keys.abort();
         Ok(result?)
     }
 }

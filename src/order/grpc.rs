@@ -14,6 +14,7 @@ use crate::proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},
 };
+use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
 use crate::wake::WakeSender;
 
@@ -28,11 +29,16 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 pub(crate) struct OrderGrpc {
     store: OrderStore,
     wake: WakeSender,
+    auth: Authenticator,
 }
 
 impl OrderGrpc {
-    pub(crate) fn server(store: OrderStore, wake: WakeSender) -> OrderServiceServer<Self> {
-        OrderServiceServer::new(Self { store, wake }).max_decoding_message_size(MAX_REQUEST_BYTES)
+    pub(crate) fn server(
+        store: OrderStore,
+        wake: WakeSender,
+        auth: Authenticator,
+    ) -> OrderServiceServer<Self> {
+        OrderServiceServer::new(Self { store, wake, auth }).max_decoding_message_size(MAX_REQUEST_BYTES)
     }
 }
 
@@ -43,7 +49,8 @@ impl OrderService for OrderGrpc {
         request: Request<pb::SubmitOrderRequest>,
     ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
         let span = rpc_span(SERVICE, "SubmitOrder", request.metadata());
-        let answer = self.submit_order_inner(request.into_inner()).instrument(span.clone()).await;
+        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
+        let answer = self.submit_order_inner(caller, request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer
     }
@@ -53,7 +60,8 @@ impl OrderService for OrderGrpc {
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let span = rpc_span(SERVICE, "Reconcile", request.metadata());
-        let answer = self.reconcile_inner(request.into_inner()).instrument(span.clone()).await;
+        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
+        let answer = self.reconcile_inner(caller, request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer
     }
@@ -62,9 +70,14 @@ impl OrderService for OrderGrpc {
 impl OrderGrpc {
     async fn submit_order_inner(
         &self,
-        request: pb::SubmitOrderRequest,
+        caller: Result<Caller, AuthError>,
+        mut request: pb::SubmitOrderRequest,
     ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
         let key = ErrorKey::of(request.tenant_id, &request.request_id);
+        // The tenant comes from the credentials: checked before anything is parsed or written.
+        request.tenant_id = caller
+            .and_then(|caller| caller.tenant_for_write(request.tenant_id))
+            .map_err(|e| SubmitOrderError::Denied(e).into_status(key.clone()))?;
         let submit = SubmitOrder::try_from(request)
             .map_err(|e| SubmitOrderError::Invalid(e).into_status(key.clone()))?;
         match self.store.submit(&submit).await {
@@ -82,9 +95,13 @@ impl OrderGrpc {
 
     async fn reconcile_inner(
         &self,
-        request: pb::ReconcileRequest,
+        caller: Result<Caller, AuthError>,
+        mut request: pb::ReconcileRequest,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let key = ErrorKey::of(request.tenant_id, &request.request_id);
+        request.tenant_id = caller
+            .and_then(|caller| caller.tenant_for_read(request.tenant_id))
+            .map_err(|e| ReconcileError::Denied(e).into_status(key.clone()))?;
         let (tenant_id, request_id) =
             parse_key(request).map_err(|e| ReconcileError::Invalid(e).into_status(key.clone()))?;
         match self.store.reconcile(tenant_id, &request_id).await {
@@ -231,6 +248,8 @@ enum SubmitOrderError {
     Invalid(InvalidInput),
     #[error(transparent)]
     Store(SubmitError),
+    #[error(transparent)]
+    Denied(AuthError),
 }
 
 impl SubmitOrderError {
@@ -238,6 +257,7 @@ impl SubmitOrderError {
     /// `order_service.proto` documents it.
     fn into_status(self, key: ErrorKey) -> Status {
         let (code, reason, event_id) = match &self {
+            Self::Denied(e) => (e.code(), e.reason(), None),
             Self::Invalid(_) => (Code::InvalidArgument, "INVALID_ORDER", None),
             Self::Store(SubmitError::RequestIdReused { existing_event_id }) => {
                 (Code::AlreadyExists, "REQUEST_ID_REUSED", Some(existing_event_id))
@@ -274,6 +294,7 @@ impl SubmitOrderError {
                 "the commit outcome is unknown: call Reconcile with the same tenant_id and request_id before retrying".to_owned()
             }
             Self::Store(e) => e.to_string(),
+            Self::Denied(e) => e.to_string(),
         };
         Status::with_error_details(code, message, details)
     }
@@ -282,6 +303,7 @@ impl SubmitOrderError {
 /// Everything Reconcile can answer besides OK.
 #[derive(Debug)]
 enum ReconcileError {
+    Denied(AuthError),
     Invalid(InvalidInput),
     NotFound,
     Database,
@@ -291,6 +313,7 @@ impl ReconcileError {
     fn into_status(self, key: ErrorKey) -> Status {
         let mut details = ErrorDetails::new();
         let (code, reason, message) = match self {
+            Self::Denied(e) => (e.code(), e.reason(), e.to_string()),
             Self::Invalid(invalid) => {
                 for v in &invalid.violations {
                     details.add_bad_request_violation(v.field.clone(), v.description.clone());

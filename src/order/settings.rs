@@ -58,10 +58,16 @@ pub struct Settings {
     /// wake-up only means the relay finds the event at its next poll.
     #[arg(long, env = "OUTPOST_WAKE_RELAYS", value_delimiter = ',')]
     pub wake_relays: Vec<SocketAddr>,
+
+    /// TLS, load bounds and caller authentication of both listeners.
+    #[command(flatten)]
+    pub security: crate::security::SecuritySettings,
 }
 
 impl Settings {
-    /// Settings for `database_url` with every other value at its default and an OS-chosen port.
+    /// Settings for `database_url` with every other value at its default and an OS-chosen port,
+    /// except that callers are not authenticated (`--auth none`): loopback only, for tests and
+    /// embedding.
     pub fn for_database(database_url: impl Into<String>) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -75,6 +81,7 @@ impl Settings {
             purge_every: Duration::from_secs(3600),
             purge_batch_size: 500,
             wake_relays: Vec::new(),
+            security: crate::security::SecuritySettings::loopback(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! Writes an order and its outbox event in one local transaction and reports the exact outcome.
 
 use chrono::{DateTime, SubsecRound, Utc};
+use opentelemetry::KeyValue;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
     ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder,
@@ -8,16 +9,26 @@ use sea_orm::{
 };
 
 use super::event::{AGGREGATE_TYPE, EVENT_TYPE, encode_order_accepted};
-use crate::db::{TxFailure, UniqueKey, violated_unique_key};
+use crate::db::{TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::{
     CustomerId, EventId, LineItem, NewOrder, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder, TenantId,
 };
 use crate::entity::{order_line, orders, outbox_event};
 use crate::failpoint;
-use crate::telemetry::{self, TraceHeaders};
+use crate::telemetry::{self, TraceHeaders, metrics};
 
 /// The version of an order's facts when it is accepted.
 const FIRST_VERSION: i64 = 1;
+
+/// Runs of the order transaction after the first one that lost a lock conflict.
+const LOCK_CONFLICT_RETRIES: u32 = 5;
+
+/// The wait before retry `retry` (1-based) of a lock-conflict victim: a random point in the upper
+/// half of 10 ms doubled per retry, so victims of one conflict do not collide again in step.
+fn lock_retry_backoff(retry: u32) -> std::time::Duration {
+    let ceiling = std::time::Duration::from_millis(10) * (1 << retry.clamp(1, 8).saturating_sub(1));
+    ceiling.mul_f64(rand::random_range(0.5..=1.0))
+}
 
 /// An order that committed with its acceptance event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,6 +147,46 @@ impl OrderStore {
         // returned timestamps one and the same value.
         let accepted_at = Utc::now().trunc_subsecs(6);
 
+        // A deadlock or lock-wait-timeout victim was rolled back by the server (and then by us,
+        // confirmed): nothing of it remains, so it runs again with the same ids before the
+        // caller hears ROLLED_BACK.
+        let mut retries = 0;
+        loop {
+            match self.attempt(submit, event_id, accepted_at, &trace).await {
+                Err(SubmitError::RolledBack { event_id, cause }) => {
+                    let Some(conflict) = cause.db_err().and_then(lock_conflict) else {
+                        // Final, and already logged.
+                        return Err(SubmitError::RolledBack { event_id, cause });
+                    };
+                    if retries == LOCK_CONFLICT_RETRIES {
+                        return Err(rolled_back(event_id, cause));
+                    }
+                    retries += 1;
+                    metrics().order_lock_retries.add(1, &[KeyValue::new("reason", conflict.as_str())]);
+                    let wait = lock_retry_backoff(retries);
+                    tracing::warn!(
+                        reason = conflict.as_str(),
+                        retry = retries,
+                        ?wait,
+                        error = %cause,
+                        "order transaction lost a lock conflict and was rolled back; retrying with the same ids"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// One run of the order transaction. A lock-conflict victim comes back as an unlogged
+    /// `RolledBack` (the caller decides whether it is final); every other outcome is final.
+    async fn attempt(
+        &self,
+        submit: &SubmitOrder,
+        event_id: EventId,
+        accepted_at: DateTime<Utc>,
+        trace: &TraceHeaders,
+    ) -> Result<Submitted, SubmitError> {
         let txn = match self.db.begin().await {
             Ok(txn) => txn,
             // No transaction began, so nothing can have been written.
@@ -146,7 +197,7 @@ impl OrderStore {
             }
         };
         let written = async {
-            let order_id = insert_order(&txn, submit, event_id, accepted_at, &trace).await?;
+            let order_id = insert_order(&txn, submit, event_id, accepted_at, trace).await?;
             failpoint::hit(failpoint::BEFORE_ORDER_TRANSACTION_COMMIT)?;
             Ok::<_, TxFailure>(order_id)
         }
@@ -204,6 +255,10 @@ impl OrderStore {
             // this request's key, never on a guess from some other constraint.
             Some(key @ (UniqueKey::OrdersTenantRequest | UniqueKey::OrdersAcceptanceEvent)) => {
                 self.replay(submit, event_id, key).await
+            }
+            // Logged by `submit` once it knows whether the transaction runs again.
+            _ if cause.db_err().and_then(lock_conflict).is_some() => {
+                Err(SubmitError::RolledBack { event_id, cause })
             }
             _ => Err(rolled_back(event_id, cause)),
         }
@@ -383,4 +438,19 @@ fn rolled_back(event_id: EventId, cause: TxFailure) -> SubmitError {
 fn unknown(event_id: EventId, cause: TxFailure) -> SubmitError {
     tracing::error!(outcome = "UNKNOWN", error = %cause, "order transaction outcome unknown; caller must reconcile");
     SubmitError::OutcomeUnknown { event_id, cause }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_conflict_retries_wait_a_jittered_doubling_time_that_stays_bounded() {
+        for retry in 1..=LOCK_CONFLICT_RETRIES {
+            let ceiling = std::time::Duration::from_millis(10 * (1 << (retry - 1)));
+            let wait = lock_retry_backoff(retry);
+            assert!(wait >= ceiling / 2 && wait <= ceiling, "retry {retry}: {wait:?}");
+        }
+        assert!(lock_retry_backoff(u32::MAX) <= std::time::Duration::from_millis(1280));
+    }
 }

@@ -3,14 +3,15 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::budget::StepBudget;
 use super::health::{Vitals, publish_verdict};
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, RedriveAudit, Settings};
+use crate::security::Listener;
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 use crate::wake::WakeListener;
@@ -39,7 +40,7 @@ pub enum StartupError {
 #[derive(Debug)]
 pub struct Application {
     relay: Relay<KafkaPublisher>,
-    listener: TcpListener,
+    listener: Listener,
     port: u16,
     wake: Option<WakeListener>,
     settings: Settings,
@@ -58,7 +59,8 @@ impl Application {
             settings.delivery_timeout,
             &settings.kafka_options,
         )?;
-        let (listener, port) = service::bind(settings.listen).await?;
+        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let port = listener.port();
         let wake = match settings.wake_listen {
             Some(addr) => {
                 Some(WakeListener::bind(addr).await.map_err(|source| ReadyError::Listen { addr, source })?)
@@ -79,7 +81,7 @@ impl Application {
         self.wake.as_ref().map(WakeListener::port)
     }
 
-    /// This relay's lease-owner id.
+    /// This relay's worker id: the prefix of the lease token of every claim it makes.
     pub fn owner(&self) -> &super::WorkerId {
         self.relay.owner()
     }
@@ -104,8 +106,9 @@ impl Application {
             tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
         }
 
-        // Several step loops over one worker id: their claims are disjoint, and every mark is
-        // fenced per row, so they need nothing from each other.
+        // Several step loops over one worker: their claims are disjoint, and every mark or
+        // release is fenced by its own claim's lease token, so they need nothing from each other
+        // and a late loop cannot touch a row another loop claimed again.
         let loops = (0..self.settings.workers.max(1)).map(|_| self.relay.run(stop_rx.clone()));
         let relay = futures::future::try_join_all(loops);
         tokio::pin!(relay);
@@ -206,14 +209,11 @@ fn check(settings: &Settings) -> Result<(), StartupError> {
     if settings.database_url.is_empty() {
         return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
     }
-    // A publish still running when its lease ends may be confirmed after another relay claimed
-    // the event: a duplicate. The lease must outlast the slowest publish plus time to mark.
-    if settings.lease <= settings.delivery_timeout + settings.lease_margin {
-        return Err(StartupError::Settings(format!(
-            "the lease ({:?}) must be longer than the delivery timeout ({:?}) plus the lease margin ({:?})",
-            settings.lease, settings.delivery_timeout, settings.lease_margin
-        )));
-    }
+    // A step still acting on its events when their lease ends races the relay that claims them
+    // next. The lease must cover the slowest publish (queue wait included), the marks and
+    // releases, and the margin.
+    StepBudget::new(settings.lease, settings.delivery_timeout, settings.lease_margin)
+        .map_err(StartupError::Settings)?;
     if settings.backoff_base > settings.backoff_max {
         return Err(StartupError::Settings("--backoff-base must not exceed --backoff-max".into()));
     }
@@ -224,6 +224,8 @@ fn tuning(settings: &Settings) -> Tuning {
     Tuning {
         batch_size: settings.batch_size,
         lease: settings.lease,
+        delivery_timeout: settings.delivery_timeout,
+        lease_margin: settings.lease_margin,
         retry: RetryPolicy {
             max_attempts: settings.max_attempts,
             backoff_base: settings.backoff_base,

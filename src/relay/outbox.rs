@@ -6,11 +6,14 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, TransactionTrait, Value,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    TransactionTrait, Value,
 };
 
-use super::WorkerId;
+use super::{LeaseToken, WorkerId};
+use set::{FENCE_COLUMNS, FencedUpdate, ValueColumn};
+
+mod set;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::{db, failpoint};
@@ -32,8 +35,10 @@ pub struct ClaimedEvent {
     pub payload: Vec<u8>,
     /// Claims so far, this one included.
     pub attempts: i32,
-    /// When this worker's lease ends, by the database clock.
+    /// When this claim's lease ends, by the database clock.
     pub lease_until: DateTime<Utc>,
+    /// This claim's fence: every mark or release of the event carries it.
+    pub lease_token: LeaseToken,
     /// When the order service wrote the event.
     pub created_at: DateTime<Utc>,
     /// The W3C `traceparent` of the SubmitOrder that wrote the event, if it was traced.
@@ -56,9 +61,9 @@ pub struct Delivery {
 /// The result of an owner-fenced update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fenced<T> {
-    /// This worker still held the lease; the update happened.
+    /// The claim still held the lease; the update happened.
     Done(T),
-    /// Another worker holds the lease now (or the row left PUBLISHING): nothing was changed.
+    /// Another claim holds the lease now (or the row left PUBLISHING): nothing was changed.
     LeaseLost,
 }
 
@@ -140,50 +145,54 @@ impl Outbox {
         Self { db }
     }
 
-    /// Claims up to `batch_size` events for `owner` for `lease`, oldest first.
+    /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
+    /// [`LeaseToken`] that every event of the claim carries.
     ///
-    /// Candidates are PENDING events whose retry time (if any) has come, and PUBLISHING events
-    /// whose lease has expired. On MariaDB/MySQL and PostgreSQL the candidates are locked with
-    /// `FOR UPDATE SKIP LOCKED` and leased in one short transaction, so concurrent relays take
-    /// disjoint batches without waiting on each other. SQLite has one writer at a time, so one
+    /// Candidates are PUBLISHING events whose lease has expired (taken first), then PENDING
+    /// events whose retry time (if any) has come, oldest first. On MariaDB/MySQL and PostgreSQL
+    /// the candidates are locked with `FOR UPDATE SKIP LOCKED` and leased in one short
+    /// transaction, so concurrent relays take disjoint batches without waiting on each other.
+    /// Each candidate query reads `idx_outbox_due` in the order it takes rows, so `LIMIT` stops
+    /// the scan and the claim locks only the rows it leases; on MariaDB/MySQL the transaction
+    /// runs at READ COMMITTED, which takes no gap locks, so a claim never blocks an order's
+    /// insert or another relay's claim or mark. SQLite has one writer at a time, so one
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
     pub async fn claim(
         &self,
-        owner: &WorkerId,
+        worker: &WorkerId,
         lease: Duration,
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let token = LeaseToken::new(worker);
         if !db::has_skip_locked(&self.db) {
-            return self.claim_single_writer(owner, lease, batch_size).await;
+            return self.claim_single_writer(&token, lease, batch_size).await;
         }
-        let txn = self.db.begin().await?;
+        let txn = self.db.begin_with_config(db::relay_isolation(&self.db), None).await?;
         let now = db::now(&txn).await?;
         let lease_until = lease_end(now, lease)?;
-        let rows = outbox_event::Entity::find()
-            .filter(claimable(now))
-            .order_by_asc(Column::CreatedAt)
-            .order_by_asc(Column::EventId)
-            .limit(batch_size)
-            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-            .all(&txn)
-            .await?;
+        let mut rows = candidates(expired(now), batch_size).all(&txn).await?;
+        let left = batch_size.saturating_sub(rows.len() as u64);
+        if left > 0 {
+            rows.extend(candidates(due(now), left).all(&txn).await?);
+        }
+        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         if rows.is_empty() {
             txn.commit().await?;
             return Ok(Vec::new());
         }
         // At most `batch_size` placeholders, and never an empty `IN ()`.
         let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
-        lease_to(outbox_event::Entity::update_many(), owner, lease_until)
+        lease_to(outbox_event::Entity::update_many(), &token, lease_until)
             .filter(Column::EventId.is_in(ids))
             .exec(&txn)
             .await?;
         txn.commit().await?;
-        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until)).collect())
+        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, &token)).collect())
     }
 
     async fn claim_single_writer(
         &self,
-        owner: &WorkerId,
+        token: &LeaseToken,
         lease: Duration,
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
@@ -197,78 +206,156 @@ impl Outbox {
             .order_by(Column::EventId, sea_orm::Order::Asc)
             .limit(batch_size)
             .to_owned();
-        let mut rows = lease_to(outbox_event::Entity::update_many(), owner, lease_until)
+        let mut rows = lease_to(outbox_event::Entity::update_many(), token, lease_until)
             .filter(Column::EventId.in_subquery(candidates))
             .exec_with_returning(&self.db)
             .await?;
         rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         // RETURNING shows the row after the update: its attempts already count this claim.
-        Ok(rows.into_iter().map(|row| claimed(row, 0, lease_until)).collect())
+        Ok(rows.into_iter().map(|row| claimed(row, 0, lease_until, token)).collect())
     }
 
-    /// Marks the event PUBLISHED, only if `owner` still holds its lease.
+    /// Marks the event PUBLISHED, only if the claim that wrote `token` still holds its lease.
     ///
-    /// Call it only after the broker confirmed the record. `LeaseLost` means another worker
+    /// Call it only after the broker confirmed the record. `LeaseLost` means another claim
     /// took the event over: it will publish again (a duplicate the consumer absorbs), and this
     /// worker must neither mark nor republish it.
     pub async fn mark_published(
         &self,
         event_id: &str,
-        owner: &WorkerId,
+        token: &LeaseToken,
         delivery: &Delivery,
     ) -> Result<Fenced<()>, DbErr> {
-        let mut marked = self.mark_all_published(owner, &[(event_id, delivery)]).await?;
+        let mut marked = self.mark_all_published(&[(event_id, token, delivery)]).await?;
         Ok(marked.pop().unwrap_or(Fenced::LeaseLost))
     }
 
-    /// [`Outbox::mark_published`] for a batch: one transaction (one durable commit instead of
-    /// one per event), each row still fenced by its own `event_id`, status and `owner`, so the
-    /// answer says exactly which marks took. If the commit fails none is known to have taken:
-    /// their leases expire and the events are published again, duplicates the consumer absorbs.
+    /// [`Outbox::mark_published`] for a batch, in one statement: each row gets its own topic,
+    /// partition and offset, and changes only while it is still PUBLISHING under its own claim's
+    /// token, so the answer says exactly which marks took. If the statement fails none is known
+    /// to have taken: their leases expire and the events are published again, duplicates the
+    /// consumer absorbs.
     pub async fn mark_all_published(
         &self,
-        owner: &WorkerId,
-        marks: &[(&str, &Delivery)],
+        marks: &[(&str, &LeaseToken, &Delivery)],
     ) -> Result<Vec<Fenced<()>>, DbErr> {
         if marks.is_empty() {
             return Ok(Vec::new());
         }
-        let txn = self.db.begin().await?;
-        let now = db::now(&txn).await?;
-        let mut outcomes = Vec::with_capacity(marks.len());
-        for (event_id, delivery) in marks {
-            outcomes.push(mark_one(&txn, now, event_id, owner, delivery).await?);
-        }
-        txn.commit().await?;
-        Ok(outcomes)
+        const COLUMNS: [ValueColumn; 6] = [
+            FENCE_COLUMNS[0],
+            FENCE_COLUMNS[1],
+            ValueColumn { name: "v_published_at", pg_type: "timestamptz" },
+            ValueColumn { name: "v_topic", pg_type: "text" },
+            ValueColumn { name: "v_partition", pg_type: "integer" },
+            ValueColumn { name: "v_offset", pg_type: "bigint" },
+        ];
+        let now = db::now(&self.db).await?;
+        let mut rows: Vec<(usize, Vec<Value>)> = marks
+            .iter()
+            .enumerate()
+            .map(|(i, (event_id, token, delivery))| {
+                let row = vec![
+                    (*event_id).into(),
+                    token.as_str().into(),
+                    now.into(),
+                    delivery.topic.as_str().into(),
+                    delivery.partition.into(),
+                    delivery.offset.into(),
+                ];
+                (i, row)
+            })
+            .collect();
+        let assignments = format!(
+            "status = '{}', published_at = v.v_published_at, published_topic = v.v_topic, \
+             published_partition = v.v_partition, published_offset = v.v_offset, \
+             lease_owner = NULL, lease_until = NULL",
+            OutboxStatus::Published.as_str()
+        );
+        let update = FencedUpdate {
+            columns: &COLUMNS,
+            rows: in_lock_order(&mut rows),
+            assignments: &assignments,
+            fenced: !failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION),
+        };
+        let changed = update.run(&self.db).await?;
+        Ok(in_call_order(
+            &rows,
+            &changed,
+            |changed| if changed { Fenced::Done(()) } else { Fenced::LeaseLost },
+        ))
     }
 
-    /// Gives the event back after a failed publish, only if `owner` still holds its lease:
-    /// PENDING with a backoff in database time, or FAILED once its attempts are used up.
+    /// Gives the event back after a failed publish, only if its claim (`event.lease_token`)
+    /// still holds the lease: PENDING with a backoff in database time, or FAILED once its
+    /// attempts are used up.
     pub async fn release(
         &self,
         event: &ClaimedEvent,
-        owner: &WorkerId,
         error: &str,
         policy: &RetryPolicy,
     ) -> Result<Fenced<Released>, DbErr> {
+        let mut released = self.release_all(&[(event, error)], policy).await?;
+        Ok(released.pop().unwrap_or(Fenced::LeaseLost))
+    }
+
+    /// [`Outbox::release`] for a batch, in one statement: each row gets its own status, retry
+    /// time and error, and changes only while it is still PUBLISHING under its own claim's token.
+    pub async fn release_all(
+        &self,
+        failures: &[(&ClaimedEvent, &str)],
+        policy: &RetryPolicy,
+    ) -> Result<Vec<Fenced<Released>>, DbErr> {
+        if failures.is_empty() {
+            return Ok(Vec::new());
+        }
+        const COLUMNS: [ValueColumn; 5] = [
+            FENCE_COLUMNS[0],
+            FENCE_COLUMNS[1],
+            ValueColumn { name: "v_status", pg_type: "text" },
+            ValueColumn { name: "v_retry_at", pg_type: "timestamptz" },
+            ValueColumn { name: "v_error", pg_type: "text" },
+        ];
         let now = db::now(&self.db).await?;
-        let last_error: String = error.chars().take(LAST_ERROR_CHARS).collect();
-        let (status, retry_at, released) = if event.attempts >= policy.max_attempts {
-            (OutboxStatus::Failed, None, Released::Failed)
-        } else {
-            let at = lease_end(now, policy.backoff(event.attempts))?;
-            (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
-        };
-        let result = outbox_event::Entity::update_many()
-            .col_expr(Column::Status, Expr::value(status.as_str()))
-            .col_expr(Column::LeaseOwner, null_string())
-            .col_expr(Column::LeaseUntil, Expr::value(retry_at))
-            .col_expr(Column::LastError, Expr::value(last_error))
-            .filter(fenced(&event.event_id, owner))
-            .exec(&self.db)
-            .await?;
-        Ok(if result.rows_affected == 1 { Fenced::Done(released) } else { Fenced::LeaseLost })
+        let mut outcomes = Vec::with_capacity(failures.len());
+        let mut rows: Vec<(usize, Vec<Value>)> = Vec::with_capacity(failures.len());
+        for (i, (event, error)) in failures.iter().enumerate() {
+            let last_error: String = error.chars().take(LAST_ERROR_CHARS).collect();
+            let (status, retry_at, released) = if event.attempts >= policy.max_attempts {
+                (OutboxStatus::Failed, None, Released::Failed)
+            } else {
+                let at = lease_end(now, policy.backoff(event.attempts))?;
+                (OutboxStatus::Pending, Some(at), Released::RetryAt(at))
+            };
+            outcomes.push(released);
+            let row = vec![
+                event.event_id.as_str().into(),
+                event.lease_token.as_str().into(),
+                status.as_str().into(),
+                retry_at.into(),
+                last_error.into(),
+            ];
+            rows.push((i, row));
+        }
+        let assignments =
+            "status = v.v_status, lease_owner = NULL, lease_until = v.v_retry_at, last_error = v.v_error";
+        let update =
+            FencedUpdate { columns: &COLUMNS, rows: in_lock_order(&mut rows), assignments, fenced: true };
+        let changed = update.run(&self.db).await?;
+        Ok(in_call_order(
+            &rows,
+            &changed,
+            |changed| {
+                if changed { Fenced::Done(()) } else { Fenced::LeaseLost }
+            },
+        )
+        .into_iter()
+        .zip(outcomes)
+        .map(|(fenced, released)| match fenced {
+            Fenced::Done(()) => Fenced::Done(released),
+            Fenced::LeaseLost => Fenced::LeaseLost,
+        })
+        .collect())
     }
 
     /// Counts the rows that still need attention (PENDING, PUBLISHING, FAILED) and finds the oldest
@@ -331,66 +418,74 @@ impl Outbox {
 }
 
 fn claimable(now: DateTime<Utc>) -> Condition {
-    Condition::any()
-        .add(
-            Condition::all()
-                .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
-                .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now))),
-        )
-        .add(
-            Condition::all()
-                .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
-                .add(Column::LeaseUntil.lt(now)),
-        )
+    Condition::any().add(due(now)).add(expired(now))
+}
+
+/// PENDING events whose retry time, if any, has come.
+fn due(now: DateTime<Utc>) -> Condition {
+    Condition::all()
+        .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
+        .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now)))
+}
+
+/// PUBLISHING events whose lease has run out.
+fn expired(now: DateTime<Utc>) -> Condition {
+    Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
+}
+
+/// Up to `limit` rows matching `filter` (one status), oldest first, locked unless another claim
+/// holds them. The equality on status and the order match `idx_outbox_due`, so the database
+/// reads rows in the order it returns them and stops at `limit`.
+fn candidates(filter: Condition, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
+    outbox_event::Entity::find()
+        .filter(filter)
+        .order_by_asc(Column::CreatedAt)
+        .order_by_asc(Column::EventId)
+        .limit(limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
 }
 
 fn lease_to(
     update: sea_orm::UpdateMany<outbox_event::Entity>,
-    owner: &WorkerId,
+    token: &LeaseToken,
     lease_until: DateTime<Utc>,
 ) -> sea_orm::UpdateMany<outbox_event::Entity> {
     update
         .col_expr(Column::Status, Expr::value(OutboxStatus::Publishing.as_str()))
-        .col_expr(Column::LeaseOwner, Expr::value(owner.as_str()))
+        .col_expr(Column::LeaseOwner, Expr::value(token.as_str()))
         .col_expr(Column::LeaseUntil, Expr::value(lease_until))
         .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
 }
 
-/// The owner fence every post-claim update carries.
-/// One owner-fenced mark, inside the caller's transaction.
-async fn mark_one(
-    txn: &DatabaseTransaction,
-    now: DateTime<Utc>,
-    event_id: &str,
-    owner: &WorkerId,
-    delivery: &Delivery,
-) -> Result<Fenced<()>, DbErr> {
-    let result = outbox_event::Entity::update_many()
-        .col_expr(Column::Status, Expr::value(OutboxStatus::Published.as_str()))
-        .col_expr(Column::PublishedAt, Expr::value(now))
-        .col_expr(Column::PublishedTopic, Expr::value(delivery.topic.as_str()))
-        .col_expr(Column::PublishedPartition, Expr::value(delivery.partition))
-        .col_expr(Column::PublishedOffset, Expr::value(delivery.offset))
-        .col_expr(Column::LeaseOwner, null_string())
-        .col_expr(Column::LeaseUntil, null_time())
-        .filter(if failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION) {
-            Condition::all().add(Column::EventId.eq(event_id))
-        } else {
-            fenced(event_id, owner)
-        })
-        .exec(txn)
-        .await?;
-    Ok(if result.rows_affected == 1 { Fenced::Done(()) } else { Fenced::LeaseLost })
+/// Sorts `rows` (tagged with their call position) by event id, the order every set-based
+/// update locks rows in, so two of them never wait on each other in a cycle; returns the values.
+fn in_lock_order(rows: &mut [(usize, Vec<Value>)]) -> Vec<Vec<Value>> {
+    rows.sort_by(|(_, a), (_, b)| id_of(a).cmp(id_of(b)));
+    rows.iter().map(|(_, row)| row.clone()).collect()
 }
 
-fn fenced(event_id: &str, owner: &WorkerId) -> Condition {
-    Condition::all()
-        .add(Column::EventId.eq(event_id))
-        .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
-        .add(Column::LeaseOwner.eq(owner.as_str()))
+/// `changed` (in lock order) mapped back to the call's order.
+fn in_call_order<T: Copy>(rows: &[(usize, Vec<Value>)], changed: &[bool], f: impl Fn(bool) -> T) -> Vec<T> {
+    let mut out: Vec<Option<T>> = vec![None; rows.len()];
+    for ((i, _), changed) in rows.iter().zip(changed) {
+        out[*i] = Some(f(*changed));
+    }
+    out.into_iter().map(|o| o.unwrap_or_else(|| f(false))).collect()
 }
 
-fn claimed(row: outbox_event::Model, uncounted_attempts: i32, lease_until: DateTime<Utc>) -> ClaimedEvent {
+fn id_of(row: &[Value]) -> &str {
+    match row.first() {
+        Some(Value::String(Some(id))) => id,
+        _ => "",
+    }
+}
+
+fn claimed(
+    row: outbox_event::Model,
+    uncounted_attempts: i32,
+    lease_until: DateTime<Utc>,
+    token: &LeaseToken,
+) -> ClaimedEvent {
     ClaimedEvent {
         event_id: row.event_id,
         aggregate_type: row.aggregate_type,
@@ -400,6 +495,7 @@ fn claimed(row: outbox_event::Model, uncounted_attempts: i32, lease_until: DateT
         payload: row.payload,
         attempts: row.attempts + uncounted_attempts,
         lease_until,
+        lease_token: token.clone(),
         created_at: row.created_at,
         traceparent: row.traceparent,
         tracestate: row.tracestate,

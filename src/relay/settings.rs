@@ -31,9 +31,10 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_TOPIC", default_value = DEFAULT_TOPIC)]
     pub topic: String,
 
-    /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...);
-    /// repeat the flag, or separate pairs with commas in the environment variable.
-    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = ',', value_parser = crate::startup::parse_key_value)]
+    /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...):
+    /// repeat the flag, one option each (a value may contain commas); in the environment
+    /// variable, one option per line.
+    #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
     /// Batches one relay works on at once: while one batch awaits the broker's confirms,
@@ -50,11 +51,12 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
 
-    /// Longest a publish may take before it counts as failed (librdkafka's delivery.timeout.ms).
+    /// Longest the publishing of a batch may take, queue wait included, before a record counts as
+    /// failed (also librdkafka's delivery.timeout.ms).
     #[arg(long, global = true, env = "OUTPOST_RELAY_DELIVERY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub delivery_timeout: Duration,
 
-    /// Time the lease must leave beyond the delivery timeout for marking the event.
+    /// Time the lease keeps to spare after a step (publishing, marks and releases) has ended.
     #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE_MARGIN", default_value = "5s", value_parser = humantime::parse_duration)]
     pub lease_margin: Duration,
 
@@ -87,6 +89,10 @@ pub struct Settings {
     /// polls at once instead of after its back-off. Off when unset; polling alone stays correct.
     #[arg(long, global = true, env = "OUTPOST_RELAY_WAKE_LISTEN")]
     pub wake_listen: Option<SocketAddr>,
+
+    /// TLS, plaintext policy and load bounds of the health listener.
+    #[command(flatten)]
+    pub security: crate::security::ListenerSettings,
 }
 
 /// Operator commands.
@@ -129,6 +135,7 @@ impl Settings {
             max_idle_poll: Duration::from_secs(1),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             publish_stall: Duration::from_secs(60),
+            security: crate::security::ListenerSettings::default(),
             wake_listen: None,
         }
     }

@@ -10,6 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{Instrument as _, Span};
 
 use super::WorkerId;
+use super::budget::StepBudget;
 use super::health::Vitals;
 use super::outbox::{ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
@@ -23,6 +24,10 @@ pub struct Tuning {
     pub batch_size: u64,
     /// How long a claim is leased.
     pub lease: Duration,
+    /// Longest the publishing of a batch may take, queue wait included.
+    pub delivery_timeout: Duration,
+    /// Time the lease keeps to spare after a step has ended.
+    pub lease_margin: Duration,
     /// Retry timing after failed publishes.
     pub retry: RetryPolicy,
     /// Longest wait between polls of an empty outbox.
@@ -55,7 +60,8 @@ pub enum StepOutcome {
     Worked(StepReport),
 }
 
-/// A relay worker: one lease owner, one publisher.
+/// A relay worker: one worker id, one publisher; every claim gets its own lease token, so any
+/// number of loops may step one `Relay` at once.
 #[derive(Debug)]
 pub struct Relay<P> {
     outbox: Outbox,
@@ -72,7 +78,7 @@ pub struct Relay<P> {
 const REBUILD_AFTER_FAILED_BATCHES: u32 = 3;
 
 impl<P: Publisher> Relay<P> {
-    /// A worker with a fresh lease-owner id.
+    /// A worker with a fresh worker id.
     pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
         Self {
             outbox,
@@ -99,7 +105,7 @@ impl<P: Publisher> Relay<P> {
         Arc::clone(&self.wake)
     }
 
-    /// This worker's lease-owner id.
+    /// This worker's id: the prefix of every lease token its claims write.
     pub fn owner(&self) -> &WorkerId {
         &self.owner
     }
@@ -110,11 +116,20 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// Claims a batch, publishes it outside any transaction, and records each outcome under the
-    /// owner fence. Errs only when the claim itself fails.
+    /// claim's fence. Errs only when the claim itself fails.
+    ///
+    /// The whole step stays inside the lease minus the margin ([`StepBudget`]): a record not
+    /// confirmed when the publishing time is up counts as failed, and marks and releases not
+    /// done by the end are left unrecorded (their leases expire; the events are published again).
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
             return Ok(StepOutcome::Idle);
         }
+        let tuning = &self.tuning;
+        let budget = StepBudget::lenient(tuning.lease, tuning.delivery_timeout, tuning.lease_margin);
+        // Before the claim, so that the database's lease starts no earlier than this.
+        let started = tokio::time::Instant::now();
+        let (publish_by, record_by) = (started + budget.publish, started + budget.whole);
         let claimed = self.outbox.claim(&self.owner, self.tuning.lease, self.tuning.batch_size).await?;
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
@@ -129,12 +144,21 @@ impl<P: Publisher> Relay<P> {
         }
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together.
-        let sends = claimed
-            .iter()
-            .zip(&spans)
-            .map(|(event, span)| self.publisher.publish(event).instrument(span.clone()));
+        let sends = claimed.iter().zip(&spans).map(|(event, span)| {
+            let publish = self.publisher.publish(event).instrument(span.clone());
+            async move {
+                match tokio::time::timeout_at(publish_by, publish).await {
+                    Ok(sent) => sent.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!(
+                        "not confirmed within the delivery timeout ({:?}, queue wait included)",
+                        budget.publish
+                    )),
+                }
+            }
+        });
         let results = join_all(sends).await;
         let mut confirmed = Vec::with_capacity(claimed.len());
+        let mut failed = Vec::new();
         for ((event, result), span) in claimed.iter().zip(results).zip(&spans) {
             match result {
                 Ok(delivery) => {
@@ -146,14 +170,31 @@ impl<P: Publisher> Relay<P> {
                     }
                     confirmed.push((event, delivery, span));
                 }
-                Err(e) => self.release(event, &e.to_string(), &mut report).instrument(span.clone()).await,
+                Err(e) => failed.push((event, e, span)),
             }
         }
-        // Every confirmed event of the batch is marked in one transaction, each row under its
-        // own owner fence.
-        let marks: Vec<(&str, &Delivery)> =
-            confirmed.iter().map(|(event, delivery, _)| (event.event_id.as_str(), delivery)).collect();
-        match self.outbox.mark_all_published(&self.owner, &marks).await {
+        // Failed events go back in one statement, each row under its own claim fence.
+        let failures: Vec<(&ClaimedEvent, &str)> =
+            failed.iter().map(|(event, error, _)| (*event, error.as_str())).collect();
+        match record(record_by, self.outbox.release_all(&failures, &self.tuning.retry)).await {
+            Ok(outcomes) => {
+                for ((event, error, span), outcome) in failed.iter().zip(outcomes) {
+                    span.in_scope(|| self.released(event, error, outcome, &mut report));
+                }
+            }
+            Err(e) => {
+                for (event, _, span) in &failed {
+                    span.in_scope(|| self.unrecorded(event, &mut report, &e));
+                }
+            }
+        }
+        // Every confirmed event of the batch is marked in one statement, each row under its own
+        // claim fence.
+        let marks: Vec<_> = confirmed
+            .iter()
+            .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
+            .collect();
+        match record(record_by, self.outbox.mark_all_published(&marks)).await {
             Ok(outcomes) => {
                 for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
                     span.in_scope(|| self.marked(event, delivery, outcome, &mut report));
@@ -172,7 +213,7 @@ impl<P: Publisher> Relay<P> {
         let span = tracing::info_span!(
             "outbox relay",
             outpost.event_id = %event.event_id,
-            lease_owner = %self.owner,
+            lease_owner = %event.lease_token,
             attempts = event.attempts,
             trace_id = tracing::field::Empty,
         );
@@ -182,7 +223,7 @@ impl<P: Publisher> Relay<P> {
         );
         span.in_scope(|| {
             tracing::info!(
-                lease_owner = %self.owner,
+                lease_owner = %event.lease_token,
                 lease_until = %event.lease_until,
                 attempts = event.attempts,
                 "claimed; PUBLISHING"
@@ -191,7 +232,7 @@ impl<P: Publisher> Relay<P> {
         span
     }
 
-    /// Records one owner-fenced mark's outcome.
+    /// Records one fenced mark's outcome.
     fn marked(
         &self,
         event: &ClaimedEvent,
@@ -215,9 +256,16 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    async fn release(&self, event: &ClaimedEvent, error: &str, report: &mut StepReport) {
-        match self.outbox.release(event, &self.owner, error, &self.tuning.retry).await {
-            Ok(Fenced::Done(Released::RetryAt(at))) => {
+    /// Records one fenced release's outcome.
+    fn released(
+        &self,
+        event: &ClaimedEvent,
+        error: &str,
+        outcome: Fenced<Released>,
+        report: &mut StepReport,
+    ) {
+        match outcome {
+            Fenced::Done(Released::RetryAt(at)) => {
                 report.released += 1;
                 metrics().releases.add(1, &[]);
                 tracing::warn!(
@@ -228,7 +276,7 @@ impl<P: Publisher> Relay<P> {
                     "publish failed; released to PENDING with backoff"
                 );
             }
-            Ok(Fenced::Done(Released::Failed)) => {
+            Fenced::Done(Released::Failed) => {
                 report.failed += 1;
                 metrics().failed.add(1, &[]);
                 tracing::error!(
@@ -238,8 +286,7 @@ impl<P: Publisher> Relay<P> {
                     "publish failed for the last allowed time; FAILED until redriven"
                 );
             }
-            Ok(Fenced::LeaseLost) => self.lease_lost(event, report, "after the publish failed"),
-            Err(e) => self.unrecorded(event, report, &e),
+            Fenced::LeaseLost => self.lease_lost(event, report, "after the publish failed"),
         }
     }
 
@@ -248,8 +295,8 @@ impl<P: Publisher> Relay<P> {
         metrics().lease_losses.add(1, &[]);
         tracing::warn!(
             outpost.event_id = %event.event_id,
-            lease_owner = %self.owner,
-            "lease lost {when}; another worker owns the event now, so it is left alone"
+            lease_owner = %event.lease_token,
+            "lease lost {when}; another claim owns the event now, so it is left alone"
         );
     }
 
@@ -319,6 +366,16 @@ impl<P: Publisher> Relay<P> {
         tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
         Ok(())
     }
+}
+
+/// `write` unless `deadline` passes first: a step never acts on its events after its budget.
+async fn record<T>(
+    deadline: tokio::time::Instant,
+    write: impl std::future::Future<Output = Result<T, DbErr>>,
+) -> Result<T, DbErr> {
+    tokio::time::timeout_at(deadline, write).await.unwrap_or_else(|_| {
+        Err(DbErr::Custom("the step's lease budget ran out before its outcomes were recorded".into()))
+    })
 }
 
 /// The publisher hit an unrecoverable error; its leases will expire and another relay (or this

@@ -31,6 +31,8 @@ pub(crate) struct Metrics {
     pub(crate) duplicates: Counter<u64>,
     /// Records stored in the dead-letter table.
     pub(crate) dead_letters: Counter<u64>,
+    /// Order transactions run again after a deadlock or lock-wait timeout (attribute `reason`).
+    pub(crate) order_lock_retries: Counter<u64>,
     /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `outpost.service`).
     pub(crate) health_serving: Gauge<u64>,
     /// 1 while a health check fails, 0 while it passes (attributes `outpost.service`,
@@ -92,6 +94,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         dead_letters: meter
             .u64_counter("outpost.consumer.dead_letters")
             .with_description("Records dead-lettered")
+            .build(),
+        order_lock_retries: meter
+            .u64_counter("outpost.order.lock_conflict_retries")
+            .with_description("Order transactions run again after a deadlock or lock-wait timeout")
             .build(),
         health_serving: meter
             .u64_gauge("outpost.health.serving")

@@ -32,6 +32,8 @@ impl ServiceProcess {
             .env("FAILPOINTS", failpoints)
             .env("OUTPOST_LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
+            // The fleet runs on loopback only: no caller authentication.
+            .env("OUTPOST_AUTH", "none")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -63,6 +63,14 @@ impl TestBroker {
             assert!(Instant::now() < deadline, "broker did not listen on {}", self.port);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // The index Tansu 0.6 lacks: without it every fetched record scans all stored headers.
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/tansu-index");
+        let output = tokio::process::Command::new(&script)
+            .arg(self.dir.path().join("broker.db"))
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     }
 
     /// Kills the broker with SIGKILL; its storage stays for a restart.

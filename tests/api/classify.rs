@@ -48,6 +48,15 @@ async fn each_named_unique_key_is_recognised_by_name(backend: Backend) {
     exec(&conn, &consumed).await.unwrap();
     let again = exec(&conn, &consumed).await.unwrap_err();
     assert_eq!(violated_unique_key(&again), Some(UniqueKey::ConsumedEventIdentity), "{again}");
+
+    let bytes = if backend == Backend::Postgres { "'\\x00'" } else { "X'00'" };
+    let dead_letter = format!(
+        "INSERT INTO dead_letter (consumer_name, topic, partition_id, offset_id, payload, error, created_at) \
+         VALUES ('planner', 't', 0, 7, {bytes}, 'undecodable', {t})"
+    );
+    exec(&conn, &dead_letter).await.unwrap();
+    let redelivered = exec(&conn, &dead_letter).await.unwrap_err();
+    assert_eq!(violated_unique_key(&redelivered), Some(UniqueKey::DeadLetterCoordinates), "{redelivered}");
 }
 
 async fn other_constraint_and_data_errors_are_not_taken_for_a_named_key(backend: Backend) {

@@ -188,6 +188,8 @@ async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_secs(10),
+        delivery_timeout: Duration::from_secs(5),
+        lease_margin: Duration::ZERO,
         retry: RetryPolicy {
             max_attempts: 10,
             backoff_base: Duration::from_millis(100),

@@ -442,7 +442,11 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     pub fn spawn(name: &str, args: &[String], env: &[(&str, String)]) -> Self {
         let mut command = tokio::process::Command::new(service_binary(name));
-        command.args(args).env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").kill_on_drop(true);
+        command
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env("OUTPOST_AUTH", "none")
+            .kill_on_drop(true);
         for (key, value) in env {
             command.env(key, value);
         }

@@ -6,6 +6,7 @@
 mod broker;
 mod helpers;
 mod otlp;
+mod pki;
 mod private_db;
 
 mod admin;
@@ -20,6 +21,7 @@ mod python;
 mod reconcile;
 mod relay;
 mod rollback;
+mod security;
 mod service;
 mod submit_order;
 mod traces;

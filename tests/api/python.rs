@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
@@ -406,4 +407,67 @@ async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits
     assert_eq!(again, [later_event], "only the event published after the commits: {second}");
     assert!(second.of_type("undecodable").is_empty() && first.of_type("undecodable").is_empty());
     relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_submitter_speaks_tls_and_carries_its_token_which_names_the_tenant() {
+    use crate::pki::{AUDIENCE, ISSUER, Pki};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let jwks = pki.jwks.clone();
+    let (db, server, port, _) = crate::security::tls_service(Backend::MariaDb, &pki, |s| {
+        s.security.auth = outpost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
+    })
+    .await;
+    let target = format!("localhost:{port}");
+    let token_file = |tenant_id: i64| {
+        let token = pki.token(json!({ "sub": format!("py-{tenant_id}"), "tenant_id": tenant_id })).unwrap();
+        let path = dir.path().join(format!("tenant-{tenant_id}.jwt"));
+        std::fs::write(&path, &token).unwrap();
+        (path.display().to_string(), token)
+    };
+    let ((seven, seven_token), (eight, eight_token)) = (token_file(7), token_file(8));
+    let ca = pki.ca.display().to_string();
+    let mut mine = order_json("req-py-tls", None);
+    mine["tenant_id"] = 0.into();
+
+    let run = submit_to(&target, &["--ca-file", &ca, "--token-file", &seven], &[mine]).await;
+    assert!(run.status.success(), "{run}");
+    let mut printed = run.to_string();
+    let stored = run.of_type("result")[0]["event_id"].as_str().unwrap().to_owned();
+    let tenant = crate::helpers::TestDb::connect(&db)
+        .await
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::MySql,
+            format!("SELECT tenant_id FROM orders WHERE acceptance_event_id = '{stored}'"),
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<i64>(0)
+        .unwrap();
+    assert_eq!(tenant, 7, "tenant_id 0 took the token's tenant");
+
+    let run =
+        submit_to(&target, &["--ca-file", &ca, "--token-file", &eight], &[order_json("req-py-8", None)])
+            .await;
+    let result = &run.of_type("result")[0];
+    assert_eq!(
+        (text(&result["code"]), text(&result["reason"])),
+        ("PERMISSION_DENIED", "TENANT_MISMATCH"),
+        "{run}"
+    );
+    printed.push_str(&run.to_string());
+    let run = submit_to(&target, &["--ca-file", &ca], &[order_json("req-py-none", None)]).await;
+    let result = &run.of_type("result")[0];
+    assert_eq!(
+        (text(&result["code"]), text(&result["reason"])),
+        ("UNAUTHENTICATED", "TOKEN_MISSING"),
+        "{run}"
+    );
+    printed.push_str(&run.to_string());
+    for token in [&seven_token, &eight_token] {
+        assert!(!printed.contains(token.as_str()), "the submitter printed its token");
+    }
+    server.stop().await;
 }

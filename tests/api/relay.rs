@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outpost::relay::{self, Fenced, Outbox, StepOutcome, Tuning};
+use outpost::relay::{self, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
 use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
@@ -69,7 +69,179 @@ on_every_backend!(
     while_the_broker_is_unreachable_nothing_is_published_and_attempts_back_off,
     a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
     an_event_that_keeps_failing_ends_failed_and_redrive_returns_it,
+    two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing,
+    a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again,
+    a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
+    callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
+    one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
 );
+
+async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(6).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let (relay_a, relay_b) = (WorkerId::generate(), WorkerId::generate());
+    // Relay A claims the three oldest events briefly and the next three for long.
+    let lost = outbox.claim(&relay_a, Duration::from_millis(300), 3).await.unwrap();
+    let held = outbox.claim(&relay_a, Duration::from_secs(30), 3).await.unwrap();
+    // Relay B takes the first three over once A's short lease has expired.
+    let taken_over = claim_once_expired(&outbox, &relay_b).await;
+    assert_eq!(
+        taken_over.iter().map(|e| &e.event_id).collect::<Vec<_>>(),
+        ids[..3].iter().collect::<Vec<_>>()
+    );
+    let taken_over_states: Vec<_> =
+        futures::future::join_all(ids[..3].iter().map(|id| probe.state(id))).await;
+
+    // A marks all six in one call, the lost ones interleaved with the held ones.
+    let deliveries: Vec<outpost::relay::Delivery> = (0..6)
+        .map(|i| outpost::relay::Delivery { topic: "t".into(), partition: i % 3, offset: 100 + i64::from(i) })
+        .collect();
+    let mine = [&held[0], &lost[0], &held[1], &lost[1], &held[2], &lost[2]];
+    let marks: Vec<_> = mine
+        .iter()
+        .zip(&deliveries)
+        .map(|(event, delivery)| (event.event_id.as_str(), &event.lease_token, delivery))
+        .collect();
+    let outcomes = outbox.mark_all_published(&marks).await.unwrap();
+    use Fenced::{Done, LeaseLost};
+    assert_eq!(outcomes, [Done(()), LeaseLost, Done(()), LeaseLost, Done(()), LeaseLost]);
+    for (event, delivery) in mine.iter().zip(&deliveries).step_by(2) {
+        let state = probe.state(&event.event_id).await;
+        assert_eq!(
+            (state.status.as_str(), state.partition, state.offset, state.lease_owner),
+            ("PUBLISHED", Some(delivery.partition), Some(delivery.offset), None),
+            "each row got its own partition and offset"
+        );
+    }
+    let after: Vec<_> = futures::future::join_all(ids[..3].iter().map(|id| probe.state(id))).await;
+    assert_eq!(after, taken_over_states, "rows another claim holds are untouched");
+
+    // Releases likewise: B's own rows go back with their own errors; A's stale one does not.
+    let retry = quick_retry(12);
+    let failures = [(&taken_over[0], "error 0"), (&lost[1], "stale"), (&taken_over[2], "error 2")];
+    let released = outbox.release_all(&failures, &retry).await.unwrap();
+    assert!(
+        matches!(released[..], [Done(Released::RetryAt(_)), LeaseLost, Done(Released::RetryAt(_))]),
+        "{released:?}"
+    );
+    for (id, error) in [(&ids[0], "error 0"), (&ids[2], "error 2")] {
+        let state = probe.state(id).await;
+        assert_eq!(
+            (state.status.as_str(), state.last_error.as_deref(), state.lease_owner),
+            ("PENDING", Some(error), None)
+        );
+    }
+    assert_eq!(probe.state(&ids[1]).await, taken_over_states[1], "the stale release changed nothing");
+}
+
+/// A relay process whose log (warnings and errors) goes to a file the test reads afterwards.
+struct LoggedRelay {
+    child: tokio::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl LoggedRelay {
+    fn spawn(args: &[String], dir: &std::path::Path, n: usize) -> Self {
+        let log = dir.join(format!("relay-{n}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// SIGTERM, a clean exit, and the log it wrote.
+    async fn stop(mut self) -> String {
+        let pid = self.child.id().unwrap().to_string();
+        let status = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+        assert!(status.success());
+        let exit = tokio::time::timeout(Duration::from_secs(40), self.child.wait()).await.unwrap().unwrap();
+        assert!(exit.success(), "the relay exits 0 after SIGTERM: {exit:?}");
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+/// Log lines that report a deadlock, a lock-wait timeout or a lost lease.
+fn lock_trouble(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|line| {
+            let line = line.to_ascii_lowercase();
+            line.contains("deadlock") || line.contains("lock wait") || line.contains("lease lost")
+        })
+        .collect()
+}
+
+async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock(
+    backend: Backend,
+) {
+    use futures::StreamExt as _;
+
+    let app = TestApp::spawn_with(backend, |settings| settings.db_max_connections = 32).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 4).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    // A backlog, so that both relays are claiming and marking from the first submission on.
+    const BACKLOG: i64 = 600;
+    probe.seed(BACKLOG as usize).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    // Ordinary timings: on two shared cores a step may take seconds, and a lease lost to a slow
+    // machine would be a duplicate, not the deadlock this test looks for.
+    settings.lease = Duration::from_secs(30);
+    settings.delivery_timeout = Duration::from_secs(10);
+    settings.lease_margin = Duration::from_secs(5);
+    let args = relay_args(&settings);
+    let logs = tempfile::tempdir().unwrap();
+    let relays = [LoggedRelay::spawn(&args, logs.path(), 1), LoggedRelay::spawn(&args, logs.path(), 2)];
+    assert_eventually("the relays are publishing", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await > 0
+    })
+    .await;
+
+    let mut submitted = 0i64;
+    for (callers, orders) in [(8usize, 160usize), (16, 240), (64, 400)] {
+        let published_before = probe.count_with_status("PUBLISHED").await;
+        let outcomes: Vec<_> = futures::stream::iter(0..orders)
+            .map(|i| app.submit(order(7, &format!("c{callers}-{i}"))))
+            .buffer_unordered(callers)
+            .collect()
+            .await;
+        let published_after = probe.count_with_status("PUBLISHED").await;
+        let failed: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        assert!(
+            failed.is_empty(),
+            "{callers} callers: {} of {orders} failed: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        assert!(
+            published_after > published_before,
+            "the relays published while {callers} callers submitted ({published_before} -> {published_after})"
+        );
+        submitted += orders as i64;
+    }
+    let total = BACKLOG + submitted;
+    assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || all_published(&probe, total))
+        .await;
+    let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
+    assert_eq!(claimed_again, 0, "every event was claimed once and marked once");
+
+    for relay in relays {
+        let log = relay.stop().await;
+        assert!(lock_trouble(&log).is_empty(), "{:?}", lock_trouble(&log));
+    }
+}
 
 async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -149,6 +321,8 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(800),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
         retry: RetryPolicy {
             max_attempts: 10,
             backoff_base: Duration::from_millis(100),
@@ -171,29 +345,134 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
 
     // The old owner now confirms late: its owner-fenced mark must change nothing.
     let delivery = outpost::relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
-    assert_eq!(outbox.mark_published(event_id, old.owner(), &delivery).await.unwrap(), Fenced::LeaseLost);
+    let stale = &claimed[0].lease_token;
+    assert_eq!(outbox.mark_published(event_id, stale, &delivery).await.unwrap(), Fenced::LeaseLost);
     assert_eq!(probe.state(event_id).await, after_new, "the new owner's result is intact");
 
     // While a newer owner still holds the lease, a stale worker cannot touch it either.
     let more = probe.seed(1).await;
     let first = outbox.claim(old.owner(), Duration::from_millis(300), 10).await.unwrap();
     assert_eq!(first.len(), 1);
+    let second = claim_once_expired(&outbox, new.owner()).await;
+    let stale = &first[0].lease_token;
+    assert_eq!(outbox.mark_published(&more[0], stale, &delivery).await.unwrap(), Fenced::LeaseLost);
+    let released = outbox.release(&first[0], "late failure", &tuning.retry).await.unwrap();
+    assert_eq!(released, Fenced::LeaseLost);
+    let state = probe.state(&more[0]).await;
+    assert_eq!(state.status, "PUBLISHING");
+    assert_eq!(state.lease_owner.as_deref(), Some(second[0].lease_token.as_str()));
+    assert_eq!(state.last_error, None);
+}
+
+/// Claims for `worker` with a 30 s lease as soon as something is claimable: an expired lease
+/// becomes claimable only once it has passed by the database clock.
+async fn claim_once_expired(outbox: &Outbox, worker: &WorkerId) -> Vec<ClaimedEvent> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        // Claimable again only once the 300 ms lease has passed by the database clock.
-        if !outbox.claim(new.owner(), Duration::from_secs(30), 10).await.unwrap().is_empty() {
-            break;
+        let claimed = outbox.claim(worker, Duration::from_secs(30), 10).await.unwrap();
+        if !claimed.is_empty() {
+            return claimed;
         }
         assert!(tokio::time::Instant::now() < deadline, "the expired lease was never claimed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(outbox.mark_published(&more[0], old.owner(), &delivery).await.unwrap(), Fenced::LeaseLost);
-    let released = outbox.release(&first[0], old.owner(), "late failure", &tuning.retry).await.unwrap();
-    assert_eq!(released, Fenced::LeaseLost);
-    let state = probe.state(&more[0]).await;
-    assert_eq!(state.status, "PUBLISHING");
-    assert_eq!(state.lease_owner.as_deref(), Some(new.owner().as_str()));
-    assert_eq!(state.last_error, None);
+}
+
+fn quick_retry(max_attempts: i32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        backoff_base: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(1),
+    }
+}
+
+async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(2).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    // One relay, two loops: both claim under the same worker id, as `--workers 2` does.
+    let worker = WorkerId::generate();
+    // One attempt allowed, so a stale release that took effect would end the event FAILED.
+    let retry = quick_retry(1);
+
+    let loop_a = outbox.claim(&worker, Duration::from_millis(300), 10).await.unwrap();
+    assert_eq!(loop_a.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ids);
+    let loop_b = claim_once_expired(&outbox, &worker).await;
+    assert_eq!(loop_b.len(), 2, "loop B claimed both events again after loop A's lease expired");
+    assert_ne!(loop_a[0].lease_token, loop_b[0].lease_token, "every claim has its own fence");
+    let held_by_b = [probe.state(&ids[0]).await, probe.state(&ids[1]).await];
+    assert!(held_by_b.iter().all(|s| s.status == "PUBLISHING" && s.attempts == 2), "{held_by_b:?}");
+
+    // Loop A's late outcomes: the first event failed for its last allowed time, the second was
+    // confirmed. Neither may touch what loop B holds.
+    let late = outpost::relay::Delivery { topic: "t".into(), partition: 0, offset: 999 };
+    assert_eq!(outbox.release(&loop_a[0], "late failure", &retry).await.unwrap(), Fenced::LeaseLost);
+    let late_marks = outbox
+        .mark_all_published(&[(loop_a[1].event_id.as_str(), &loop_a[1].lease_token, &late)])
+        .await
+        .unwrap();
+    assert_eq!(late_marks, [Fenced::LeaseLost]);
+    assert_eq!(
+        [probe.state(&ids[0]).await, probe.state(&ids[1]).await],
+        held_by_b,
+        "the stale loop changed nothing"
+    );
+
+    // Loop B's own outcomes still land.
+    let delivery = outpost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
+    assert_eq!(
+        outbox.mark_published(&loop_b[1].event_id, &loop_b[1].lease_token, &delivery).await.unwrap(),
+        Fenced::Done(())
+    );
+    let released = outbox.release(&loop_b[0], "broker said no", &quick_retry(12)).await.unwrap();
+    assert!(matches!(released, Fenced::Done(Released::RetryAt(_))), "{released:?}");
+    let marked = probe.state(&ids[1]).await;
+    assert_eq!((marked.status.as_str(), marked.partition, marked.offset), ("PUBLISHED", Some(1), Some(7)));
+    let pending = probe.state(&ids[0]).await;
+    assert_eq!((pending.status.as_str(), pending.last_error.as_deref()), ("PENDING", Some("broker said no")));
+}
+
+async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    // Nothing listens there: every publish fails, after the delivery timeout.
+    let broker = TestBroker::reserve();
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let publisher =
+        KafkaPublisher::new(&broker.address(), topic(), Duration::from_millis(1500), &[]).unwrap();
+    let tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(300),
+        delivery_timeout: Duration::from_millis(1500),
+        lease_margin: Duration::ZERO,
+        retry: quick_retry(1),
+        max_idle_poll: Duration::from_millis(100),
+    };
+    let relay = std::sync::Arc::new(Relay::new(outbox.clone(), publisher, tuning));
+
+    // Loop A: claims, and its publish fails only after its lease has run out.
+    let loop_a = tokio::spawn({
+        let relay = std::sync::Arc::clone(&relay);
+        async move { relay.step().await.unwrap() }
+    });
+    assert_eventually("loop A holds the lease", WAIT, || async {
+        probe.state(&ids[0]).await.status == "PUBLISHING"
+    })
+    .await;
+    // Loop B of the same relay claims the event again once the lease has expired.
+    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
+    let held_by_b = probe.state(&ids[0]).await;
+    assert_eq!(held_by_b.lease_owner.as_deref(), Some(loop_b[0].lease_token.as_str()));
+
+    let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
+    assert_eq!((report.failed, report.released, report.lease_lost), (0, 0, 1), "{report:?}");
+    assert_eq!(probe.state(&ids[0]).await, held_by_b, "loop A's late release changed nothing");
 }
 
 #[cfg(feature = "failpoints")]
@@ -353,6 +632,8 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(1000),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
         retry: RetryPolicy {
             max_attempts: 10,
             backoff_base: Duration::from_millis(100),
@@ -370,7 +651,7 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
         async move { slow.step().await.unwrap() }
     });
     assert_eventually("the slow relay holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.lease_owner.as_deref() == Some(slow.owner().as_str())
+        probe.state(&ids[0]).await.lease_owner.is_some_and(|token| token.starts_with(slow.owner().as_str()))
     })
     .await;
     assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
@@ -384,6 +665,62 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     assert_eq!(probe.state(&ids[0]).await, after_fast, "the late mark changed nothing");
     let records = read_topic(&broker.address(), &topic, 2, WAIT, SETTLE).await;
     assert_eq!(records.len(), 2, "the late confirm is a duplicate on the topic, not a loss");
+}
+
+#[cfg(feature = "failpoints")]
+async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
+    backend: Backend,
+) {
+    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
+    use std::sync::Arc;
+
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let publisher =
+        KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(3), &[]).unwrap();
+    let tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(500),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
+        retry: quick_retry(10),
+        max_idle_poll: Duration::from_millis(100),
+    };
+    // Loop A stalls between its claim and its publish for longer than its lease.
+    crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(2500)");
+    let relay = Arc::new(Relay::new(outbox.clone(), publisher, tuning));
+    let loop_a = tokio::spawn({
+        let relay = Arc::clone(&relay);
+        async move { relay.step().await.unwrap() }
+    });
+    assert_eventually("loop A holds the lease", WAIT, || async {
+        probe.state(&ids[0]).await.status == "PUBLISHING"
+    })
+    .await;
+    // Loop B of the same relay claims it again and still holds it when loop A's confirm arrives.
+    let loop_b = claim_once_expired(&outbox, relay.owner()).await;
+    let held_by_b = probe.state(&ids[0]).await;
+
+    let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
+    assert_eq!((report.published, report.lease_lost), (0, 1), "{report:?}");
+    assert_eq!(probe.state(&ids[0]).await, held_by_b, "loop A's late mark changed nothing");
+    let records = read_topic(&broker.address(), &topic, 1, WAIT, Duration::ZERO).await;
+    assert_eq!(records[0].header("event_id"), ids[0], "loop A's publish did reach the broker");
+    let delivery =
+        outpost::relay::Delivery { topic, partition: records[0].partition, offset: records[0].offset };
+    let marked = outbox.mark_published(&ids[0], &loop_b[0].lease_token, &delivery).await.unwrap();
+    assert_eq!(marked, Fenced::Done(()), "loop B's lease was intact");
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
+    _: Backend,
+) {
 }
 
 #[cfg(not(feature = "failpoints"))]

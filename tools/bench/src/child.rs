@@ -68,6 +68,11 @@ impl Service {
             // Per-event info logs are the services' default; the bench keeps warnings only, as
             // a production deployment with a log pipeline would be tuned, and says so.
             .env("RUST_LOG", std::env::var("OUTPOST_BENCH_SERVICE_LOG").unwrap_or_else(|_| "warn".into()))
+            // Loopback only: the bench measures the pipeline, not token checks.
+            .env("OUTPOST_AUTH", "none")
+            // It drives up to 64 concurrent callers at a 16-connection pool to measure queueing;
+            // the default limit (the pool size) would shed them instead.
+            .env("OUTPOST_MAX_CONCURRENT_CALLS", "1024")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

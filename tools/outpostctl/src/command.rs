@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use outpost::client::{self, BearerToken, ClientTls};
 use outpost::proto::v1::{self as pb, admin_service_client::AdminServiceClient};
-use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
 
 use crate::render;
@@ -15,6 +15,18 @@ pub(crate) struct Cli {
     /// The order service's admin endpoint.
     #[arg(long, env = "OUTPOST_ADMIN_URL", default_value = "http://127.0.0.1:50054", global = true)]
     admin_url: String,
+    /// PEM CA that signed the admin listener's certificate; use an https:// --admin-url with it.
+    #[arg(long, env = "OUTPOST_CA_FILE", global = true)]
+    ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate, when the listener requires mutual TLS (with --client-key).
+    #[arg(long, env = "OUTPOST_CLIENT_CERT", global = true, requires = "client_key")]
+    client_cert: Option<std::path::PathBuf>,
+    /// PEM key of --client-cert.
+    #[arg(long, env = "OUTPOST_CLIENT_KEY", global = true, requires = "client_cert")]
+    client_key: Option<std::path::PathBuf>,
+    /// File holding the bearer token (a JWT with the operator scope); else OUTPOST_TOKEN is used.
+    #[arg(long, env = "OUTPOST_TOKEN_FILE", global = true)]
+    token_file: Option<std::path::PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -55,7 +67,8 @@ enum Command {
         /// Why it may be published again now.
         #[arg(long)]
         reason: String,
-        /// Who asks.
+        /// Who asks. With a token the server records the token's subject and keeps this only as
+        /// a note in the reason.
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
     },
@@ -76,8 +89,8 @@ enum Command {
 /// A call that did not succeed, as one line for people.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CtlError {
-    #[error("cannot reach {url}: {source}")]
-    Connect { url: String, source: tonic::transport::Error },
+    #[error(transparent)]
+    Connect(#[from] outpost::client::ClientError),
     #[error("{}", describe(.0))]
     Call(#[from] tonic::Status),
     #[error("{0} is too long")]
@@ -105,12 +118,18 @@ fn duration(flag: &str, value: Option<Duration>) -> Result<Option<prost_types::D
 
 /// Runs the command and returns what to print.
 pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
-    let channel = Channel::from_shared(cli.admin_url.clone())
-        .map_err(|_| CtlError::Call(tonic::Status::invalid_argument("--admin-url is not a valid URI")))?
-        .connect()
-        .await
-        .map_err(|source| CtlError::Connect { url: cli.admin_url.clone(), source })?;
-    let mut admin = AdminServiceClient::new(channel);
+    let tls = ClientTls {
+        ca_file: cli.ca_file.clone(),
+        identity: cli.client_cert.clone().zip(cli.client_key.clone()),
+    };
+    let channel = client::connect(&cli.admin_url, &tls).await?;
+    let token = BearerToken::from_file_or_env(cli.token_file.as_deref(), "OUTPOST_TOKEN")?;
+    let mut admin = AdminServiceClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+        if let Some(token) = &token {
+            token.apply(&mut request);
+        }
+        Ok(request)
+    });
     let json = cli.json;
     Ok(match &cli.command {
         Command::Timeline { event_id } => {

@@ -49,6 +49,16 @@ fn outbox_json(o: &pb::OutboxRecord) -> Value {
     })
 }
 
+fn job_json(j: &pb::NotificationJobRecord) -> Value {
+    json!({
+        "consumerName": j.consumer_name,
+        "orderId": j.order_id,
+        "sourceVersion": j.source_version,
+        "status": j.status,
+        "createdAt": time(j.created_at.as_ref()),
+    })
+}
+
 fn timeline_json(t: &pb::EventTimeline) -> Value {
     json!({
         "eventId": t.event_id,
@@ -67,12 +77,8 @@ fn timeline_json(t: &pb::EventTimeline) -> Value {
             "consumerName": c.consumer_name,
             "consumedAt": time(c.consumed_at.as_ref()),
         })).collect::<Vec<_>>(),
-        "notificationJob": t.notification_job.as_ref().map(|j| json!({
-            "orderId": j.order_id,
-            "sourceVersion": j.source_version,
-            "status": j.status,
-            "createdAt": time(j.created_at.as_ref()),
-        })),
+        "notificationJob": t.notification_job.as_ref().map(job_json),
+        "notificationJobs": t.notification_jobs.iter().map(job_json).collect::<Vec<_>>(),
         "deadLetters": t.dead_letters.iter().map(|d| json!({
             "consumerName": d.consumer_name,
             "coordinates": d.coordinates.as_ref().map(|c| json!({"topic": c.topic, "partition": c.partition, "offset": c.offset})),
@@ -128,11 +134,14 @@ pub(crate) fn timeline(t: pb::EventTimeline, as_json: bool) -> String {
     for c in &t.consumers {
         rows.push((time(c.consumed_at.as_ref()), "consumed".into(), format!("by {}", c.consumer_name)));
     }
-    if let Some(j) = &t.notification_job {
+    for j in &t.notification_jobs {
         rows.push((
             time(j.created_at.as_ref()),
             "effect".into(),
-            format!("notification job {} for order {} v{}", j.status, j.order_id, j.source_version),
+            format!(
+                "notification job {} for order {} v{} by {}",
+                j.status, j.order_id, j.source_version, j.consumer_name
+            ),
         ));
     }
     for d in &t.dead_letters {

@@ -1,0 +1,14 @@
+//! Who may call, and over what: TLS on every gRPC listener (plaintext only on loopback, or when
+//! explicitly allowed), bearer-token callers whose tenant comes from their credentials,
+//! operators recognised by scope, and a bounded load per listener.
+
+mod admission;
+mod auth;
+mod listener;
+mod settings;
+mod tls;
+
+pub use auth::{AuthConfigError, AuthError, Authenticator, Caller};
+pub use listener::{Listener, ListenerError};
+pub use settings::{AuthMode, AuthSettings, ListenerSettings, MAX_LEEWAY, SecuritySettings};
+pub use tls::{TlsError, TlsFiles};

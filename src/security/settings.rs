@@ -1,0 +1,175 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How every gRPC listener of a service is served: TLS, plaintext policy, load bounds.
+///
+/// Flattened into each service's settings, so every listener is configured the same way.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenerSettings {
+    /// PEM certificate chain served on every gRPC listener; turns TLS on. Re-read when the file
+    /// changes and on SIGHUP.
+    #[arg(long, env = "OUTPOST_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "OUTPOST_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle for mutual TLS: clients must present a certificate it signed.
+    #[arg(long, env = "OUTPOST_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve without TLS on a non-loopback address (a warning says so at start-up). Without it
+    /// such a listener refuses to start.
+    #[arg(long, env = "OUTPOST_ALLOW_PLAINTEXT")]
+    pub allow_plaintext: bool,
+
+    /// Most calls one listener runs at once; past it a call is answered RESOURCE_EXHAUSTED at
+    /// once instead of queueing for a database connection. Default: 8 per connection of the
+    /// order service's `--db-max-connections` (128) on each of its two listeners, 16 on a
+    /// health listener.
+    #[arg(long, env = "OUTPOST_MAX_CONCURRENT_CALLS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_concurrent_calls: Option<u32>,
+
+    /// Longest a call may run on the server; the caller's own deadline wins when shorter.
+    #[arg(long, env = "OUTPOST_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub call_timeout: Duration,
+
+    /// How often the certificate, key, client CA (and, for the order service, JWKS) files are
+    /// checked for changes.
+    #[arg(long, env = "OUTPOST_RELOAD_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub reload_every: Duration,
+}
+
+impl ListenerSettings {
+    /// These settings with `limit` as the concurrency limit unless one was set.
+    pub fn limited_by_default(&self, limit: u32) -> Self {
+        Self { max_concurrent_calls: Some(self.max_concurrent_calls.unwrap_or(limit)), ..self.clone() }
+    }
+}
+
+impl Default for ListenerSettings {
+    /// Plaintext (loopback only), the default concurrency limits, 30 s per call.
+    fn default() -> Self {
+        Self {
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            allow_plaintext: false,
+            max_concurrent_calls: None,
+            call_timeout: Duration::from_secs(30),
+            reload_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How callers of the OrderService and the AdminService prove who they are.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuthSettings {
+    /// `jwt`: every call carries `authorization: Bearer <JWT>`. `none`: no authentication, for
+    /// the demo and tests; accepted only when every listener is on loopback.
+    #[arg(long, env = "OUTPOST_AUTH", value_enum, default_value_t = AuthMode::Jwt)]
+    pub auth: AuthMode,
+
+    /// JWKS document (JSON) with the public keys tokens are signed with; re-read when it changes
+    /// and on SIGHUP. Required with `--auth jwt`.
+    #[arg(long, env = "OUTPOST_AUTH_JWKS")]
+    pub auth_jwks: Option<PathBuf>,
+
+    /// The `iss` every token must carry. Required with `--auth jwt`.
+    #[arg(long, env = "OUTPOST_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+
+    /// An `aud` every token must carry. Required with `--auth jwt`.
+    #[arg(long, env = "OUTPOST_AUTH_AUDIENCE")]
+    pub auth_audience: Option<String>,
+
+    /// The claim naming the caller's tenant (a positive integer, or its decimal string).
+    #[arg(long, env = "OUTPOST_AUTH_TENANT_CLAIM", default_value = "tenant_id")]
+    pub auth_tenant_claim: String,
+
+    /// The scope (in `scope` or `scp`) that makes a caller an operator: every AdminService call,
+    /// and reads across tenants.
+    #[arg(long, env = "OUTPOST_AUTH_ADMIN_SCOPE", default_value = "outpost:admin")]
+    pub auth_admin_scope: String,
+
+    /// Clock skew allowed on `exp` and `nbf`, at most 2 minutes.
+    #[arg(long, env = "OUTPOST_AUTH_LEEWAY", default_value = "30s", value_parser = parse_leeway)]
+    pub auth_leeway: Duration,
+
+    /// Serve gRPC reflection on the public (OrderService) listener too; the AdminService
+    /// listener always serves it. Default: on when the public listener is loopback, else off.
+    #[arg(long, env = "OUTPOST_REFLECTION")]
+    pub reflection: Option<bool>,
+}
+
+/// Whether callers are authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Bearer JWTs checked against `--auth-jwks`.
+    Jwt,
+    /// Nobody is authenticated; only on loopback.
+    None,
+}
+
+/// The most clock skew a token check allows.
+pub const MAX_LEEWAY: Duration = Duration::from_secs(120);
+
+fn parse_leeway(text: &str) -> Result<Duration, String> {
+    let leeway = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if leeway > MAX_LEEWAY {
+        return Err(format!("at most {}", humantime::format_duration(MAX_LEEWAY)));
+    }
+    Ok(leeway)
+}
+
+impl AuthSettings {
+    /// No authentication: for tests and embedding on loopback.
+    pub fn none() -> Self {
+        Self {
+            auth: AuthMode::None,
+            auth_jwks: None,
+            auth_issuer: None,
+            auth_audience: None,
+            auth_tenant_claim: "tenant_id".to_owned(),
+            auth_admin_scope: "outpost:admin".to_owned(),
+            auth_leeway: Duration::from_secs(30),
+            reflection: None,
+        }
+    }
+
+    /// JWT authentication against the JWKS in `jwks`, for `issuer` and `audience`.
+    pub fn jwt(jwks: impl Into<PathBuf>, issuer: impl Into<String>, audience: impl Into<String>) -> Self {
+        Self {
+            auth: AuthMode::Jwt,
+            auth_jwks: Some(jwks.into()),
+            auth_issuer: Some(issuer.into()),
+            auth_audience: Some(audience.into()),
+            ..Self::none()
+        }
+    }
+
+    /// Whether the listener at `public` serves reflection.
+    pub fn reflection_on(&self, public: SocketAddr) -> bool {
+        self.reflection.unwrap_or_else(|| public.ip().is_loopback())
+    }
+}
+
+/// The order service's security settings: its listeners and its callers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SecuritySettings {
+    /// TLS, plaintext policy and load bounds of both listeners.
+    #[command(flatten)]
+    pub listeners: ListenerSettings,
+    /// Who may call.
+    #[command(flatten)]
+    pub auth: AuthSettings,
+}
+
+impl SecuritySettings {
+    /// Plaintext and no authentication: only valid on loopback (tests, embedding).
+    pub fn loopback() -> Self {
+        Self { listeners: ListenerSettings::default(), auth: AuthSettings::none() }
+    }
+}
