@@ -349,10 +349,8 @@ async fn journey(
     let copies_after_confirm = run.deliveries().await?.len();
 
     // Relay 3 claims after relay 2's lease expires, then stalls past its own lease; relay 4
-    // takes over and marks; relay 3 confirms late and must change nothing. Relay 4 must start,
-    // claim after the 5 s lease and publish before relay 3 wakes: 15 s leave a loaded machine
-    // 10 s for that (with 9 s, a relay 4 slow to start once let relay 3 mark first).
-    let fps = run.failpoints(&format!("{}=1*sleep(15000)", fp::DURING_CONCURRENT_CLAIM), false);
+    // takes over and marks; relay 3 confirms late and must change nothing.
+    let fps = run.failpoints(&format!("{}=1*sleep(9000)", fp::DURING_CONCURRENT_CLAIM), false);
     let relay3 = run.start("outpost-relay", "relay-3", args.clone(), fps)?;
     let relay3_pid = run.processes[relay3].pid().unwrap_or_default();
     let stale_owner = until("relay 3 holds the lease", STEP, || async {
