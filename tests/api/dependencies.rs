@@ -13,8 +13,9 @@ use tonic_health::pb::{
 
 use crate::broker::{TestBroker, read_topic};
 use crate::consumer::{consumer_settings, event_record, produce};
-use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually};
-use crate::relay::relay_settings;
+use crate::helpers::{Backend, InProcess, OutboxProbe, ServiceProcess, TestApp, assert_eventually};
+use crate::otlp::start_receiver;
+use crate::relay::{relay_args, relay_settings};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -87,6 +88,34 @@ async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_servi
     })
     .await;
     relay.stop().await;
+}
+
+/// The same status as a metric: `outpost.health.serving` goes to 0 and back to 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_health_gauge_of_a_relay_process_follows_its_status() {
+    let (endpoint, received, _receiver) = start_receiver().await;
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let mut broker = TestBroker::reserve();
+    let topic = topic();
+    OutboxProbe { conn: &app.conn }.seed(3).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    settings.max_attempts = 1_000;
+    settings.delivery_timeout = Duration::from_secs(2);
+    settings.lease = Duration::from_secs(4);
+    let mut args = relay_args(&settings);
+    args.push("--publish-stall=2s".to_owned());
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
+    let _relay = ServiceProcess::spawn("outpost-relay", &args, &env);
+    let serving = |from: usize, value: f64| {
+        received.points().iter().skip(from).any(|p| p.name == "outpost.health.serving" && p.value == value)
+    };
+
+    assert_eventually("the gauge reads 0: NOT_SERVING", WAIT, || async { serving(0, 0.0) }).await;
+    let not_serving_seen = received.points().len();
+    broker.run().await;
+    broker.create_topic(&topic, 1).await;
+    assert_eventually("the gauge reads 1 again: SERVING", WAIT, || async { serving(not_serving_seen, 1.0) })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

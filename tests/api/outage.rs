@@ -11,8 +11,8 @@ use outpost::relay;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::broker::TestBroker;
-use crate::consumer::consumer_settings;
+use crate::broker::{TestBroker, read_topic};
+use crate::consumer::{consumer_settings, produce};
 use crate::dependencies::{RunningConsumer, assert_health};
 use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually, metadata, order, reason};
 use crate::private_db::PrivateServer;
@@ -52,10 +52,33 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     // A member that stopped polling for 10 s would be put out of its group: the consumer must
     // keep polling while it waits for the database.
     settings.kafka_options.push(("max.poll.interval.ms".into(), "10000".into()));
+    // Retries of a record in hand wait up to 8 s, plus the failed attempt itself: without
+    // polling in between, more than the 10 s allowed.
+    settings.backoff_max = Duration::from_secs(8);
     let consumer = RunningConsumer::start(settings).await;
     for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
         assert_health("every service is SERVING", port, service, ServingStatus::Serving).await;
     }
+
+    // The consumer must keep its partitions throughout: it holds them all (the only member),
+    // and had it stopped polling for 10 s it would have been put out of the group and lost
+    // them, if only for the moment of rejoining.
+    assert_eventually("the consumer holds both partitions", WAIT_DRAIN, || async {
+        consumer.stats.snapshot().assigned_partitions == 2
+    })
+    .await;
+    let (stop_sampling, sampling_stopped) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn({
+        let stats = Arc::clone(&consumer.stats);
+        async move {
+            let mut fewest = u64::MAX;
+            while !*sampling_stopped.borrow() {
+                fewest = fewest.min(stats.snapshot().assigned_partitions);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            fewest
+        }
+    });
 
     // Load: one caller submitting new orders back to back, through the whole outage.
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
@@ -90,6 +113,12 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     .await;
     assert_health("the relay is NOT_SERVING", relay_port, "", ServingStatus::NotServing).await;
     assert_health("the consumer is NOT_SERVING", consumer.port, "", ServingStatus::NotServing).await;
+    // A copy of a published event reaches the consumer while its database is away, so it has
+    // a record in hand to retry (the relay publishes nothing new meanwhile).
+    let published = read_topic(&broker.address(), &topic, 1, WAIT_DRAIN, Duration::ZERO).await;
+    let copy = &published[0];
+    let key = String::from_utf8_lossy(&copy.key).into_owned();
+    produce(&broker.address(), &topic, &key, &copy.value, Some(copy.header("event_id"))).await;
     tokio::time::sleep_until(stopped_at + OUTAGE).await;
     server.resume().await;
     for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
@@ -142,6 +171,12 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
         .await,
         0,
         "no effect without an order"
+    );
+    stop_sampling.send(true).unwrap();
+    assert_eq!(
+        sampler.await.unwrap(),
+        2,
+        "the consumer kept polling, and its partitions, through the outage"
     );
     // Both kept running through the outage: each stops now, on request, without an error.
     relay.stop().await;

@@ -33,7 +33,7 @@ pub(crate) fn relay_settings(app: &TestApp, brokers: &str, topic: &str) -> relay
 }
 
 /// The same settings as command-line flags for a relay process.
-fn relay_args(settings: &relay::Settings) -> Vec<String> {
+pub(crate) fn relay_args(settings: &relay::Settings) -> Vec<String> {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
     vec![
         format!("--database-url={}", settings.database_url),
