@@ -225,7 +225,6 @@ async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes
 /// its return. The relay never reached this broker before, so no send of an established
 /// idempotent producer times out (that would wedge Tansu 0.6 until a restart; see Tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs the relay to tell an unreachable broker from a failed event (issue 14 item 3, dev/relay)"]
 async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_within_seconds() {
     let app = TestApp::spawn(Backend::Sqlite).await;
     let mut broker = TestBroker::reserve();
