@@ -23,5 +23,4 @@ pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;
-pub mod verify;
 pub mod wake;

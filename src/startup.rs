@@ -44,11 +44,6 @@ pub fn exit<E: Display>(service: &str, outcome: Result<(), E>) -> ExitCode {
     }
 }
 
-/// Parses a duration such as `250ms`, `10s` or `2m` (humantime's syntax).
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(text).map_err(|e| e.to_string())
-}
-
 /// Parses a `KEY=VALUE` setting, such as a pass-through Kafka client option.
 pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
