@@ -7,6 +7,7 @@
 //! local effect.
 
 pub mod admin;
+mod backoff;
 pub mod client;
 pub mod consumer;
 pub mod contract;

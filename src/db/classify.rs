@@ -4,11 +4,14 @@
 //! "already done". Every other error, including other unique keys, is a failure.
 
 use std::fmt;
+use std::time::Duration;
 
 use sea_orm::sqlx::{
     self, error::DatabaseError, mysql::MySqlDatabaseError, postgres::PgDatabaseError, sqlite::SqliteError,
 };
 use sea_orm::{DbErr, RuntimeErr};
+
+use crate::backoff::Backoff;
 
 /// A unique key whose violation carries meaning. Its name is part of the schema contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,8 +119,9 @@ impl LockConflict {
     /// upper half of 10 ms doubled per retry (at most 1.28 s), so victims of one conflict do not
     /// collide again in step.
     pub fn backoff(retry: u32) -> std::time::Duration {
-        let ceiling = std::time::Duration::from_millis(10) * (1 << retry.clamp(1, 8).saturating_sub(1));
-        ceiling.mul_f64(rand::random_range(0.5..=1.0))
+        const LOCK_CONFLICT: Backoff =
+            Backoff::new(Duration::from_millis(10), Duration::from_millis(1280)).jittered();
+        LOCK_CONFLICT.delay(retry)
     }
 }
 

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rand::Rng;
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -14,6 +13,7 @@ use super::{LeaseToken, WorkerId};
 use set::{FENCE_COLUMNS, FencedUpdate, ValueColumn};
 
 mod set;
+use crate::backoff::Backoff;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::{db, failpoint};
@@ -135,9 +135,9 @@ impl RetryPolicy {
     /// Exponential backoff with jitter for the given attempt count: a random point in the upper
     /// half of the capped exponential, so released events spread out instead of returning in step.
     pub fn backoff(&self, attempts: i32) -> Duration {
-        let exponent = Ord::min(u32::try_from(attempts.saturating_sub(1)).unwrap_or(0), 30);
-        let capped = Ord::min(self.backoff_base.saturating_mul(1 << exponent), self.backoff_max);
-        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+        // Capped from the first wait on (start-up refuses a base above the max anyway).
+        let first = Ord::min(self.backoff_base, self.backoff_max);
+        Backoff::new(first, self.backoff_max).jittered().delay(u32::try_from(attempts).unwrap_or(0))
     }
 }
 
