@@ -51,3 +51,22 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
         _ => Err(format!("`{text}` is not KEY=VALUE")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_value_setting_splits_at_the_first_equals_sign_and_is_trimmed() {
+        assert_eq!(parse_key_value(" linger.ms = 5 "), Ok(("linger.ms".to_owned(), "5".to_owned())));
+        assert_eq!(parse_key_value("sasl.jaas=a=b"), Ok(("sasl.jaas".to_owned(), "a=b".to_owned())));
+        assert_eq!(parse_key_value("empty="), Ok(("empty".to_owned(), String::new())));
+    }
+
+    #[test]
+    fn a_setting_without_a_key_is_refused() {
+        for bad in ["no-equals-sign", "=value", "  =value", ""] {
+            assert!(parse_key_value(bad).is_err(), "{bad:?}");
+        }
+    }
+}
