@@ -83,7 +83,7 @@ mod tests {
         let backoff = Backoff::new(10 * MS, 1_280 * MS).jittered();
         for retry in 0..12 {
             let ceiling = backoff.ceiling(retry);
-            for _ in 0..50 {
+            for _ in 0..200 {
                 let wait = backoff.delay(retry);
                 assert!(wait >= ceiling / 2 && wait <= ceiling, "retry {retry}: {wait:?} of {ceiling:?}");
             }

@@ -551,10 +551,16 @@ mod tests {
         let ms = Duration::from_millis;
         let policy = RetryPolicy { max_attempts: 10, backoff_base: ms(500), backoff_max: ms(300_000) };
         for (attempts, ceiling) in
-            [(0, ms(500)), (1, ms(500)), (2, ms(1_000)), (3, ms(2_000)), (11, ms(256_000))]
+            [(0, ms(500)), (1, ms(500)), (2, ms(1_000)), (3, ms(2_000)), (10, ms(256_000)), (11, ms(300_000))]
         {
-            let wait = policy.backoff(attempts);
-            assert!(wait >= ceiling / 2 && wait <= ceiling, "attempt {attempts}: {wait:?} of {ceiling:?}");
+            // Enough draws that a wrong ceiling cannot pass by luck.
+            for _ in 0..200 {
+                let wait = policy.backoff(attempts);
+                assert!(
+                    wait >= ceiling / 2 && wait <= ceiling,
+                    "attempt {attempts}: {wait:?} of {ceiling:?}"
+                );
+            }
         }
         for attempts in [12, 40, i32::MAX, -1] {
             assert!(policy.backoff(attempts) <= ms(300_000), "attempt {attempts}");
