@@ -12,6 +12,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
+use crate::backoff::Backoff;
 use crate::domain::EventId;
 use crate::edge::ERROR_DOMAIN;
 use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
@@ -154,7 +155,9 @@ impl SafeSubmitter {
             pb::ReconcileRequest { tenant_id: request.tenant_id, request_id: request.request_id.clone() };
         let mut calls = 0;
         let mut reconcile_first = false;
-        let mut backoff = self.policy.initial_backoff;
+        let backoff = Backoff::new(self.policy.initial_backoff, self.policy.max_backoff);
+        // Failed calls since the last fresh start; a "not found" starts the waits over.
+        let mut failures = 0;
         loop {
             calls += 1;
             let failure = if reconcile_first {
@@ -171,7 +174,7 @@ impl SafeSubmitter {
                     Err(status) if status.code() == Code::NotFound => {
                         // Not committed: the same ids may be submitted again.
                         reconcile_first = false;
-                        backoff = self.policy.initial_backoff;
+                        failures = 0;
                         continue;
                     }
                     Err(status) => status,
@@ -203,8 +206,8 @@ impl SafeSubmitter {
                 return Err(SafeSubmitError::GaveUp { calls, event_id: request.event_id, last: failure });
             }
             tracing::debug!(calls, error = %failure, reconcile_first, "retrying submission");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(self.policy.max_backoff);
+            failures += 1;
+            tokio::time::sleep(backoff.delay(failures)).await;
         }
     }
 

@@ -7,6 +7,7 @@
 //! local effect.
 
 pub mod admin;
+mod backoff;
 pub mod client;
 pub mod consumer;
 pub mod contract;
@@ -23,5 +24,4 @@ pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;
-pub mod verify;
 pub mod wake;

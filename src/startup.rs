@@ -44,15 +44,29 @@ pub fn exit<E: Display>(service: &str, outcome: Result<(), E>) -> ExitCode {
     }
 }
 
-/// Parses a duration such as `250ms`, `10s` or `2m` (humantime's syntax).
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(text).map_err(|e| e.to_string())
-}
-
 /// Parses a `KEY=VALUE` setting, such as a pass-through Kafka client option.
 pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.trim().to_owned())),
         _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_value_setting_splits_at_the_first_equals_sign_and_is_trimmed() {
+        assert_eq!(parse_key_value(" linger.ms = 5 "), Ok(("linger.ms".to_owned(), "5".to_owned())));
+        assert_eq!(parse_key_value("sasl.jaas=a=b"), Ok(("sasl.jaas".to_owned(), "a=b".to_owned())));
+        assert_eq!(parse_key_value("empty="), Ok(("empty".to_owned(), String::new())));
+    }
+
+    #[test]
+    fn a_setting_without_a_key_is_refused() {
+        for bad in ["no-equals-sign", "=value", "  =value", ""] {
+            assert!(parse_key_value(bad).is_err(), "{bad:?}");
+        }
     }
 }

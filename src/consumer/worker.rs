@@ -14,6 +14,7 @@ use tracing::{Instrument as _, Span};
 
 use super::decode::{OrderAcceptedEvent, decode};
 use super::inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
+use crate::backoff::Backoff;
 use crate::db::TxFailure;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
@@ -147,7 +148,7 @@ impl Worker<'_> {
     /// Returns when `stop` turns true (`None`), or when the Kafka client reported a fatal error
     /// and can never consume again (`Some(why)`): the caller replaces it.
     pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) -> Option<String> {
-        let mut receive_backoff = Duration::from_millis(100);
+        let mut receive_failures = 0;
         while !*stop.borrow() {
             let received = tokio::select! {
                 received = self.consumer.recv() => received,
@@ -155,7 +156,7 @@ impl Worker<'_> {
             };
             match received {
                 Ok(message) => {
-                    receive_backoff = Duration::from_millis(100);
+                    receive_failures = 0;
                     let mut batch = vec![message];
                     // Only what librdkafka has already fetched: a batch never waits to fill.
                     while batch.len() < self.batch_size {
@@ -175,12 +176,18 @@ impl Worker<'_> {
                         return Some(fatal);
                     }
                     tracing::warn!(error = %e, "receive failed");
-                    tokio::time::sleep(receive_backoff).await;
-                    receive_backoff = (receive_backoff * 2).min(self.backoff_max);
+                    receive_failures += 1;
+                    tokio::time::sleep(self.backoff().delay(receive_failures)).await;
                 }
             }
         }
         None
+    }
+
+    /// The waits between retries of a failed receive or handling: 100 ms, doubled up to
+    /// `backoff_max`.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(Duration::from_millis(100), self.backoff_max)
     }
 
     /// Why the client can never consume again, if it cannot.
@@ -363,7 +370,7 @@ impl Worker<'_> {
             let _ = self.consumer.store_offset_from_message(message);
             commit_stored(self.consumer, "before the local commit (broken on purpose)");
         }
-        let mut backoff = Duration::from_millis(100);
+        let mut failures = 0;
         let mut paused = false;
         loop {
             ConsumerStats::bump(&self.stats.handled);
@@ -379,12 +386,13 @@ impl Worker<'_> {
                 }
                 Err(failure) => {
                     ConsumerStats::bump(&self.stats.failures);
+                    failures += 1;
                     tracing::warn!(
                         topic = message.topic(),
                         partition = message.partition(),
                         offset = message.offset(),
                         error = %failure,
-                        retry_in = ?backoff,
+                        retry_in = ?self.backoff().delay(failures),
                         "handling failed; not acknowledged"
                     );
                 }
@@ -393,11 +401,10 @@ impl Worker<'_> {
                 self.pause_fetching(true);
                 paused = true;
             }
-            self.wait_polling(backoff, stop).await;
+            self.wait_polling(self.backoff().delay(failures), stop).await;
             if *stop.borrow() {
                 return false;
             }
-            backoff = (backoff * 2).min(self.backoff_max);
         }
     }
 

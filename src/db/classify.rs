@@ -4,11 +4,14 @@
 //! "already done". Every other error, including other unique keys, is a failure.
 
 use std::fmt;
+use std::time::Duration;
 
 use sea_orm::sqlx::{
     self, error::DatabaseError, mysql::MySqlDatabaseError, postgres::PgDatabaseError, sqlite::SqliteError,
 };
 use sea_orm::{DbErr, RuntimeErr};
+
+use crate::backoff::Backoff;
 
 /// A unique key whose violation carries meaning. Its name is part of the schema contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,32 +65,45 @@ impl UniqueKey {
 pub fn violated_unique_key(err: &DbErr) -> Option<UniqueKey> {
     let db_err = database_error(err)?;
     if let Some(e) = db_err.try_downcast_ref::<MySqlDatabaseError>() {
-        // ER_DUP_ENTRY and ER_DUP_ENTRY_WITH_KEY_NAME: "Duplicate entry '…' for key '<name>'".
-        // MySQL 8 writes the key as '<table>.<name>'. The entry itself is caller data and may
-        // contain anything, so only the last quoted name is read.
-        if !matches!(e.number(), 1062 | 1586) {
-            return None;
-        }
-        let key = e.message().rsplit_once("for key '")?.1.strip_suffix('\'')?;
-        let key = key.rsplit_once('.').map_or(key, |(_, name)| name);
-        return UniqueKey::ALL.into_iter().find(|k| k.name() == key);
+        return mysql_unique_key(e.number(), e.message());
     }
     if let Some(e) = db_err.try_downcast_ref::<PgDatabaseError>() {
-        if e.code() != "23505" {
-            return None;
-        }
-        let constraint = e.constraint()?;
-        return UniqueKey::ALL.into_iter().find(|k| k.name() == constraint);
+        return postgres_unique_key(e.code(), e.constraint());
     }
     if let Some(e) = db_err.try_downcast_ref::<SqliteError>() {
-        // SQLITE_CONSTRAINT_UNIQUE (2067): "UNIQUE constraint failed: <table>.<col>, …".
-        if e.code().as_deref() != Some("2067") {
-            return None;
-        }
-        let columns = e.message().strip_prefix("UNIQUE constraint failed: ")?;
-        return UniqueKey::ALL.into_iter().find(|k| k.sqlite_columns() == columns);
+        return sqlite_unique_key(e.code().as_deref(), e.message());
     }
     None
+}
+
+/// ER_DUP_ENTRY and ER_DUP_ENTRY_WITH_KEY_NAME: "Duplicate entry '…' for key '<name>'". MySQL 8
+/// writes the key as '<table>.<name>'. The entry itself is caller data and may contain anything,
+/// so only the last quoted name is read.
+fn mysql_unique_key(number: u16, message: &str) -> Option<UniqueKey> {
+    if !matches!(number, 1062 | 1586) {
+        return None;
+    }
+    let key = message.rsplit_once("for key '")?.1.strip_suffix('\'')?;
+    let key = key.rsplit_once('.').map_or(key, |(_, name)| name);
+    UniqueKey::ALL.into_iter().find(|k| k.name() == key)
+}
+
+/// unique_violation (23505) of a named constraint.
+fn postgres_unique_key(code: &str, constraint: Option<&str>) -> Option<UniqueKey> {
+    if code != "23505" {
+        return None;
+    }
+    let constraint = constraint?;
+    UniqueKey::ALL.into_iter().find(|k| k.name() == constraint)
+}
+
+/// SQLITE_CONSTRAINT_UNIQUE (2067): "UNIQUE constraint failed: <table>.<col>, …".
+fn sqlite_unique_key(code: Option<&str>, message: &str) -> Option<UniqueKey> {
+    if code != Some("2067") {
+        return None;
+    }
+    let columns = message.strip_prefix("UNIQUE constraint failed: ")?;
+    UniqueKey::ALL.into_iter().find(|k| k.sqlite_columns() == columns)
 }
 
 /// A lock conflict the database ended by failing one transaction's statement.
@@ -116,8 +132,9 @@ impl LockConflict {
     /// upper half of 10 ms doubled per retry (at most 1.28 s), so victims of one conflict do not
     /// collide again in step.
     pub fn backoff(retry: u32) -> std::time::Duration {
-        let ceiling = std::time::Duration::from_millis(10) * (1 << retry.clamp(1, 8).saturating_sub(1));
-        ceiling.mul_f64(rand::random_range(0.5..=1.0))
+        const LOCK_CONFLICT: Backoff =
+            Backoff::new(Duration::from_millis(10), Duration::from_millis(1280)).jittered();
+        LOCK_CONFLICT.delay(retry)
     }
 }
 
@@ -125,28 +142,40 @@ impl LockConflict {
 pub fn lock_conflict(err: &DbErr) -> Option<LockConflict> {
     let db_err = database_error(err)?;
     if let Some(e) = db_err.try_downcast_ref::<MySqlDatabaseError>() {
-        return match e.number() {
-            1213 => Some(LockConflict::Deadlock),
-            1205 => Some(LockConflict::LockWaitTimeout),
-            _ => None,
-        };
+        return mysql_lock_conflict(e.number());
     }
     if let Some(e) = db_err.try_downcast_ref::<PgDatabaseError>() {
-        return match e.code() {
-            "40P01" | "40001" => Some(LockConflict::Deadlock),
-            "55P03" => Some(LockConflict::LockWaitTimeout),
-            _ => None,
-        };
+        return postgres_lock_conflict(e.code());
     }
     if let Some(e) = db_err.try_downcast_ref::<SqliteError>() {
-        // SQLITE_BUSY (5) and its extended codes (SQLITE_BUSY_RECOVERY 261, _SNAPSHOT 517,
-        // _TIMEOUT 773): another connection held the write lock past the busy timeout.
-        return match e.code().as_deref() {
-            Some("5" | "261" | "517" | "773") => Some(LockConflict::LockWaitTimeout),
-            _ => None,
-        };
+        return sqlite_lock_conflict(e.code().as_deref());
     }
     None
+}
+
+fn mysql_lock_conflict(number: u16) -> Option<LockConflict> {
+    match number {
+        1213 => Some(LockConflict::Deadlock),
+        1205 => Some(LockConflict::LockWaitTimeout),
+        _ => None,
+    }
+}
+
+fn postgres_lock_conflict(code: &str) -> Option<LockConflict> {
+    match code {
+        "40P01" | "40001" => Some(LockConflict::Deadlock),
+        "55P03" => Some(LockConflict::LockWaitTimeout),
+        _ => None,
+    }
+}
+
+/// SQLITE_BUSY (5) and its extended codes (SQLITE_BUSY_RECOVERY 261, _SNAPSHOT 517, _TIMEOUT
+/// 773): another connection held the write lock past the busy timeout.
+fn sqlite_lock_conflict(code: Option<&str>) -> Option<LockConflict> {
+    match code {
+        Some("5" | "261" | "517" | "773") => Some(LockConflict::LockWaitTimeout),
+        _ => None,
+    }
 }
 
 /// What a database said about an error, for logs: SQLSTATE, vendor code and constraint.
@@ -213,5 +242,78 @@ fn database_error(err: &DbErr) -> Option<&(dyn DatabaseError + 'static)> {
             _ => None,
         },
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_names_the_key_last_and_only_the_named_keys_count() {
+        let duplicate = |key: &str| format!("Duplicate entry '7-req-1' for key '{key}'");
+        for key in UniqueKey::ALL {
+            assert_eq!(mysql_unique_key(1062, &duplicate(key.name())), Some(key));
+            assert_eq!(mysql_unique_key(1586, &duplicate(key.name())), Some(key));
+            // MySQL 8 prefixes the table.
+            assert_eq!(mysql_unique_key(1062, &duplicate(&format!("orders.{}", key.name()))), Some(key));
+        }
+        assert_eq!(mysql_unique_key(1062, &duplicate("PRIMARY")), None);
+        assert_eq!(mysql_unique_key(1062, &duplicate("uq_orders_tenant_request_extra")), None);
+        // Another error number with a matching text is not a duplicate.
+        assert_eq!(mysql_unique_key(1452, &duplicate(UniqueKey::OrdersTenantRequest.name())), None);
+    }
+
+    #[test]
+    fn mysql_reads_the_key_after_an_entry_that_itself_mentions_a_key() {
+        let message =
+            "Duplicate entry 'for key 'uq_consumed_event_identity'' for key 'uq_orders_tenant_request'";
+        assert_eq!(mysql_unique_key(1062, message), Some(UniqueKey::OrdersTenantRequest));
+    }
+
+    #[test]
+    fn postgres_needs_unique_violation_and_a_named_constraint() {
+        for key in UniqueKey::ALL {
+            assert_eq!(postgres_unique_key("23505", Some(key.name())), Some(key));
+            // A foreign-key or not-null violation on the same constraint name is not a duplicate.
+            assert_eq!(postgres_unique_key("23503", Some(key.name())), None);
+        }
+        assert_eq!(postgres_unique_key("23505", Some("orders_pkey")), None);
+        assert_eq!(postgres_unique_key("23505", None), None);
+    }
+
+    #[test]
+    fn sqlite_is_told_by_its_columns() {
+        let failed = |columns: &str| format!("UNIQUE constraint failed: {columns}");
+        for key in UniqueKey::ALL {
+            assert_eq!(sqlite_unique_key(Some("2067"), &failed(key.sqlite_columns())), Some(key));
+            assert_eq!(sqlite_unique_key(Some("1555"), &failed(key.sqlite_columns())), None);
+        }
+        assert_eq!(sqlite_unique_key(Some("2067"), &failed("orders.tenant_id")), None);
+        assert_eq!(sqlite_unique_key(None, &failed(UniqueKey::OrdersAcceptanceEvent.sqlite_columns())), None);
+    }
+
+    #[test]
+    fn lock_conflicts_per_backend() {
+        assert_eq!(mysql_lock_conflict(1213), Some(LockConflict::Deadlock));
+        assert_eq!(mysql_lock_conflict(1205), Some(LockConflict::LockWaitTimeout));
+        assert_eq!(mysql_lock_conflict(1062), None);
+        assert_eq!(postgres_lock_conflict("40P01"), Some(LockConflict::Deadlock));
+        assert_eq!(postgres_lock_conflict("40001"), Some(LockConflict::Deadlock));
+        assert_eq!(postgres_lock_conflict("55P03"), Some(LockConflict::LockWaitTimeout));
+        assert_eq!(postgres_lock_conflict("23505"), None);
+        for code in ["5", "261", "517", "773"] {
+            assert_eq!(sqlite_lock_conflict(Some(code)), Some(LockConflict::LockWaitTimeout), "{code}");
+        }
+        assert_eq!(sqlite_lock_conflict(Some("6")), None, "SQLITE_LOCKED is not a busy timeout");
+        assert_eq!(sqlite_lock_conflict(None), None);
+    }
+
+    #[test]
+    fn errors_that_did_not_come_from_the_server_are_neither() {
+        let err = DbErr::Custom("the pool timed out".into());
+        assert_eq!(violated_unique_key(&err), None);
+        assert_eq!(lock_conflict(&err), None);
+        assert_eq!(ErrorFacts::of(&err), ErrorFacts::default());
     }
 }

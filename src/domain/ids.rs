@@ -85,3 +85,54 @@ impl fmt::Display for EventId {
         self.0.hyphenated().fmt(f)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_id_is_positive() {
+        assert_eq!(TenantId::new(1).map(TenantId::get), Ok(1));
+        assert!(TenantId::new(0).is_err());
+        assert!(TenantId::new(-7).is_err());
+    }
+
+    #[test]
+    fn a_request_id_is_1_to_128_visible_ascii_characters() {
+        assert!(RequestId::parse("req-1").is_ok());
+        assert!(RequestId::parse("x".repeat(RequestId::MAX_LEN)).is_ok());
+        for bad in [
+            String::new(),
+            "x".repeat(RequestId::MAX_LEN + 1),
+            "has space".into(),
+            "tab\t".into(),
+            "é".into(),
+        ] {
+            assert!(RequestId::parse(bad.clone()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_event_id_is_a_canonical_lower_case_uuid_and_prints_as_parsed() {
+        let id = EventId::new();
+        let text = id.to_string();
+        assert_eq!(EventId::parse(&text), Ok(id));
+        assert_eq!(EventId::parse(&text).map(|id| id.to_string()).as_deref(), Ok(text.as_str()));
+        for bad in [
+            text.to_uppercase(),
+            text.replace('-', ""),
+            format!("{{{text}}}"),
+            format!("urn:uuid:{text}"),
+            String::new(),
+            "not-a-uuid".to_owned(),
+        ] {
+            assert!(EventId::parse(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fresh_event_ids_sort_in_creation_order() {
+        let (first, second) = (EventId::new(), EventId::new());
+        assert!(first < second);
+    }
+}

@@ -228,3 +228,94 @@ impl SubmitOrder {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn line(sku: &str, quantity: u32, unit_price_minor: i64) -> (String, u32, i64) {
+        (sku.to_owned(), quantity, unit_price_minor)
+    }
+
+    fn submit(currency: &str, lines: Vec<(String, u32, i64)>) -> Result<SubmitOrder, InvalidInput> {
+        let event_id = EventId::new().to_string();
+        SubmitOrder::parse(7, "req-1".into(), &event_id, "customer-42".into(), currency.into(), lines)
+    }
+
+    fn fields(result: Result<SubmitOrder, InvalidInput>) -> Vec<String> {
+        result.err().map(|e| e.violations.into_iter().map(|v| v.field).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_valid_order_keeps_its_lines_and_totals_them() {
+        let order = submit("EUR", vec![line("SKU-RED-MUG", 2, 1_250), line("SKU-TEA", 1, 799)]).unwrap();
+        assert_eq!(order.tenant_id.get(), 7);
+        assert_eq!(order.order.total_minor(), 3_299);
+        assert_eq!(order.order.lines().len(), 2);
+        assert_eq!(order.order.currency(), "EUR");
+        assert!(order.event_id.is_some());
+    }
+
+    #[test]
+    fn an_empty_event_id_means_the_server_makes_one() {
+        let order =
+            SubmitOrder::parse(7, "req-1".into(), "", "c".into(), "EUR".into(), vec![line("S", 1, 1)])
+                .unwrap();
+        assert_eq!(order.event_id, None);
+    }
+
+    #[test]
+    fn the_currency_is_an_upper_case_iso_4217_code() {
+        assert!(submit("USD", vec![line("S", 1, 1)]).is_ok());
+        for bad in ["eur", "EURO", "XYZ", "", "E1R"] {
+            assert_eq!(fields(submit(bad, vec![line("S", 1, 1)])), ["currency"], "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn line_limits_are_inclusive() {
+        let max = line("S", LineItem::MAX_QUANTITY, LineItem::MAX_UNIT_PRICE_MINOR);
+        let order = submit("EUR", vec![max; NewOrder::MAX_LINES]).unwrap();
+        // 100 × 10^4 × 10^12 fits in an i64: the documented bound holds without overflow.
+        assert_eq!(order.order.total_minor(), 1_000_000_000_000_000_000);
+        assert_eq!(fields(submit("EUR", vec![line("S", 1, 1); NewOrder::MAX_LINES + 1])), ["line_items"]);
+        assert_eq!(fields(submit("EUR", Vec::new())), ["line_items"]);
+    }
+
+    #[test]
+    fn every_bad_field_is_named_with_its_line() {
+        let lines = vec![
+            line("OK", 1, 1),
+            line("", 0, 0),
+            line("S", LineItem::MAX_QUANTITY + 1, LineItem::MAX_UNIT_PRICE_MINOR + 1),
+        ];
+        let result = SubmitOrder::parse(0, String::new(), "NOT-A-UUID", " ".into(), "eur".into(), lines);
+        assert_eq!(
+            fields(result),
+            [
+                "tenant_id",
+                "request_id",
+                "event_id",
+                "customer_id",
+                "currency",
+                "line_items[1].sku",
+                "line_items[1].quantity",
+                "line_items[1].unit_price_minor",
+                "line_items[2].quantity",
+                "line_items[2].unit_price_minor",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_negative_price_is_refused() {
+        assert_eq!(fields(submit("EUR", vec![line("S", 1, -5)])), ["line_items[0].unit_price_minor"]);
+    }
+
+    #[test]
+    fn the_stored_status_reads_back() {
+        assert_eq!(OrderStatus::from_stored(OrderStatus::Accepted.as_str()), Some(OrderStatus::Accepted));
+        assert_eq!(OrderStatus::from_stored("accepted"), None);
+    }
+}

@@ -32,3 +32,19 @@ impl OutboxStatus {
             .find(|s| s.as_str() == text)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_reads_back_as_stored_and_nothing_else_does() {
+        for status in
+            [OutboxStatus::Pending, OutboxStatus::Publishing, OutboxStatus::Published, OutboxStatus::Failed]
+        {
+            assert_eq!(OutboxStatus::from_stored(status.as_str()), Some(status));
+        }
+        assert_eq!(OutboxStatus::from_stored("pending"), None);
+        assert_eq!(OutboxStatus::from_stored(""), None);
+    }
+}

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rand::Rng;
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -14,6 +13,7 @@ use super::{LeaseToken, WorkerId};
 use set::{FENCE_COLUMNS, FencedUpdate, ValueColumn};
 
 mod set;
+use crate::backoff::Backoff;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::{db, failpoint};
@@ -135,9 +135,9 @@ impl RetryPolicy {
     /// Exponential backoff with jitter for the given attempt count: a random point in the upper
     /// half of the capped exponential, so released events spread out instead of returning in step.
     pub fn backoff(&self, attempts: i32) -> Duration {
-        let exponent = Ord::min(u32::try_from(attempts.saturating_sub(1)).unwrap_or(0), 30);
-        let capped = Ord::min(self.backoff_base.saturating_mul(1 << exponent), self.backoff_max);
-        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+        // Capped from the first wait on (start-up refuses a base above the max anyway).
+        let first = Ord::min(self.backoff_base, self.backoff_max);
+        Backoff::new(first, self.backoff_max).jittered().delay(u32::try_from(attempts).unwrap_or(0))
     }
 }
 
@@ -531,4 +531,42 @@ fn null_string() -> Expr {
 
 fn null_time() -> Expr {
     Expr::value(Option::<DateTime<Utc>>::None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_ends_its_length_after_now_and_an_absurd_one_is_an_error() {
+        let now = DateTime::<Utc>::from_timestamp(1_700_000_000, 123_456_000).unwrap_or_default();
+        let end = lease_end(now, Duration::from_millis(30_250));
+        assert_eq!(end.ok(), DateTime::<Utc>::from_timestamp(1_700_000_030, 373_456_000));
+        assert_eq!(lease_end(now, Duration::ZERO).ok(), Some(now));
+        assert!(lease_end(now, Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn a_failed_publish_waits_a_jittered_doubling_time_from_the_base_up_to_the_max() {
+        let ms = Duration::from_millis;
+        let policy = RetryPolicy { max_attempts: 10, backoff_base: ms(500), backoff_max: ms(300_000) };
+        for (attempts, ceiling) in
+            [(0, ms(500)), (1, ms(500)), (2, ms(1_000)), (3, ms(2_000)), (10, ms(256_000)), (11, ms(300_000))]
+        {
+            // Enough draws that a wrong ceiling cannot pass by luck.
+            for _ in 0..200 {
+                let wait = policy.backoff(attempts);
+                assert!(
+                    wait >= ceiling / 2 && wait <= ceiling,
+                    "attempt {attempts}: {wait:?} of {ceiling:?}"
+                );
+            }
+        }
+        for attempts in [12, 40, i32::MAX, -1] {
+            assert!(policy.backoff(attempts) <= ms(300_000), "attempt {attempts}");
+        }
+        // A base above the max is capped from the first wait on.
+        let inverted = RetryPolicy { max_attempts: 10, backoff_base: ms(900), backoff_max: ms(100) };
+        assert!(inverted.backoff(1) <= ms(100));
+    }
 }

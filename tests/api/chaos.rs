@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use outpost::verify::{self, BrokerControl, ChaosReport, ChaosSettings, DatabaseControl};
+use outpost_verify::{self as verify, BrokerControl, ChaosReport, ChaosSettings, DatabaseControl};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestDb, on_every_backend};

@@ -1,4 +1,5 @@
-//! Fresh databases, a running order service on port 0, and assertions over what was stored.
+//! Fresh databases, a running order service on port 0, services as real processes (the
+//! verifier's process control), and assertions over what was stored.
 
 use std::sync::LazyLock;
 
@@ -7,6 +8,7 @@ use outpost::proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
 use outpost_migration::{Migrator, MigratorTrait};
+use outpost_verify::process::Output;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -434,45 +436,53 @@ pub fn service_binary(name: &str) -> std::path::PathBuf {
     path
 }
 
-/// A service running as its own process, killed when dropped.
-pub struct ServiceProcess {
-    child: Option<tokio::process::Child>,
-}
+/// A service running as its own process, killed when dropped: the verifier's process control,
+/// so tests and the verifier start, signal and kill services one way. Output is discarded
+/// unless `TEST_LOG` is set.
+pub struct ServiceProcess(outpost_verify::process::ServiceProcess);
 
 impl ServiceProcess {
     pub fn spawn(name: &str, args: &[String], env: &[(&str, String)]) -> Self {
-        let mut command = tokio::process::Command::new(service_binary(name));
-        command
-            .args(args)
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env("OUTPOST_AUTH", "none")
-            .kill_on_drop(true);
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        if std::env::var_os("TEST_LOG").is_none() {
-            command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-        }
-        Self { child: Some(command.spawn().unwrap()) }
+        let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
+        Self::start(name, args, env, output)
+    }
+
+    /// A service whose output (its logs) goes to `log`, read back with [`ServiceProcess::log`].
+    pub fn spawn_logged(
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        log: std::path::PathBuf,
+    ) -> Self {
+        Self::start(name, args, env, Output::File(log))
+    }
+
+    fn start(name: &str, args: &[String], env: &[(&str, String)], output: Output) -> Self {
+        let process =
+            outpost_verify::process::ServiceProcess::start(&service_binary(name), name, args, env, output);
+        Self(process.unwrap())
+    }
+
+    /// Everything a logged service wrote so far.
+    pub fn log(&self) -> String {
+        self.0.log()
+    }
+
+    /// SIGKILL, and reaped.
+    pub async fn kill(&mut self) {
+        self.0.kill().await;
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().and_then(tokio::process::Child::id).unwrap() as i32
+        self.0.pid().unwrap() as i32
     }
 
     /// Sends `signal` (e.g. "KILL", "TERM") with kill(1): a real signal, not an in-process stop.
     pub async fn signal(&self, signal: &str) {
-        let status = tokio::process::Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .await
-            .unwrap();
-        assert!(status.success());
+        assert!(self.0.signal(signal).await, "kill -{signal} {} failed", self.pid());
     }
 
     pub async fn wait(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
-        let child = self.child.as_mut().unwrap();
-        tokio::time::timeout(timeout, child.wait()).await.expect("the process did not exit in time").unwrap()
+        self.0.exited(timeout).await.expect("the process did not exit in time")
     }
 }

@@ -201,37 +201,21 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
 }
 
 /// A relay process whose log goes to a file the test reads afterwards.
-struct LoggedRelay {
-    child: tokio::process::Child,
-    log: std::path::PathBuf,
-}
+struct LoggedRelay(ServiceProcess);
 
 impl LoggedRelay {
     fn spawn(args: &[String], dir: &std::path::Path, n: usize) -> Self {
-        let log = dir.join(format!("relay-{n}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
-            .args(args)
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            // Warnings and errors, and each event's claim and mark.
-            .env("RUST_LOG", "warn,outpost::relay::worker=info")
-            .env("NO_COLOR", "1")
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Self { child, log }
+        // Warnings and errors, and each event's claim and mark.
+        let env = [("RUST_LOG", "warn,outpost::relay::worker=info".to_owned()), ("NO_COLOR", "1".to_owned())];
+        Self(ServiceProcess::spawn_logged("outpost-relay", args, &env, dir.join(format!("relay-{n}.log"))))
     }
 
     /// SIGTERM, a clean exit, and the log it wrote.
     async fn stop(mut self) -> String {
-        let pid = self.child.id().unwrap().to_string();
-        let status = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
-        assert!(status.success());
-        let exit = tokio::time::timeout(Duration::from_secs(40), self.child.wait()).await.unwrap().unwrap();
+        self.0.signal("TERM").await;
+        let exit = self.0.wait(Duration::from_secs(40)).await;
         assert!(exit.success(), "the relay exits 0 after SIGTERM: {exit:?}");
-        std::fs::read_to_string(&self.log).unwrap()
+        self.0.log()
     }
 }
 

@@ -16,7 +16,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    Backend, InProcess, TestApp, TestDb, assert_eventually, metadata, on_every_backend, order, reason,
+    Backend, InProcess, ServiceProcess, TestApp, TestDb, assert_eventually, metadata, on_every_backend,
+    order, reason,
 };
 use crate::pki::{self, AUDIENCE, ISSUER, Pki};
 
@@ -449,24 +450,18 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let log = dir.path().join("order.log");
-    let mut child = tokio::process::Command::new(crate::helpers::service_binary("outpost-order"))
-        .args([
-            format!("--database-url={}", db.url),
-            format!("--listen=127.0.0.1:{port}"),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            "--auth=jwt".to_owned(),
-            format!("--auth-jwks={}", pki.jwks.display()),
-            format!("--auth-issuer={ISSUER}"),
-            format!("--auth-audience={AUDIENCE}"),
-        ])
-        .env("RUST_LOG", "trace")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(dir.path().join("order.err")).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let args = [
+        format!("--database-url={}", db.url),
+        format!("--listen=127.0.0.1:{port}"),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--auth=jwt".to_owned(),
+        format!("--auth-jwks={}", pki.jwks.display()),
+        format!("--auth-issuer={ISSUER}"),
+        format!("--auth-audience={AUDIENCE}"),
+    ];
+    let env = [("RUST_LOG", "trace".to_owned())];
+    let mut service =
+        ServiceProcess::spawn_logged("outpost-order", &args, &env, dir.path().join("order.log"));
     let mut client = crate::helpers::connect_order_service(&format!("http://127.0.0.1:{port}")).await;
 
     let now = jsonwebtoken::get_current_timestamp();
@@ -482,11 +477,9 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
             .await;
     }
     let _ = client.submit_order(with_token(order(7, "garbage"), "garbage-token-value")).await;
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
+    service.kill().await;
 
-    let mut logged = std::fs::read_to_string(&log).unwrap();
-    logged.push_str(&std::fs::read_to_string(dir.path().join("order.err")).unwrap());
+    let logged = service.log();
     assert!(logged.contains("call refused"), "the refusals were not logged at all:\n{logged}");
     for token in tokens {
         // Any of a JWT's three parts would give it away; the signature is unique to the token.

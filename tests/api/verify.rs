@@ -1,7 +1,7 @@
 //! `verify` against each real database and a real broker: every invariant holds with evidence
 //! of the duplicates, and each deliberately broken guarantee fails its own invariant.
 
-use outpost::verify::{self, Break, Report};
+use outpost_verify::{self as verify, Break, Report};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestDb, on_every_backend, service_binary};

@@ -70,7 +70,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
             e2e: format!("outpost-bench-e2e-{id}"),
         };
         for topic in [&topics.raw, &topics.relay[0], &topics.relay[1], &topics.e2e] {
-            outpost::verify::create_topic(&plan.brokers, topic, plan.partitions)
+            outpost_verify::create_topic(&plan.brokers, topic, plan.partitions)
                 .await
                 .map_err(BenchError::Stuck)?;
         }

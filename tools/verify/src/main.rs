@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use outpost::verify::{self, Break};
 use outpost::{startup, telemetry};
+use outpost_verify::{self as verify, Break};
 
 /// Proves repeatable delivery against your own database and broker.
 #[derive(Debug, clap::Parser)]
@@ -35,7 +35,7 @@ struct Cli {
     #[arg(long)]
     chaos_orders: Option<usize>,
     /// How long chaos lasts.
-    #[arg(long, default_value = "30s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     chaos_duration: std::time::Duration,
     /// A shell command that restarts the broker on durable storage; chaos runs it halfway.
     #[arg(long)]
@@ -44,10 +44,6 @@ struct Cli {
     /// address and data); chaos runs it a quarter of the way in.
     #[arg(long)]
     db_restart_command: Option<String>,
-}
-
-fn humantime_duration(text: &str) -> Result<std::time::Duration, String> {
-    outpost::startup::parse_duration(text)
 }
 
 /// Restarts the broker or the database by running the operator's command, if there is one.

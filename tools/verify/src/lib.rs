@@ -1,4 +1,4 @@
-//! `verify`: one event is followed through a fault at every commit window, with real service
+//! `outpost-verify`: one event is followed through a fault at every commit window, with real service
 //! processes that the verifier starts, crashes and restarts, and the evidence is reported.
 //!
 //! The event is submitted (rolled back, then committed with its acknowledgement lost and
@@ -7,17 +7,23 @@
 //! consumer fails on a non-target integrity error and is killed, another dies after its commit
 //! and before acknowledging, a third absorbs the redeliveries). Every verdict rests on rows read
 //! by event id, records counted by consuming the topic, and the processes' own logs.
+//!
+//! A tool, not part of the services: the production library (`outpost`) knows nothing of it.
+//! The end-to-end tests use its [`process`] control to run services out of process, so the
+//! tests and the verifier start, signal and kill them one way.
 
 mod chaos;
 mod evidence;
 mod journey;
-mod process;
+pub mod process;
 mod report;
 
 use std::path::PathBuf;
 
+use process::{Output, ServiceProcess};
+
 pub use chaos::{BrokerControl, ChaosReport, ChaosSettings, DatabaseControl, chaos};
-pub use evidence::{Delivery, OutboxRow, Rows, create_topic, read_topic};
+pub use evidence::{OutboxRow, Record, Rows, create_topic, read_topic};
 pub use journey::run;
 pub use report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
 
@@ -45,9 +51,9 @@ impl Break {
 
     fn switch(self) -> &'static str {
         match self {
-            Self::Classifier => crate::failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE,
-            Self::MarkWithoutOwner => crate::failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION,
-            Self::OffsetBeforeCommit => crate::failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT,
+            Self::Classifier => outpost::failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE,
+            Self::MarkWithoutOwner => outpost::failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION,
+            Self::OffsetBeforeCommit => outpost::failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT,
         }
     }
 
@@ -70,6 +76,26 @@ pub struct Settings {
     pub work_dir: PathBuf,
     /// Guarantees to break on purpose (tests of the verifier itself).
     pub breaks: Vec<Break>,
+}
+
+impl Settings {
+    /// Starts `binary` from `bin_dir` as `label`, with `failpoints` (`NAME=ACTION;…`) armed and
+    /// its JSON logs kept in `work_dir/label.log`.
+    fn launch(
+        &self,
+        binary: &str,
+        label: &str,
+        args: &[String],
+        failpoints: &str,
+    ) -> std::io::Result<ServiceProcess> {
+        let env = [
+            ("FAILPOINTS", failpoints.to_owned()),
+            ("OUTPOST_LOG_FORMAT", "json".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ];
+        let log = Output::File(self.work_dir.join(format!("{label}.log")));
+        ServiceProcess::start(&self.bin_dir.join(binary), label, args, &env, log)
+    }
 }
 
 /// The experiment could not be carried out (as opposed to: it ran and an invariant failed).

@@ -9,11 +9,12 @@ use std::time::Duration;
 use rand::Rng;
 use sea_orm::{ConnectionTrait, Statement};
 
-use super::evidence;
-use super::process::ServiceProcess;
-use super::{Settings, VerifyError};
-use crate::client::{RetryPolicy, SafeSubmitter};
-use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost::client::{RetryPolicy, SafeSubmitter};
+use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+
+use crate::evidence;
+use crate::process::ServiceProcess;
+use crate::{Settings, VerifyError};
 
 /// Restarts the broker, on durable storage, when chaos asks for it.
 pub trait BrokerControl: Send {
@@ -93,8 +94,7 @@ impl Fleet<'_> {
             ("outpost-consumer", &self.consumer_args)
         };
         let label = format!("chaos-{kind}-{}", self.started);
-        let process =
-            ServiceProcess::start(&self.settings.bin_dir, binary, &label, args, "", &self.settings.work_dir)?;
+        let process = self.settings.launch(binary, &label, args, "")?;
         self.processes.push(process);
         self.alive.push(self.processes.len() - 1);
         Ok(())
@@ -134,7 +134,7 @@ pub async fn chaos(
     mut database: Option<&mut dyn DatabaseControl>,
 ) -> Result<ChaosReport, VerifyError> {
     std::fs::create_dir_all(&settings.work_dir)?;
-    let db = crate::service::open_database(&settings.database_url, 2)
+    let db = outpost::service::open_database(&settings.database_url, 2)
         .await
         .map_err(|e| VerifyError::Stuck(e.to_string()))?;
     let run = uuid::Uuid::new_v4().simple().to_string();
@@ -178,8 +178,7 @@ pub async fn chaos(
         started: 0,
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let order = ServiceProcess::start(
-        &settings.bin_dir,
+    let order = settings.launch(
         "outpost-order",
         "chaos-order",
         &[
@@ -188,7 +187,6 @@ pub async fn chaos(
             "--admin-listen=127.0.0.1:0".to_owned(),
         ],
         "",
-        &settings.work_dir,
     )?;
     for kind in ["relay", "relay", "consumer", "consumer"] {
         fleet.start(kind)?;
@@ -256,7 +254,7 @@ pub async fn chaos(
         let victim = fleet.alive.remove(rand::rng().random_range(0..fleet.alive.len()));
         fleet.processes[victim].kill().await;
         report.kills += 1;
-        let (kind, delay) = if fleet.processes[victim].label.contains("relay") {
+        let (kind, delay) = if fleet.processes[victim].label().contains("relay") {
             ("relay", Duration::ZERO)
         } else {
             // A consumer comes back only after the group expired its killed member. A join is
@@ -318,7 +316,7 @@ pub async fn chaos(
             let copies: Vec<String> = deliveries
                 .iter()
                 .filter(|d| &d.event_id == id)
-                .map(|d| format!("{}/{}", d.partition, d.offset))
+                .map(|d| format!("{}/{}", d.delivery.partition, d.delivery.offset))
                 .collect();
             report.violations.push(format!(
                 "{id}: {} consumed row(s), {} job(s); on the topic at {copies:?}",
@@ -344,7 +342,7 @@ pub async fn chaos(
     report.duplicates_absorbed = fleet
         .processes
         .iter()
-        .filter(|p| p.label.contains("consumer"))
+        .filter(|p| p.label().contains("consumer"))
         .flat_map(|p| p.log_lines())
         .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("dedup hit")))
         .count() as u64;

@@ -2,14 +2,14 @@
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
+use outpost::relay::Delivery;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
-
-use crate::entity::{consumed_event, notification_job, orders, outbox_event};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
 
 /// The outbox row of one event, as an operator would query it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,51 +41,67 @@ pub struct Rows {
     pub jobs: u64,
 }
 
+/// `sql` with `?` placeholders, bound to `values`, in the backend's dialect.
+fn statement(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Statement {
+    let backend = db.get_database_backend();
+    let sql = if backend == DbBackend::Postgres {
+        let mut numbered = String::with_capacity(sql.len());
+        for (n, part) in sql.split('?').enumerate() {
+            if n > 0 {
+                numbered.push_str(&format!("${n}"));
+            }
+            numbered.push_str(part);
+        }
+        numbered
+    } else {
+        sql.to_owned()
+    };
+    Statement::from_sql_and_values(backend, sql, values)
+}
+
+/// The first column of the one row `sql` returns, as a count.
+async fn count(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Result<u64, DbErr> {
+    let row = db.query_one_raw(statement(db, sql, values)).await?;
+    let count = row.map(|row| row.try_get_by_index::<i64>(0)).transpose()?.unwrap_or_default();
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
 /// Reads `event_id`'s outbox row.
-pub(super) async fn outbox_row(db: &DatabaseConnection, event_id: &str) -> Result<Option<OutboxRow>, DbErr> {
-    Ok(outbox_event::Entity::find_by_id(event_id.to_owned()).one(db).await?.map(|row| OutboxRow {
-        status: row.status,
-        attempts: row.attempts,
-        lease_owner: row.lease_owner,
-        published_at: row.published_at.map(|t| t.to_rfc3339()),
-        partition: row.published_partition,
-        offset: row.published_offset,
+pub(crate) async fn outbox_row(db: &DatabaseConnection, event_id: &str) -> Result<Option<OutboxRow>, DbErr> {
+    let sql = "SELECT status, attempts, lease_owner, published_at, published_partition, published_offset \
+               FROM outbox_event WHERE event_id = ?";
+    let Some(row) = db.query_one_raw(statement(db, sql, vec![event_id.into()])).await? else {
+        return Ok(None);
+    };
+    Ok(Some(OutboxRow {
+        status: row.try_get_by_index(0)?,
+        attempts: row.try_get_by_index(1)?,
+        lease_owner: row.try_get_by_index(2)?,
+        published_at: row.try_get_by_index::<Option<DateTime<Utc>>>(3)?.map(|t| t.to_rfc3339()),
+        partition: row.try_get_by_index(4)?,
+        offset: row.try_get_by_index(5)?,
     }))
 }
 
 /// Counts `event_id`'s rows in every table.
-pub(super) async fn rows(db: &DatabaseConnection, event_id: &str) -> Result<Rows, DbErr> {
+pub(crate) async fn rows(db: &DatabaseConnection, event_id: &str) -> Result<Rows, DbErr> {
+    let by_event = |sql: &'static str| count(db, sql, vec![event_id.into()]);
     Ok(Rows {
-        orders: orders::Entity::find()
-            .filter(orders::Column::AcceptanceEventId.eq(event_id))
-            .count(db)
-            .await?,
-        outbox: outbox_event::Entity::find()
-            .filter(outbox_event::Column::EventId.eq(event_id))
-            .count(db)
-            .await?,
-        consumed: consumed_event::Entity::find()
-            .filter(consumed_event::Column::EventId.eq(event_id))
-            .count(db)
-            .await?,
-        jobs: notification_job::Entity::find()
-            .filter(notification_job::Column::EventId.eq(event_id))
-            .count(db)
-            .await?,
+        orders: by_event("SELECT COUNT(*) FROM orders WHERE acceptance_event_id = ?").await?,
+        outbox: by_event("SELECT COUNT(*) FROM outbox_event WHERE event_id = ?").await?,
+        consumed: by_event("SELECT COUNT(*) FROM consumed_event WHERE event_id = ?").await?,
+        jobs: by_event("SELECT COUNT(*) FROM notification_job WHERE event_id = ?").await?,
     })
 }
 
 /// Orders holding `(tenant_id, request_id)`.
-pub(super) async fn orders_for_key(
+pub(crate) async fn orders_for_key(
     db: &DatabaseConnection,
     tenant_id: i64,
     request_id: &str,
 ) -> Result<u64, DbErr> {
-    orders::Entity::find()
-        .filter(orders::Column::TenantId.eq(tenant_id))
-        .filter(orders::Column::RequestId.eq(request_id))
-        .count(db)
-        .await
+    let sql = "SELECT COUNT(*) FROM orders WHERE tenant_id = ? AND request_id = ?";
+    count(db, sql, vec![tenant_id.into(), request_id.into()]).await
 }
 
 /// Creates `topic` on the broker with the admin API (any Kafka-protocol broker).
@@ -99,15 +115,13 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result
     results.into_iter().try_for_each(|r| r.map(|_| ()).map_err(|(t, e)| format!("create topic {t}: {e}")))
 }
 
-/// One record of the topic, as a consumer saw it.
+/// One record of the topic, as a reader saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    /// Partition.
-    pub partition: i32,
-    /// Offset in the partition.
-    pub offset: i64,
+pub struct Record {
     /// The `event_id` header.
     pub event_id: String,
+    /// Where it is on the topic.
+    pub delivery: Delivery,
 }
 
 /// Every record on `topic`, read from the beginning with a fresh consumer group until nothing
@@ -118,7 +132,7 @@ pub async fn read_topic(
     topic: &str,
     quiet: Duration,
     limit: Duration,
-) -> Result<Vec<Delivery>, String> {
+) -> Result<Vec<Record>, String> {
     let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
@@ -131,7 +145,7 @@ pub async fn read_topic(
         consumer.subscribe(&[&topic]).map_err(|e| e.to_string())?;
         let started = Instant::now();
         let mut last = Instant::now();
-        let mut deliveries = Vec::new();
+        let mut records = Vec::new();
         while last.elapsed() < quiet && started.elapsed() < limit {
             if let Some(message) = consumer.poll(Duration::from_millis(100)) {
                 // Transient client errors (a broker connection dropping) are retried by
@@ -142,15 +156,16 @@ pub async fn read_topic(
                     .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
                     .map(|v| String::from_utf8_lossy(v).into_owned())
                     .unwrap_or_default();
-                deliveries.push(Delivery {
+                let delivery = Delivery {
+                    topic: topic.clone(),
                     partition: message.partition(),
                     offset: message.offset(),
-                    event_id,
-                });
+                };
+                records.push(Record { event_id, delivery });
                 last = Instant::now();
             }
         }
-        Ok(deliveries)
+        Ok(records)
     })
     .await
     .map_err(|e| e.to_string())?

@@ -5,13 +5,14 @@ use std::time::Duration;
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use tonic_types::StatusExt as _;
 
-use super::evidence::{self, Delivery, OutboxRow};
-use super::process::ServiceProcess;
-use super::report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
-use super::{Settings, VerifyError};
-use crate::domain::EventId;
-use crate::failpoint as fp;
-use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost::domain::EventId;
+use outpost::failpoint as fp;
+use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+
+use crate::evidence::{self, OutboxRow, Record};
+use crate::process::ServiceProcess;
+use crate::report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
+use crate::{Settings, VerifyError};
 
 const STEP: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
@@ -67,14 +68,7 @@ impl Run<'_> {
         args: Vec<String>,
         failpoints: String,
     ) -> Result<usize, VerifyError> {
-        let process = ServiceProcess::start(
-            &self.settings.bin_dir,
-            binary,
-            label,
-            &args,
-            &failpoints,
-            &self.settings.work_dir,
-        )?;
+        let process = self.settings.launch(binary, label, &args, &failpoints)?;
         self.processes.push(process);
         Ok(self.processes.len() - 1)
     }
@@ -120,7 +114,7 @@ impl Run<'_> {
         Ok(evidence::outbox_row(&self.db, &self.event_id).await?)
     }
 
-    async fn deliveries(&self) -> Result<Vec<Delivery>, VerifyError> {
+    async fn deliveries(&self) -> Result<Vec<Record>, VerifyError> {
         let all = evidence::read_topic(&self.settings.brokers, &self.topic, Duration::from_secs(3), STEP)
             .await
             .map_err(VerifyError::Broker)?;
@@ -138,7 +132,7 @@ impl Run<'_> {
                     .map(|l| format!("    {l}"))
                     .collect::<Vec<_>>()
                     .join("\n");
-                format!("  {} (pid {:?}):\n{tail}", p.label, p.pid())
+                format!("  {} (pid {:?}):\n{tail}", p.label(), p.pid())
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -147,7 +141,7 @@ impl Run<'_> {
     fn consumer_lines(&self, prefix: &str) -> Vec<serde_json::Value> {
         self.processes
             .iter()
-            .filter(|p| p.label.starts_with("consumer"))
+            .filter(|p| p.label().starts_with("consumer"))
             .flat_map(|p| p.lines_about(prefix, &self.event_id))
             .collect()
     }
@@ -200,7 +194,7 @@ async fn database_version(db: &DatabaseConnection) -> String {
 /// out; a report with a FAIL means it ran and a guarantee did not hold.
 pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     std::fs::create_dir_all(&settings.work_dir)?;
-    let db = crate::service::open_database(&settings.database_url, 2)
+    let db = outpost::service::open_database(&settings.database_url, 2)
         .await
         .map_err(|e| VerifyError::Stuck(e.to_string()))?;
     let experiment = uuid::Uuid::new_v4().simple().to_string();
@@ -232,7 +226,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
             request_id: format!("{tenant_id}/{request_id}"),
             event_id: event_id.clone(),
             order_id: 0,
-            event_type_and_version: format!("{} v1", crate::order::EVENT_TYPE),
+            event_type_and_version: format!("{} v1", outpost::contract::EVENT_TYPE),
         },
         ..Report::default()
     };
@@ -469,7 +463,10 @@ async fn journey(
     };
     let _ = until("consumer 3 has handled every copy", Duration::from_secs(40), || async {
         let seen = handled(run);
-        Ok(deliveries.iter().all(|d| seen.contains(&(i64::from(d.partition), d.offset))).then_some(()))
+        Ok(deliveries
+            .iter()
+            .all(|d| seen.contains(&(i64::from(d.delivery.partition), d.delivery.offset)))
+            .then_some(()))
     })
     .await;
     let _ = run.processes[consumer3].terminate(STEP).await;
@@ -507,8 +504,8 @@ async fn journey(
     let seen = handled(run);
     let unhandled: Vec<String> = deliveries
         .iter()
-        .filter(|d| !seen.contains(&(i64::from(d.partition), d.offset)))
-        .map(|d| format!("{}/{}", d.partition, d.offset))
+        .filter(|d| !seen.contains(&(i64::from(d.delivery.partition), d.delivery.offset)))
+        .map(|d| format!("{}/{}", d.delivery.partition, d.delivery.offset))
         .collect();
     let queryable = discoverable.as_ref().is_some_and(|s| s.status == "PENDING" && s.lease_owner.is_none())
         && after_confirm.as_ref().is_some_and(|s| s.status == "PUBLISHING" && s.lease_owner.is_some())
