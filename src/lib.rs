@@ -6,7 +6,6 @@
 //! [`relay`] publishes the outbox to Kafka under leases; [`consumer`] turns each event into one
 //! local effect.
 
-pub mod admin;
 pub mod client;
 pub mod consumer;
 pub mod contract;
@@ -16,6 +15,7 @@ mod edge;
 mod entity;
 pub mod failpoint;
 pub mod order;
+pub mod outbox;
 pub mod proto;
 pub mod relay;
 pub mod security;
