@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "proto/outpost/v1/order_service.proto",
     "proto/outpost/v1/order_events.proto",
     "proto/outpost/v1/admin_service.proto",
+    "proto/outpost/v1/consumer_admin_service.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -5,16 +5,23 @@
 //! offset is stored only after that commit, or after the event is proven already consumed by a
 //! violation of `uq_consumed_event_identity` and nothing else. Undecodable records go to the
 //! dead-letter table, in one transaction, before their offset is stored.
+//!
+//! The consumer owns its tables (`consumed_event`, `notification_job`, `dead_letter`), in its
+//! own database: it purges its dedup history itself (never inside the redelivery horizon) and
+//! serves operators its records of each event on its listener (`ConsumerAdminService`).
 
+mod admin;
 mod application;
 mod decode;
 mod inbox;
+mod retention;
 mod settings;
 mod worker;
 
 pub use application::{Application, StartupError};
 pub use decode::{OrderAcceptedEvent, Poison, decode};
 pub use inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
+pub use retention::{PurgeReport, Retention, RetentionError};
 pub use settings::{Membership, Settings};
 pub use worker::{ConsumerStats, StatsSnapshot};
 

@@ -7,6 +7,7 @@ mod classify;
 mod connect;
 mod dialect;
 mod failure;
+pub(crate) mod purge;
 
 pub use classify::{ErrorFacts, LockConflict, UniqueKey, lock_conflict, violated_unique_key};
 pub use connect::{SchemaError, connect, ensure_migrated};

@@ -1,11 +1,17 @@
-//! Helpers every gRPC edge shares (the order service's and the AdminService's): the error
-//! domain, server spans that continue the caller's trace, and timestamps as the proto carries
-//! them.
+//! Helpers every gRPC edge shares (the OrderService's, the AdminService's and the consumer's
+//! ConsumerAdminService): the error domain, server spans that continue the caller's trace,
+//! authenticated calls, error statuses, and timestamps as the proto carries them.
+
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use tonic::{Code, Status};
-use tonic_types::StatusExt;
+use sea_orm::DbErr;
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+use tracing::Instrument as _;
 
+use crate::domain::{EventId, FieldViolation, InvalidInput};
+use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
 
 /// `ErrorInfo.domain` of every error Outpost's services return.
@@ -53,5 +59,188 @@ pub(crate) fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
         seconds: at.timestamp(),
         // Always below 10^9, so the cast cannot truncate.
         nanos: at.timestamp_subsec_nanos() as i32,
+    }
+}
+
+/// Runs one call of `service` inside its server span: authenticates the caller (a refused caller
+/// reaches no query), runs `call` with it, turns a failure into its status with `into_status`,
+/// and records the status on the span.
+pub(crate) async fn authenticated<R, T, E, F>(
+    service: &'static str,
+    method: &'static str,
+    auth: &Authenticator,
+    request: &Request<R>,
+    event_id: Option<&str>,
+    call: impl FnOnce(Caller) -> F,
+    into_status: impl FnOnce(E) -> Status,
+) -> Result<Response<T>, Status>
+where
+    F: Future<Output = Result<T, E>>,
+    E: From<AuthError>,
+{
+    let metadata = request.metadata();
+    let span = rpc_span(service, method, metadata);
+    if let Some(event_id) = event_id {
+        span.record("outpost.event_id", event_id);
+    }
+    let caller = span.in_scope(|| auth.authenticate(metadata));
+    let answer = async {
+        match caller {
+            Ok(caller) => call(caller).await,
+            Err(refused) => Err(E::from(refused)),
+        }
+    }
+    .instrument(span.clone())
+    .await
+    .map(Response::new)
+    .map_err(into_status);
+    record_status(&span, &answer);
+    answer
+}
+
+/// What any operators' call can fail with, whichever admin service serves it. Each admin edge's
+/// error enum holds it as `Call` (see [`from_call_error`]) beside its own refusals.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError {
+    /// The caller was refused.
+    #[error(transparent)]
+    Denied(#[from] AuthError),
+    /// A field is invalid.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// The database failed.
+    #[error("the database failed; nothing was changed by this call: {0}")]
+    Database(#[from] DbErr),
+}
+
+impl CallError {
+    /// The caller's refusal as its own status, INVALID_REQUEST naming the fields, or
+    /// DATABASE_UNAVAILABLE.
+    pub(crate) fn into_status(self) -> Status {
+        let message = self.to_string();
+        match self {
+            Self::Denied(refused) => {
+                error_status(refused.code(), refused.reason(), message, HashMap::new(), None)
+            }
+            Self::Invalid(invalid) => error_status(
+                Code::InvalidArgument,
+                "INVALID_REQUEST",
+                message,
+                HashMap::new(),
+                Some(&invalid),
+            ),
+            Self::Database(e) => {
+                tracing::warn!(error = %e, "admin call failed on the database");
+                error_status(Code::Unavailable, "DATABASE_UNAVAILABLE", message, HashMap::new(), None)
+            }
+        }
+    }
+}
+
+/// `From` every [`CallError`] cause for an admin edge's error enum with a `Call(CallError)`
+/// variant, so `?` works on refusals, invalid input and database errors alike.
+macro_rules! from_call_error {
+    ($error:ty) => {
+        impl From<$crate::security::AuthError> for $error {
+            fn from(e: $crate::security::AuthError) -> Self {
+                Self::Call(e.into())
+            }
+        }
+        impl From<$crate::domain::InvalidInput> for $error {
+            fn from(e: $crate::domain::InvalidInput) -> Self {
+                Self::Call(e.into())
+            }
+        }
+        impl From<sea_orm::DbErr> for $error {
+            fn from(e: sea_orm::DbErr) -> Self {
+                Self::Call(e.into())
+            }
+        }
+    };
+}
+pub(crate) use from_call_error;
+
+/// An error status with its `ErrorInfo` (this domain, `reason`, `metadata`) and, for an invalid
+/// request, a `BadRequest` naming every violated field.
+pub(crate) fn error_status(
+    code: Code,
+    reason: &str,
+    message: String,
+    metadata: HashMap<String, String>,
+    invalid: Option<&InvalidInput>,
+) -> Status {
+    let mut details = ErrorDetails::new();
+    for v in invalid.map(|i| i.violations.as_slice()).unwrap_or_default() {
+        details.add_bad_request_violation(v.field.clone(), v.description.clone());
+    }
+    details.set_error_info(reason, ERROR_DOMAIN, metadata);
+    Status::with_error_details(code, message, details)
+}
+
+/// The canonical form of the event id in `text`, or the violation of the `event_id` field.
+pub(crate) fn parse_event_id(text: &str) -> Result<String, InvalidInput> {
+    EventId::parse(text)
+        .map(|id| id.to_string())
+        .map_err(|e| InvalidInput { violations: vec![FieldViolation::new("event_id", e)] })
+}
+
+/// The most rows one admin listing returns, and how many when the request says 0.
+const MAX_LIMIT: u32 = 1000;
+const DEFAULT_LIMIT: u32 = 100;
+
+/// A listing's `limit`: 0 means the default; past the maximum is a violation of `limit`, recorded
+/// in `violations` (and the default stands in).
+pub(crate) fn limit(value: u32, violations: &mut Vec<FieldViolation>) -> u32 {
+    match value {
+        0 => DEFAULT_LIMIT,
+        n if n <= MAX_LIMIT => n,
+        _ => {
+            violations.push(FieldViolation::new("limit", format!("must be at most {MAX_LIMIT}")));
+            DEFAULT_LIMIT
+        }
+    }
+}
+
+/// A window given as a proto duration: absent means `default`; a negative one is a violation of
+/// `field`, recorded in `violations` (and `default` stands in).
+pub(crate) fn window(
+    field: &str,
+    value: Option<prost_types::Duration>,
+    default: std::time::Duration,
+    violations: &mut Vec<FieldViolation>,
+) -> std::time::Duration {
+    match value {
+        None => default,
+        Some(d) => std::time::Duration::try_from(d).unwrap_or_else(|_| {
+            violations.push(FieldViolation::new(field, "must not be negative"));
+            default
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_of_zero_means_the_default_and_past_the_maximum_is_a_violation() {
+        let mut violations = Vec::new();
+        assert_eq!(limit(0, &mut violations), DEFAULT_LIMIT);
+        assert_eq!(limit(MAX_LIMIT, &mut violations), MAX_LIMIT);
+        assert!(violations.is_empty());
+        assert_eq!(limit(MAX_LIMIT + 1, &mut violations), DEFAULT_LIMIT);
+        assert_eq!(violations.iter().map(|v| v.field.as_str()).collect::<Vec<_>>(), ["limit"]);
+    }
+
+    #[test]
+    fn a_negative_window_is_a_violation_and_an_absent_one_the_default() {
+        let (mut violations, default) = (Vec::new(), std::time::Duration::from_secs(60));
+        assert_eq!(window("w", None, default, &mut violations), default);
+        let hour = prost_types::Duration { seconds: 3600, nanos: 0 };
+        assert_eq!(window("w", Some(hour), default, &mut violations).as_secs(), 3600);
+        assert!(violations.is_empty());
+        let negative = prost_types::Duration { seconds: -1, nanos: 0 };
+        assert_eq!(window("w", Some(negative), default, &mut violations), default);
+        assert_eq!(violations.iter().map(|v| v.field.as_str()).collect::<Vec<_>>(), ["w"]);
     }
 }

@@ -6,7 +6,6 @@
 //! [`relay`] publishes the outbox to Kafka under leases; [`consumer`] turns each event into one
 //! local effect.
 
-pub mod admin;
 mod backoff;
 pub mod client;
 pub mod consumer;
@@ -17,6 +16,7 @@ mod edge;
 mod entity;
 pub mod failpoint;
 pub mod order;
+pub mod outbox;
 pub mod proto;
 pub mod relay;
 pub mod security;

@@ -1,6 +1,7 @@
 //! The order service: accepts orders over gRPC and writes each with its outbox event in one
 //! local transaction, answering with the exact transaction outcome.
 
+mod admin;
 mod application;
 mod event;
 mod grpc;
@@ -9,6 +10,7 @@ mod store;
 
 pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 pub use crate::edge::ERROR_DOMAIN;
+pub use admin::{PurgeReport, Retention};
 pub use application::{Application, StartupError};
 pub use settings::Settings;
 pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};

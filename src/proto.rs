@@ -1,6 +1,7 @@
 //! Outpost's gRPC contracts, generated from `proto/outpost/v1` at build time.
 
-/// Package `outpost.v1`: messages, the `OrderService` and `AdminService` clients and servers.
+/// Package `outpost.v1`: messages, the `OrderService`, `AdminService` and `ConsumerAdminService`
+/// clients and servers.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("outpost.v1");

@@ -16,11 +16,10 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use crate::contract::CONTENT_TYPE;
+pub use crate::outbox::{Backlog, Redrive, RedriveAudit};
 pub use application::{Application, StartupError, redrive};
 pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
-pub use outbox::{
-    Backlog, Blame, ClaimedEvent, Delivery, Fenced, Outbox, Redrive, RedriveAudit, Released, RetryPolicy,
-};
+pub use outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 pub use publisher::{KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
 pub use worker::{PublisherFailed, Relay, StepOutcome, StepReport, Tuning};

@@ -154,6 +154,38 @@ impl Health {
     }
 }
 
+/// Runs the retention `purge` of `table` every `every`, the first time one period after the
+/// start, until `stopped` turns true; never when `every` is zero. A slow purge delays the next one
+/// instead of piling up; a failed one is logged and tried again at the next period: nothing
+/// depends on it finishing.
+pub(crate) async fn purge_periodically<F, Fut, E>(
+    table: &'static str,
+    every: Duration,
+    mut stopped: watch::Receiver<bool>,
+    mut purge: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64, E>>,
+    E: std::fmt::Display,
+{
+    if every.is_zero() {
+        return;
+    }
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        match purge().await {
+            Ok(rows) => tracing::info!(table, rows, "retention purge"),
+            Err(e) => tracing::warn!(table, error = %e, "retention purge failed; trying again next period"),
+        }
+    }
+}
+
 /// Whether the database answers within the check interval.
 pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
     match tokio::time::timeout(2 * HEALTH_INTERVAL, db.ping()).await {
@@ -163,9 +195,10 @@ pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
     }
 }
 
-/// A `grpc.health.v1` endpoint for a service that serves nothing else over gRPC (the relay and
-/// the consumer): SERVING while its checks pass ([`HealthEndpoint::health`]), NOT_SERVING while
-/// one fails or once it drains.
+/// A `grpc.health.v1` endpoint for a service without a gRPC API of its own (the relay and the
+/// consumer), possibly beside the operators' services it serves on the same listener: SERVING
+/// while its checks pass ([`HealthEndpoint::health`]), NOT_SERVING while one fails or once it
+/// drains.
 #[derive(Debug)]
 pub struct HealthEndpoint {
     health: Health,
@@ -175,10 +208,22 @@ pub struct HealthEndpoint {
 impl HealthEndpoint {
     /// Serves health for `service` on `listener` (with its TLS and load limits) until `stop`
     /// turns true.
-    pub async fn serve(listener: Listener, service: &'static str, mut stop: watch::Receiver<bool>) -> Self {
+    pub async fn serve(listener: Listener, service: &'static str, stop: watch::Receiver<bool>) -> Self {
+        Self::serve_with(listener, service, tonic::service::Routes::default(), stop).await
+    }
+
+    /// Serves health for `service` and `routes` on `listener` (with its TLS and load limits)
+    /// until `stop` turns true.
+    pub(crate) async fn serve_with(
+        listener: Listener,
+        service: &'static str,
+        routes: tonic::service::Routes,
+        mut stop: watch::Receiver<bool>,
+    ) -> Self {
         let (reporter, grpc) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, service, &[""]).await;
-        let server = tokio::spawn(listener.server().add_service(grpc).serve_with_incoming_shutdown(
+        let routes = routes.add_service(grpc);
+        let server = tokio::spawn(listener.server().add_routes(routes).serve_with_incoming_shutdown(
             listener.incoming(),
             async move {
                 let _ = stop.wait_for(|stop| *stop).await;

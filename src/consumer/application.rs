@@ -1,4 +1,5 @@
-//! Builds the consumer from its settings and runs it until shutdown.
+//! Builds the consumer from its settings and runs it until shutdown: the records, and beside
+//! them its listener (health and the ConsumerAdminService) and the purge of its dedup history.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,10 +11,13 @@ use rdkafka::{Offset, TopicPartitionList};
 use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
+use super::admin::ConsumerAdminGrpc;
 use super::inbox::Inbox;
+use super::retention::{Retention, RetentionError};
 use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
 use super::{Membership, Settings};
-use crate::security::Listener;
+use crate::proto;
+use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
 
@@ -32,6 +36,15 @@ pub enum StartupError {
     /// The health server failed.
     #[error("health server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The retention settings would purge dedup history that a redelivery may still need.
+    #[error("invalid retention settings: {0}")]
+    Retention(#[from] RetentionError),
+    /// The authentication settings cannot be used.
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
+    /// Reflection could not load the service descriptors.
+    #[error("cannot build gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 /// A built consumer, subscribed, with its health endpoint bound.
@@ -42,6 +55,8 @@ pub struct Application {
     stats: Arc<ConsumerStats>,
     listener: Listener,
     port: u16,
+    auth: Authenticator,
+    retention: Retention,
     settings: Settings,
 }
 
@@ -59,6 +74,9 @@ impl Application {
     /// the health endpoint. Records are received in [`Application::run_until_stopped`].
     pub async fn build(mut settings: Settings) -> Result<Self, StartupError> {
         settings.check().map_err(StartupError::Settings)?;
+        let retention = settings.retention();
+        retention.check()?;
+        let auth = Authenticator::from_settings(&settings.auth, &[settings.listen])?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: the health port names the instance when --instance-name does not, and
@@ -71,10 +89,10 @@ impl Application {
         }
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
-        Ok(Self { consumer, db, inbox, stats, listener, port, settings })
+        Ok(Self { consumer, db, inbox, stats, listener, port, auth, retention, settings })
     }
 
-    /// The health endpoint's port.
+    /// The listener's port (health and the ConsumerAdminService).
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -91,7 +109,30 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let health = HealthEndpoint::serve(self.listener, "outpost-consumer", stop_rx.clone()).await;
+        let reflection = self.settings.auth.reflection_on(self.settings.listen).then(|| {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()
+        });
+        let mut routes = tonic::service::Routes::new(ConsumerAdminGrpc::server(
+            self.db.clone(),
+            self.retention.clone(),
+            self.auth.clone(),
+        ));
+        if let Some(reflection) = reflection.transpose()? {
+            routes = routes.add_service(reflection);
+        }
+        let health =
+            HealthEndpoint::serve_with(self.listener, "outpost-consumer", routes, stop_rx.clone()).await;
+        let keys =
+            tokio::spawn(self.auth.clone().watch(self.settings.security.reload_every, stop_rx.clone()));
+        let (db, retention, every, stopped) =
+            (self.db.clone(), self.retention.clone(), self.settings.purge_every, stop_rx.clone());
+        let purger = tokio::spawn(async move {
+            let purge = || async { retention.purge(&db, false).await.map(|report| report.consumed_rows) };
+            service::purge_periodically("consumed_event", every, stopped, purge).await;
+        });
         let (current_tx, current) = watch::channel(Arc::clone(&self.consumer));
         let watcher = tokio::spawn(watch_health(
             current.clone(),
@@ -148,6 +189,8 @@ impl Application {
         leave_group(consumer.as_ref()).await;
         let _ = stop_tx.send(true);
         let _ = watcher.await;
+        purger.abort();
+        keys.abort();
         health.stopped().await?;
         outcome?;
         tracing::info!(stats = ?self.stats.snapshot(), "consumer stopped");

@@ -4,7 +4,10 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 
 use super::DEFAULT_CONSUMER_NAME;
+use super::retention::Retention;
 use crate::contract::DEFAULT_TOPIC;
+
+const DAY: u64 = 24 * 3600;
 
 /// The consumer's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
@@ -73,18 +76,44 @@ pub struct Settings {
     #[arg(long, env = "OUTPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
-    /// Address of the gRPC health endpoint; port 0 picks a free port.
+    /// Address of the gRPC listener: health, and the operators' ConsumerAdminService (keep it on
+    /// an operators' network). Port 0 picks a free port.
     #[arg(long, env = "OUTPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
     pub listen: SocketAddr,
 
-    /// TLS, plaintext policy and load bounds of the health listener.
+    /// consumed_event rows are deleted this long after their effect committed; never shorter
+    /// than the redelivery horizon.
+    #[arg(long, env = "OUTPOST_CONSUMED_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub consumed_retention: Duration,
+
+    /// The longest a record can be delivered again after it was consumed: the topic's retention
+    /// plus the window for manual replays. The dedup history is kept at least this long.
+    #[arg(long, env = "OUTPOST_REDELIVERY_HORIZON", default_value = "14days", value_parser = humantime::parse_duration)]
+    pub redelivery_horizon: Duration,
+
+    /// How often the consumer purges its dedup history on its own; "0s" leaves purging to
+    /// `outpostctl purge`.
+    #[arg(long, env = "OUTPOST_PURGE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub purge_every: Duration,
+
+    /// Rows deleted per purge statement.
+    #[arg(long, env = "OUTPOST_PURGE_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub purge_batch_size: u64,
+
+    /// TLS, plaintext policy and load bounds of the listener.
     #[command(flatten)]
     pub security: crate::security::ListenerSettings,
+
+    /// Who may call the ConsumerAdminService: the same flags as the order service's; every call
+    /// needs the operator scope. Health is never authenticated.
+    #[command(flatten)]
+    pub auth: crate::security::AuthSettings,
 }
 
 impl Settings {
     /// Settings for `database_url` and `brokers` with every other value at its default and an
-    /// OS-chosen health port.
+    /// OS-chosen port, except that callers are not authenticated (`--auth none`): loopback only,
+    /// for tests and embedding.
     pub fn new(database_url: impl Into<String>, brokers: impl Into<String>) -> Self {
         Self {
             database_url: database_url.into(),
@@ -100,7 +129,21 @@ impl Settings {
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            consumed_retention: Duration::from_secs(30 * DAY),
+            redelivery_horizon: Duration::from_secs(14 * DAY),
+            purge_every: Duration::from_secs(3600),
+            purge_batch_size: 500,
             security: crate::security::ListenerSettings::default(),
+            auth: crate::security::AuthSettings::none(),
+        }
+    }
+
+    /// The dedup history's retention policy.
+    pub fn retention(&self) -> Retention {
+        Retention {
+            consumed: self.consumed_retention,
+            redelivery_horizon: self.redelivery_horizon,
+            batch_size: self.purge_batch_size,
         }
     }
 

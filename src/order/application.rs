@@ -7,9 +7,9 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
 use super::Settings;
+use super::admin::{AdminGrpc, Retention};
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
-use crate::admin::{AdminGrpc, Retention, RetentionError};
 use crate::proto;
 use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, ReadyError};
@@ -31,9 +31,6 @@ pub enum StartupError {
     /// Reflection could not load the service descriptors.
     #[error("cannot build gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    /// The retention settings would purge dedup history that a redelivery may still need.
-    #[error("invalid retention settings: {0}")]
-    Retention(#[from] RetentionError),
     /// The authentication settings cannot be used.
     #[error(transparent)]
     Auth(#[from] AuthConfigError),
@@ -65,7 +62,6 @@ impl Application {
     /// Nothing is served until [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let retention = settings.retention();
-        retention.check()?;
         let security = &settings.security;
         let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
@@ -152,8 +148,11 @@ impl Application {
             .add_service(reflection)
             .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth))
             .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
-        let purger =
-            tokio::spawn(purge_periodically(self.db, self.retention, self.purge_every, stopped.clone()));
+        let (db, retention, every, until) = (self.db, self.retention, self.purge_every, stopped.clone());
+        let purger = tokio::spawn(async move {
+            let purge = || async { retention.purge(&db, false).await.map(|report| report.outbox_rows) };
+            service::purge_periodically("outbox_event", every, until, purge).await;
+        });
         let servers = async { tokio::try_join!(orders, admin).map(|_| ()) };
         tokio::pin!(servers);
         let result = tokio::select! {
@@ -190,34 +189,4 @@ async fn watch_database(db: DatabaseConnection, health: Health, stopped: watch::
 /// Completes once the flag turns true (or its sender is gone).
 async fn until_true(mut flag: watch::Receiver<bool>) {
     let _ = flag.wait_for(|stop| *stop).await;
-}
-
-/// Purges on the configured period until stopped. A failed purge is logged and tried again at
-/// the next period: nothing depends on it finishing.
-async fn purge_periodically(
-    db: DatabaseConnection,
-    retention: Retention,
-    every: Duration,
-    stopped: watch::Receiver<bool>,
-) {
-    if every.is_zero() {
-        return;
-    }
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = until_true(stopped.clone()) => return,
-        }
-        match retention.purge(&db, false).await {
-            Ok(report) => tracing::info!(
-                outbox_rows = report.outbox_rows,
-                consumed_rows = report.consumed_rows,
-                "retention purge"
-            ),
-            Err(e) => tracing::warn!(error = %e, "retention purge failed; trying again next period"),
-        }
-    }
 }

@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::admin::Retention;
+use super::admin::Retention;
 
 const DAY: u64 = 24 * 3600;
 
@@ -26,7 +26,8 @@ pub struct Settings {
     #[arg(long, env = "OUTPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
-    /// Address the AdminService listens on (timelines, backlog, redrive, purge): keep it on an
+    /// Address the AdminService listens on (order and outbox timelines, backlog, redrive, outbox
+    /// purge): keep it on an
     /// operators' network. Port 0 picks a free port.
     #[arg(long, env = "OUTPOST_ADMIN_LISTEN", default_value = "127.0.0.1:50054")]
     pub admin_listen: SocketAddr,
@@ -34,16 +35,6 @@ pub struct Settings {
     /// PUBLISHED outbox rows are deleted this long after the broker confirmed them.
     #[arg(long, env = "OUTPOST_OUTBOX_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub outbox_retention: Duration,
-
-    /// consumed_event rows are deleted this long after their effect committed; never shorter
-    /// than the redelivery horizon.
-    #[arg(long, env = "OUTPOST_CONSUMED_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
-    pub consumed_retention: Duration,
-
-    /// The longest a record can be delivered again after it was consumed: the topic's retention
-    /// plus the window for manual replays. The dedup history is kept at least this long.
-    #[arg(long, env = "OUTPOST_REDELIVERY_HORIZON", default_value = "14days", value_parser = humantime::parse_duration)]
-    pub redelivery_horizon: Duration,
 
     /// How often the service purges on its own; "0s" leaves purging to `outpostctl purge`.
     #[arg(long, env = "OUTPOST_PURGE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
@@ -76,8 +67,6 @@ impl Settings {
             shutdown_grace: Duration::from_secs(10),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             outbox_retention: Duration::from_secs(7 * DAY),
-            consumed_retention: Duration::from_secs(30 * DAY),
-            redelivery_horizon: Duration::from_secs(14 * DAY),
             purge_every: Duration::from_secs(3600),
             purge_batch_size: 500,
             wake_relays: Vec::new(),
@@ -85,13 +74,8 @@ impl Settings {
         }
     }
 
-    /// The retention windows as one policy.
+    /// The outbox's retention policy.
     pub fn retention(&self) -> Retention {
-        Retention {
-            outbox: self.outbox_retention,
-            consumed: self.consumed_retention,
-            redelivery_horizon: self.redelivery_horizon,
-            batch_size: self.purge_batch_size,
-        }
+        Retention { outbox: self.outbox_retention, batch_size: self.purge_batch_size }
     }
 }

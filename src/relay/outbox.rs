@@ -16,6 +16,7 @@ mod set;
 use crate::backoff::Backoff;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
+use crate::outbox::{Backlog, Redrive, RedriveAudit};
 use crate::{db, failpoint};
 
 /// An event this worker holds the lease on.
@@ -85,39 +86,6 @@ pub enum Blame {
     /// The broker as a whole was unavailable: the attempt is given back, so an outage of any
     /// length moves no event to FAILED; the backoff still applies.
     Broker,
-}
-
-/// Who redrives an event and why: recorded on the row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedriveAudit {
-    /// The operator (or tool) asking.
-    pub requested_by: String,
-    /// Why the event may be published again now.
-    pub reason: String,
-}
-
-/// The most characters of an audit field kept on the row.
-const AUDIT_CHARS: usize = 128;
-const REASON_CHARS: usize = 512;
-
-/// What a redrive found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Redrive {
-    /// The FAILED event is PENDING again with its attempts reset.
-    Redriven,
-    /// The event exists but is not FAILED; nothing was changed.
-    NotFailed(OutboxStatus),
-    /// No event has that id.
-    NotFound,
-}
-
-/// How many events wait, and for how long.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Backlog {
-    /// Rows per non-terminal status (and FAILED), as `(status, count)`.
-    pub by_status: Vec<(OutboxStatus, u64)>,
-    /// Creation time of the oldest PENDING or PUBLISHING row.
-    pub oldest_pending: Option<DateTime<Utc>>,
 }
 
 /// Retry timing for failed publishes.
@@ -374,62 +342,14 @@ impl Outbox {
         .collect())
     }
 
-    /// Counts the rows that still need attention (PENDING, PUBLISHING, FAILED) and finds the oldest
-    /// waiting one. PUBLISHED rows are not counted: there may be millions, and they need nothing.
+    /// The backlog, as [`crate::outbox::backlog`] defines it.
     pub async fn backlog(&self) -> Result<Backlog, DbErr> {
-        let waiting = [OutboxStatus::Pending, OutboxStatus::Publishing, OutboxStatus::Failed];
-        let counts: Vec<(String, i64)> = outbox_event::Entity::find()
-            .select_only()
-            .column(Column::Status)
-            .column_as(Expr::col(Column::EventId).count(), "n")
-            .filter(Column::Status.is_in(waiting.map(OutboxStatus::as_str)))
-            .group_by(Column::Status)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        let oldest = outbox_event::Entity::find()
-            .filter(Column::Status.is_in([OutboxStatus::Pending.as_str(), OutboxStatus::Publishing.as_str()]))
-            .order_by_asc(Column::CreatedAt)
-            .one(&self.db)
-            .await?;
-        let by_status = waiting
-            .into_iter()
-            .map(|status| {
-                let n = counts.iter().find(|(s, _)| s == status.as_str()).map_or(0, |(_, n)| *n);
-                (status, u64::try_from(n).unwrap_or(0))
-            })
-            .collect();
-        Ok(Backlog { by_status, oldest_pending: oldest.map(|row| row.created_at) })
+        crate::outbox::backlog(&self.db).await
     }
 
-    /// Returns a FAILED event to PENDING with its attempts reset, counting the redrive and
-    /// recording when (database clock), by whom and why on the row. Any other state is left
-    /// alone: a FAILED row has no lease, so no relay's lease can be overwritten.
+    /// The audited redrive of [`crate::outbox::redrive`].
     pub async fn redrive(&self, event_id: &str, audit: &RedriveAudit) -> Result<Redrive, DbErr> {
-        let now = db::now(&self.db).await?;
-        let by: String = audit.requested_by.chars().take(AUDIT_CHARS).collect();
-        let reason: String = audit.reason.chars().take(REASON_CHARS).collect();
-        let result = outbox_event::Entity::update_many()
-            .col_expr(Column::Status, Expr::value(OutboxStatus::Pending.as_str()))
-            .col_expr(Column::Attempts, Expr::value(0))
-            .col_expr(Column::LeaseOwner, null_string())
-            .col_expr(Column::LeaseUntil, null_time())
-            .col_expr(Column::RedriveCount, Expr::col(Column::RedriveCount).add(1))
-            .col_expr(Column::LastRedrivenAt, Expr::value(now))
-            .col_expr(Column::LastRedrivenBy, Expr::value(by))
-            .col_expr(Column::LastRedriveReason, Expr::value(reason))
-            .filter(Column::EventId.eq(event_id))
-            .filter(Column::Status.eq(OutboxStatus::Failed.as_str()))
-            .exec(&self.db)
-            .await?;
-        if result.rows_affected == 1 {
-            return Ok(Redrive::Redriven);
-        }
-        let current = outbox_event::Entity::find_by_id(event_id.to_owned()).one(&self.db).await?;
-        Ok(match current.and_then(|row| OutboxStatus::from_stored(&row.status)) {
-            Some(status) => Redrive::NotFailed(status),
-            None => Redrive::NotFound,
-        })
+        crate::outbox::redrive(&self.db, event_id, audit).await
     }
 }
 
@@ -523,14 +443,6 @@ fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>, DbErr
         .ok()
         .and_then(|lease| now.checked_add_signed(lease))
         .ok_or_else(|| DbErr::Custom(format!("a lease of {lease:?} is out of range")))
-}
-
-fn null_string() -> Expr {
-    Expr::value(Value::String(None))
-}
-
-fn null_time() -> Expr {
-    Expr::value(Option::<DateTime<Utc>>::None)
 }
 
 #[cfg(test)]

@@ -36,8 +36,7 @@ pub struct ListenerSettings {
     #[arg(long, env = "OUTPOST_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub call_timeout: Duration,
 
-    /// How often the certificate, key, client CA (and, for the order service, JWKS) files are
-    /// checked for changes.
+    /// How often the certificate, key, client CA and JWKS files are checked for changes.
     #[arg(long, env = "OUTPOST_RELOAD_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub reload_every: Duration,
 }
@@ -64,7 +63,8 @@ impl Default for ListenerSettings {
     }
 }
 
-/// How callers of the OrderService and the AdminService prove who they are.
+/// How callers of the OrderService, the AdminService and the consumer's ConsumerAdminService
+/// prove who they are.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuthSettings {
     /// `jwt`: every call carries `authorization: Bearer <JWT>`. `none`: no authentication, for
@@ -89,8 +89,8 @@ pub struct AuthSettings {
     #[arg(long, env = "OUTPOST_AUTH_TENANT_CLAIM", default_value = "tenant_id")]
     pub auth_tenant_claim: String,
 
-    /// The scope (in `scope` or `scp`) that makes a caller an operator: every AdminService call,
-    /// and reads across tenants.
+    /// The scope (in `scope` or `scp`) that makes a caller an operator: every AdminService and
+    /// ConsumerAdminService call, and reads across tenants.
     #[arg(long, env = "OUTPOST_AUTH_ADMIN_SCOPE", default_value = "outpost:admin")]
     pub auth_admin_scope: String,
 

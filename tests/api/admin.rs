@@ -1,25 +1,33 @@
-//! The AdminService and `outpostctl` against real databases: every state of an event by its id,
-//! the backlog, the audited redrive, and a retention purge that never removes a row still needed.
+//! The AdminService, the consumer's ConsumerAdminService and `outpostctl` against real
+//! databases: every state of an event by its id, joined from the order side and the consumer side
+//! (also when the consumer has a database of its own), the backlog, the audited redrive, and
+//! retention purges on both sides that never remove a row still needed.
 
 use std::time::Duration;
 
 use chrono::Utc;
-use outpost::proto::v1 as pb;
-use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
+use outpost::proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use tonic::Code;
+use tonic::transport::Channel;
 
 use crate::broker::TestBroker;
 use crate::helpers::{
-    Backend, InProcess, TestApp, assert_eventually, on_every_backend, order, reason, service_binary,
+    Backend, InProcess, TestApp, TestDb, assert_eventually, on_every_backend, order, reason, service_binary,
     violated_fields,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
-/// Runs `sql`, written with `?` placeholders, on any backend.
+/// Runs `sql`, written with `?` placeholders, on the order service's database.
 async fn exec(app: &TestApp, sql: &str, values: Vec<Value>) {
-    let backend = app.conn.get_database_backend();
+    exec_on(&app.conn, sql, values).await;
+}
+
+/// Runs `sql`, written with `?` placeholders, on any backend.
+async fn exec_on(conn: &DatabaseConnection, sql: &str, values: Vec<Value>) {
+    let backend = conn.get_database_backend();
     let sql = if backend == DbBackend::Postgres {
         let mut n = 0;
         sql.chars()
@@ -35,7 +43,63 @@ async fn exec(app: &TestApp, sql: &str, values: Vec<Value>) {
     } else {
         sql.to_owned()
     };
-    app.conn.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.unwrap();
+    conn.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.unwrap();
+}
+
+/// A consumer running in this process over `database_url`, with a client of its
+/// ConsumerAdminService.
+struct ConsumerSide {
+    port: u16,
+    admin: ConsumerAdminServiceClient<Channel>,
+    service: InProcess,
+}
+
+impl ConsumerSide {
+    async fn start(
+        database_url: &str,
+        broker: &TestBroker,
+        topic: &str,
+        adjust: impl FnOnce(&mut outpost::consumer::Settings),
+    ) -> Self {
+        let mut settings = outpost::consumer::Settings::new(database_url, broker.address());
+        settings.topic = topic.to_owned();
+        settings.group_id = Some(format!("admin-{topic}"));
+        settings.shutdown_grace = Duration::from_secs(5);
+        adjust(&mut settings);
+        let consumer = outpost::consumer::Application::build(settings).await.unwrap();
+        let port = consumer.port();
+        let service = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
+        let admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
+        Self { port, admin, service }
+    }
+
+    async fn timeline(&self, event_id: &str) -> pb::ConsumerTimeline {
+        let request = pb::GetConsumerTimelineRequest { event_id: event_id.to_owned() };
+        self.admin.clone().get_consumer_timeline(request).await.unwrap().into_inner().timeline.unwrap()
+    }
+
+    async fn purge(
+        &self,
+        request: pb::PurgeConsumedRequest,
+    ) -> Result<pb::PurgeConsumedResponse, tonic::Status> {
+        self.admin.clone().purge_consumed(request).await.map(tonic::Response::into_inner)
+    }
+
+    /// `outpostctl` flags for the order service of `app` and this consumer.
+    fn ctl_urls(&self, app: &TestApp) -> [String; 2] {
+        [
+            format!("--admin-url=http://127.0.0.1:{}", app.admin_port),
+            format!("--consumer-admin-url=http://127.0.0.1:{}", self.port),
+        ]
+    }
+
+    async fn stop(self) {
+        self.service.stop().await;
+    }
+}
+
+fn topic() -> String {
+    format!("outpost-admin-{}", uuid::Uuid::new_v4().simple())
 }
 
 fn ago(age: Duration) -> chrono::DateTime<Utc> {
@@ -74,7 +138,7 @@ async fn purge(app: &TestApp, request: pb::PurgeRequest) -> Result<pb::PurgeResp
 
 on_every_backend!(
     the_timeline_follows_an_event_from_its_order_to_its_effect,
-    the_backlog_lists_one_status_oldest_first_with_counts_for_every_status,
+    the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_attention,
     redrive_returns_only_a_failed_event_to_pending_and_records_who_and_why,
     purge_deletes_only_published_rows_past_retention_and_keeps_dedup_history_for_the_horizon,
 );
@@ -87,27 +151,20 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     let pending = timeline(&app, &accepted.event_id).await.unwrap();
     assert_eq!(pending.order.as_ref().unwrap().order_id, accepted.order_id);
     assert_eq!(pending.outbox.as_ref().unwrap().status, "PENDING");
-    assert!(pending.consumers.is_empty() && pending.notification_job.is_none());
 
+    // The consumer shares the order service's database here (the default deployment); its
+    // records still come from its own ConsumerAdminService, never from the AdminService.
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-admin-{}", uuid::Uuid::new_v4().simple());
+    let topic = topic();
     broker.create_topic(&topic, 1).await;
-    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
-    relay_settings.topic = topic.clone();
-    relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = outpost::relay::Application::build(relay_settings).await.unwrap();
-    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
-    let mut consumer_settings = outpost::consumer::Settings::new(&app.db.url, broker.address());
-    consumer_settings.topic = topic.clone();
-    consumer_settings.group_id = Some(format!("admin-{topic}"));
-    consumer_settings.shutdown_grace = Duration::from_secs(5);
-    let consumer = outpost::consumer::Application::build(consumer_settings).await.unwrap();
-    let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
+    let consumer = ConsumerSide::start(&app.db.url, &broker, &topic, |_| {}).await;
+    let nothing = consumer.timeline(&accepted.event_id).await;
+    assert!(nothing.consumers.is_empty() && nothing.notification_jobs.is_empty());
+    let relay = start_relay(&app, &broker, &topic).await;
     assert_eventually("the event has its effect", WAIT, || async {
-        timeline(&app, &accepted.event_id).await.unwrap().notification_job.is_some()
+        !consumer.timeline(&accepted.event_id).await.notification_jobs.is_empty()
     })
     .await;
-    consumer.stop().await;
     relay.stop().await;
 
     let done = timeline(&app, &accepted.event_id).await.unwrap();
@@ -118,10 +175,17 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     assert!(outbox.published_at.is_some() && outbox.lease_owner.is_empty());
     let at = outbox.published_to.as_ref().expect("the broker's coordinates are recorded");
     assert_eq!((at.topic.as_str(), at.partition), (topic.as_str(), 0));
-    assert_eq!(done.consumers.len(), 1);
-    assert!(done.consumers[0].consumed_at.is_some());
-    assert_eq!(done.notification_job.as_ref().unwrap().order_id, accepted.order_id);
-    assert!(done.dead_letters.is_empty());
+    #[allow(deprecated)]
+    let consumer_parts = (&done.consumers, &done.notification_job, &done.dead_letters);
+    assert!(
+        consumer_parts.0.is_empty() && consumer_parts.1.is_none() && consumer_parts.2.is_empty(),
+        "the AdminService reads the order database only"
+    );
+    let consumed = consumer.timeline(&accepted.event_id).await;
+    assert_eq!(consumed.consumers.len(), 1);
+    assert!(consumed.consumers[0].consumed_at.is_some());
+    assert_eq!(consumed.notification_jobs[0].order_id, accepted.order_id);
+    assert!(consumed.dead_letters.is_empty());
 
     // The business key leads to the same timeline.
     let found = app
@@ -135,15 +199,24 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
         .unwrap();
     assert_eq!(found, done);
 
-    // And outpostctl shows it, as JSON for scripts and as a table for people.
-    let url = format!("--admin-url=http://127.0.0.1:{}", app.admin_port);
-    let json = outpostctl(&[&url, "--json", "timeline", &accepted.event_id]).await;
+    // And outpostctl joins both sides, as JSON for scripts and as a table for people.
+    let [url, consumer_url] = consumer.ctl_urls(&app);
+    let json = outpostctl(&[&url, &consumer_url, "--json", "timeline", &accepted.event_id]).await;
     let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(json["outbox"]["status"], "PUBLISHED");
     assert_eq!(json["order"]["orderId"], accepted.order_id);
     assert_eq!(json["consumers"].as_array().unwrap().len(), 1);
-    let table = outpostctl(&[&url, "find", "11", "timeline-1"]).await;
+    assert_eq!(json["notificationJob"]["orderId"], accepted.order_id);
+    assert!(json["consumerSideUnavailable"].is_null());
+    let table = outpostctl(&[&url, &consumer_url, "find", "11", "timeline-1"]).await;
     assert!(table.ok && table.stdout.contains(&accepted.event_id) && table.stdout.contains("PUBLISHED"));
+    assert!(table.stdout.contains("notification job"), "{}", table.stdout);
+    consumer.stop().await;
+
+    // With the consumer gone, the order side is shown alone, saying so.
+    let alone = outpostctl(&[&url, &consumer_url, "timeline", &accepted.event_id]).await;
+    assert!(alone.ok && alone.stdout.contains("PUBLISHED"), "{}", alone.stderr);
+    assert!(alone.stdout.contains("consumer side") && !alone.stdout.contains("notification job"));
 
     // Unknown and malformed ids get their own answers.
     let unknown = timeline(&app, &uuid::Uuid::now_v7().to_string()).await.unwrap_err();
@@ -156,7 +229,15 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     app.stop().await;
 }
 
-async fn the_backlog_lists_one_status_oldest_first_with_counts_for_every_status(backend: Backend) {
+async fn start_relay(app: &TestApp, broker: &TestBroker, topic: &str) -> InProcess {
+    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    relay_settings.topic = topic.to_owned();
+    relay_settings.max_idle_poll = Duration::from_millis(100);
+    let relay = outpost::relay::Application::build(relay_settings).await.unwrap();
+    InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown))
+}
+
+async fn the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_attention(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let mut ids = Vec::new();
     for i in 0..3 {
@@ -172,7 +253,7 @@ async fn the_backlog_lists_one_status_oldest_first_with_counts_for_every_status(
     let listed = backlog(&app, pb::ListBacklogRequest { limit: 1, ..Default::default() }).await.unwrap();
     assert_eq!(listed.entries.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), [ids[0].as_str()]);
     let stats = listed.stats.unwrap();
-    assert_eq!((stats.pending, stats.publishing, stats.published, stats.failed), (2, 0, 0, 1));
+    assert_eq!((stats.pending, stats.publishing, stats.failed), (2, 0, 1));
     assert!(stats.oldest_pending_age.is_some());
 
     let failed = backlog(&app, pb::ListBacklogRequest { status: "FAILED".into(), ..Default::default() })
@@ -251,10 +332,19 @@ async fn redrive_returns_only_a_failed_event_to_pending_and_records_who_and_why(
 async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_history_for_the_horizon(
     backend: Backend,
 ) {
-    // A horizon of 14 days (broker retention plus replay window), dedup rows kept 30 days,
-    // published rows 1 hour; two rows per batch, so the purge needs several batches.
+    // Published rows kept 1 hour on the order side; on the consumer side (here on the same
+    // database) a horizon of 14 days (broker retention plus replay window) and dedup rows kept 30
+    // days. Two rows per batch on both sides, so each purge needs several batches.
     let app = TestApp::spawn_with(backend, |s| {
         s.outbox_retention = Duration::from_secs(3600);
+        s.purge_batch_size = 2;
+        s.purge_every = Duration::ZERO;
+    })
+    .await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let consumer = ConsumerSide::start(&app.db.url, &broker, &topic, |s| {
         s.consumed_retention = 30 * DAY;
         s.redelivery_horizon = 14 * DAY;
         s.purge_batch_size = 2;
@@ -299,7 +389,8 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
 
     // A window shorter than the horizon is refused and deletes nothing.
     let week = prost_types::Duration { seconds: 7 * 24 * 3600, nanos: 0 };
-    let refused = purge(&app, pb::PurgeRequest { consumed_older_than: Some(week), ..Default::default() })
+    let refused = consumer
+        .purge(pb::PurgeConsumedRequest { consumed_older_than: Some(week), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(
@@ -307,13 +398,22 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
         (Code::FailedPrecondition, "RETENTION_BELOW_HORIZON")
     );
     assert_eq!(app.count("consumed_event").await, 3);
+    // The order side leaves the consumer's rows to the consumer, and says so.
+    #[allow(deprecated)]
+    let elsewhere = pb::PurgeRequest { consumed_older_than: Some(week), ..Default::default() };
+    let elsewhere = purge(&app, elsewhere).await.unwrap_err();
+    assert_eq!(elsewhere.code(), Code::InvalidArgument);
+    assert_eq!(violated_fields(&elsewhere), ["consumed_older_than"]);
 
     let dry = purge(&app, pb::PurgeRequest { dry_run: true, ..Default::default() }).await.unwrap();
-    assert_eq!((dry.outbox_rows, dry.consumed_rows), (5, 1));
-    assert_eq!(app.count("outbox_event").await, 9);
+    assert_eq!(dry.outbox_rows, 5);
+    let dry = consumer.purge(pb::PurgeConsumedRequest { dry_run: true, ..Default::default() }).await.unwrap();
+    assert_eq!(dry.consumed_rows, 1);
+    assert_eq!(dry.redelivery_horizon.map(|h| h.seconds), Some(14 * 24 * 3600));
+    assert_eq!((app.count("outbox_event").await, app.count("consumed_event").await), (9, 3));
 
-    let url = format!("--admin-url=http://127.0.0.1:{}", app.admin_port);
-    let done = outpostctl(&[&url, "--json", "purge"]).await;
+    let [url, consumer_url] = consumer.ctl_urls(&app);
+    let done = outpostctl(&[&url, &consumer_url, "--json", "purge"]).await;
     assert!(done.ok, "{}", done.stderr);
     let done: serde_json::Value = serde_json::from_str(&done.stdout).unwrap();
     assert_eq!((done["outboxRows"].as_u64(), done["consumedRows"].as_u64()), (Some(5), Some(1)));
@@ -329,20 +429,110 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
     );
     // The dedup row inside the horizon survives; only the one past retention went.
     assert_eq!(app.count("consumed_event").await, 2);
-    assert_eq!(timeline(&app, &ids[1]).await.unwrap().consumers.len(), 1);
-    assert!(timeline(&app, &ids[0]).await.unwrap().consumers.is_empty());
+    assert_eq!(consumer.timeline(&ids[1]).await.consumers.len(), 1);
+    assert!(consumer.timeline(&ids[0]).await.consumers.is_empty());
     // Orders are the business record and are never purged.
     assert_eq!(app.count("orders").await, 9);
+    consumer.stop().await;
+    app.stop().await;
+}
+
+on_every_backend!(a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_joins_both_sides);
+
+/// The consumer has a database of its own: the order side knows nothing of the consumer's
+/// tables, the consumer serves them, and `outpostctl` still shows one timeline and purges both.
+async fn a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_joins_both_sides(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with(backend, |s| s.purge_every = Duration::ZERO).await;
+    let own = TestDb::migrated(backend).await;
+    assert_ne!(own.url, app.db.url);
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let consumer = ConsumerSide::start(&own.url, &broker, &topic, |s| {
+        s.redelivery_horizon = Duration::from_secs(3600);
+        s.consumed_retention = Duration::from_secs(2 * 3600);
+        s.purge_every = Duration::ZERO;
+    })
+    .await;
+    let relay = start_relay(&app, &broker, &topic).await;
+    let accepted = app.submit(order(15, "own-db-1")).await.unwrap();
+    assert_eventually("the event has its effect in the consumer's database", WAIT, || async {
+        !consumer.timeline(&accepted.event_id).await.notification_jobs.is_empty()
+    })
+    .await;
+    relay.stop().await;
+
+    // Each side's tables hold only that side's rows.
+    let own_conn = own.connect().await;
+    let count = |table: &'static str| {
+        let conn = &own_conn;
+        async move {
+            let sql = format!("SELECT COUNT(*) FROM {table}");
+            let row = conn.query_one_raw(Statement::from_string(conn.get_database_backend(), sql)).await;
+            row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap()
+        }
+    };
+    assert_eq!((count("consumed_event").await, count("notification_job").await), (1, 1));
+    assert_eq!((count("orders").await, count("outbox_event").await), (0, 0));
+    assert_eq!((app.count("consumed_event").await, app.count("notification_job").await), (0, 0));
+
+    // outpostctl joins the order side's order and outbox row with the consumer side's records.
+    let [url, consumer_url] = consumer.ctl_urls(&app);
+    let joined = outpostctl(&[&url, &consumer_url, "--json", "timeline", &accepted.event_id]).await;
+    assert!(joined.ok, "{}", joined.stderr);
+    let joined: serde_json::Value = serde_json::from_str(&joined.stdout).unwrap();
+    assert_eq!(joined["eventId"], accepted.event_id.as_str());
+    assert_eq!(joined["order"]["orderId"], accepted.order_id);
+    assert_eq!(joined["outbox"]["status"], "PUBLISHED");
+    assert_eq!(joined["consumers"][0]["consumerName"], outpost::consumer::DEFAULT_CONSUMER_NAME);
+    assert_eq!(joined["notificationJobs"][0]["orderId"], accepted.order_id);
+
+    // A dead letter exists only in the consumer's database, and still shows on its event.
+    let dead_event = uuid::Uuid::now_v7().to_string();
+    exec_on(
+        &own_conn,
+        "INSERT INTO dead_letter (consumer_name, topic, partition_id, offset_id, payload, event_id, error, created_at) \
+         VALUES ('notification-planner', ?, 0, 99, ?, ?, 'cannot decode', ?)",
+        vec![topic.clone().into(), b"junk".to_vec().into(), dead_event.clone().into(), Utc::now().into()],
+    )
+    .await;
+    let dead = outpostctl(&[&url, &consumer_url, "--json", "timeline", &dead_event]).await;
+    assert!(dead.ok, "{}", dead.stderr);
+    let dead: serde_json::Value = serde_json::from_str(&dead.stdout).unwrap();
+    assert!(dead["order"].is_null() && dead["outbox"].is_null());
+    assert_eq!(dead["deadLetters"][0]["error"], "cannot decode");
+    let listed = outpostctl(&[&url, &consumer_url, "dead-letters"]).await;
+    assert!(listed.ok && listed.stdout.contains(&dead_event), "{}", listed.stdout);
+    let unknown = outpostctl(&[&url, &consumer_url, "timeline", &uuid::Uuid::now_v7().to_string()]).await;
+    assert!(!unknown.ok && unknown.stderr.contains("EVENT_NOT_FOUND"), "{}", unknown.stderr);
+
+    // The purge reaches the consumer's own database: a dedup row past its retention goes, the
+    // fresh one stays, and the order side (nothing published long enough ago) deletes nothing.
+    exec_on(
+        &own_conn,
+        "INSERT INTO consumed_event (consumer_name, event_id, consumed_at) VALUES ('notify', ?, ?)",
+        vec![uuid::Uuid::now_v7().to_string().into(), ago(Duration::from_secs(3 * 3600)).into()],
+    )
+    .await;
+    let purged = outpostctl(&[&url, &consumer_url, "--json", "purge"]).await;
+    assert!(purged.ok, "{}", purged.stderr);
+    let purged: serde_json::Value = serde_json::from_str(&purged.stdout).unwrap();
+    assert_eq!((purged["outboxRows"].as_u64(), purged["consumedRows"].as_u64()), (Some(0), Some(1)));
+    assert_eq!(count("consumed_event").await, 1);
+    assert_eq!(consumer.timeline(&accepted.event_id).await.consumers.len(), 1, "the fresh row stays");
+    consumer.stop().await;
     app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_service_configured_to_forget_dedup_history_inside_the_horizon_does_not_start() {
-    let db = crate::helpers::TestDb::migrated(Backend::Sqlite).await;
-    let mut settings = outpost::order::Settings::for_database(&db.url);
+async fn a_consumer_configured_to_forget_dedup_history_inside_the_horizon_does_not_start() {
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let mut settings = outpost::consumer::Settings::new(&db.url, TestBroker::reserve().address());
     settings.consumed_retention = 7 * DAY;
     settings.redelivery_horizon = 14 * DAY;
-    let error = outpost::order::Application::build(settings).await.unwrap_err();
+    let error = outpost::consumer::Application::build(settings).await.unwrap_err();
     assert!(error.to_string().contains("shorter than the redelivery horizon"), "{error}");
 }
 

@@ -1,13 +1,15 @@
 //! Secure by default, through real servers and real gRPC clients: TLS on the listeners (mutual
 //! TLS when asked), bearer tokens checked against a JWKS that can rotate, the tenant taken from
-//! the token, operators recognised by scope, and a bounded number of calls in flight.
+//! the token, operators recognised by scope (on the order service's and the consumer's admin
+//! services alike), and a bounded number of calls in flight.
 
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls};
 use outpost::order::{Application, Settings};
 use outpost::proto::v1::{
-    self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
+    self as pb, admin_service_client::AdminServiceClient,
+    consumer_admin_service_client::ConsumerAdminServiceClient, order_service_client::OrderServiceClient,
 };
 use outpost::security::AuthSettings;
 use sea_orm::{ConnectionTrait, TransactionTrait};
@@ -583,4 +585,43 @@ async fn reflection_switched_off_on_the_public_listener_stays_on_the_admin_liste
         .into_inner();
     assert!(answers.message().await.unwrap().is_some(), "the admin listener serves reflection");
     app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_answers_operators_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let broker = crate::broker::TestBroker::start().await;
+    let mut settings = outpost::consumer::Settings::new(&db.url, broker.address());
+    settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
+    settings.shutdown_grace = Duration::from_secs(5);
+    settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+    let consumer = outpost::consumer::Application::build(settings).await.unwrap();
+    let port = consumer.port();
+    let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
+    let mut admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
+    let (seven, ops) = (tenant(&pki, 7), operator(&pki, "alice"));
+    let timeline = || pb::GetConsumerTimelineRequest { event_id: uuid::Uuid::now_v7().to_string() };
+    let purge = || pb::PurgeConsumedRequest { dry_run: true, ..Default::default() };
+
+    let answer = admin.get_consumer_timeline(timeline()).await;
+    assert_eq!(refusal(answer, ""), (Code::Unauthenticated, "TOKEN_MISSING".into()));
+    let answer = admin.get_consumer_timeline(with_token(timeline(), "not.a.token")).await;
+    assert_eq!(refusal(answer, "not.a.token"), (Code::Unauthenticated, "TOKEN_INVALID".into()));
+    // The consumer's tables do not know tenants: a tenant's token reads nothing there.
+    let answer = admin.get_consumer_timeline(with_token(timeline(), &seven)).await;
+    assert_eq!(refusal(answer, &seven), (Code::PermissionDenied, "SCOPE_MISSING".into()));
+    let answer = admin.purge_consumed(with_token(purge(), &seven)).await;
+    assert_eq!(refusal(answer, &seven), (Code::PermissionDenied, "SCOPE_MISSING".into()));
+    let answer = admin.list_dead_letters(with_token(pb::ListDeadLettersRequest::default(), &seven)).await;
+    assert_eq!(refusal(answer, &seven), (Code::PermissionDenied, "SCOPE_MISSING".into()));
+
+    let found = admin.get_consumer_timeline(with_token(timeline(), &ops)).await.unwrap().into_inner();
+    assert!(found.timeline.unwrap().consumers.is_empty());
+    let purged = admin.purge_consumed(with_token(purge(), &ops)).await.unwrap().into_inner();
+    assert_eq!(purged.consumed_rows, 0);
+    // Health on the same listener stays open to probes without a token.
+    assert!(crate::dependencies::health(port, "").await.is_some(), "health answers without a token");
+    consumer.stop().await;
 }

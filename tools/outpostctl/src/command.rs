@@ -1,21 +1,32 @@
-//! The commands, each one AdminService call.
+//! The commands: each calls the order side's AdminService, the consumer's
+//! ConsumerAdminService, or both and joins their answers.
 
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls};
-use outpost::proto::v1::{self as pb, admin_service_client::AdminServiceClient};
+use outpost::proto::v1::{
+    self as pb, admin_service_client::AdminServiceClient,
+    consumer_admin_service_client::ConsumerAdminServiceClient,
+};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
 
-use crate::render;
+use crate::{join, render};
 
-/// Inspects and operates an Outpost deployment through its AdminService.
+/// Inspects and operates an Outpost deployment through the order service's AdminService and the
+/// consumer's ConsumerAdminService.
 #[derive(Debug, clap::Parser)]
 #[command(name = "outpostctl", version)]
 pub(crate) struct Cli {
     /// The order service's admin endpoint.
     #[arg(long, env = "OUTPOST_ADMIN_URL", default_value = "http://127.0.0.1:50054", global = true)]
     admin_url: String,
-    /// PEM CA that signed the admin listener's certificate; use an https:// --admin-url with it.
+    /// The consumer's endpoint (its `--listen`): its records of each event, its dead letters and
+    /// its dedup history's purge.
+    #[arg(long, env = "OUTPOST_CONSUMER_ADMIN_URL", default_value = "http://127.0.0.1:50053", global = true)]
+    consumer_admin_url: String,
+    /// PEM CA that signed the listeners' certificates; use https:// URLs with it.
     #[arg(long, env = "OUTPOST_CA_FILE", global = true)]
     ca_file: Option<std::path::PathBuf>,
     /// PEM client certificate, when the listener requires mutual TLS (with --client-key).
@@ -36,7 +47,8 @@ pub(crate) struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Everything known about one event: order, outbox row, consumers, job, dead letters.
+    /// Everything known about one event: order and outbox row from the order side, consumers,
+    /// jobs and dead letters from the consumer side, joined.
     Timeline {
         /// The event id.
         event_id: String,
@@ -48,7 +60,7 @@ enum Command {
         /// The caller's idempotency key.
         request_id: String,
     },
-    /// Outbox rows in one status, oldest first, and counts per status.
+    /// Outbox rows in one status, oldest first, and the counts of rows that still need something.
     Backlog {
         /// PENDING, PUBLISHING, PUBLISHED or FAILED.
         #[arg(long, default_value = "PENDING")]
@@ -72,12 +84,22 @@ enum Command {
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
     },
-    /// Delete PUBLISHED outbox rows and consumed_event rows past their retention.
+    /// The consumer's dead letters, oldest first.
+    DeadLetters {
+        /// Only this consumer name's.
+        #[arg(long, default_value = "")]
+        consumer_name: String,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Delete PUBLISHED outbox rows (order side) and consumed_event rows (consumer side) past
+    /// their retention.
     Purge {
-        /// Override the server's outbox window, such as "7days".
+        /// Override the order service's outbox window, such as "7days".
         #[arg(long, value_parser = humantime::parse_duration)]
         outbox_older_than: Option<Duration>,
-        /// Override the server's consumed_event window; never below the redelivery horizon.
+        /// Override the consumer's consumed_event window; never below its redelivery horizon.
         #[arg(long, value_parser = humantime::parse_duration)]
         consumed_older_than: Option<Duration>,
         /// Count only; delete nothing.
@@ -95,6 +117,8 @@ pub(crate) enum CtlError {
     Call(#[from] tonic::Status),
     #[error("{0} is too long")]
     Duration(String),
+    #[error("the order side answered, the consumer side did not: {error}\n{done}")]
+    ConsumerSide { done: String, error: Box<CtlError> },
 }
 
 fn describe(status: &tonic::Status) -> String {
@@ -116,41 +140,43 @@ fn duration(flag: &str, value: Option<Duration>) -> Result<Option<prost_types::D
         .transpose()
 }
 
+type Authorized = InterceptedService<
+    Channel,
+    Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>,
+>;
+
 /// Runs the command and returns what to print.
 pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
-    let tls = ClientTls {
-        ca_file: cli.ca_file.clone(),
-        identity: cli.client_cert.clone().zip(cli.client_key.clone()),
-    };
-    let channel = client::connect(&cli.admin_url, &tls).await?;
-    let token = BearerToken::from_file_or_env(cli.token_file.as_deref(), "OUTPOST_TOKEN")?;
-    let mut admin = AdminServiceClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-        if let Some(token) = &token {
-            token.apply(&mut request);
-        }
-        Ok(request)
-    });
     let json = cli.json;
     Ok(match &cli.command {
         Command::Timeline { event_id } => {
-            let reply = admin
-                .get_event_timeline(pb::GetEventTimelineRequest { event_id: event_id.clone() })
-                .await?
-                .into_inner();
-            render::timeline(reply.timeline.unwrap_or_default(), json)
+            let mut admin = cli.admin().await?;
+            let order = admin.get_event_timeline(pb::GetEventTimelineRequest { event_id: event_id.clone() });
+            let order = match order.await {
+                Ok(reply) => reply.into_inner().timeline,
+                // The consumer may still know it (or say the id is unknown there too).
+                Err(status) if status.code() == tonic::Code::NotFound => None,
+                Err(status) => return Err(status.into()),
+            };
+            joined(cli, event_id, order).await?
         }
         Command::Find { tenant_id, request_id } => {
-            let reply = admin
+            let reply = cli
+                .admin()
+                .await?
                 .find_by_business_key(pb::FindByBusinessKeyRequest {
                     tenant_id: *tenant_id,
                     request_id: request_id.clone(),
                 })
                 .await?
                 .into_inner();
-            render::timeline(reply.timeline.unwrap_or_default(), json)
+            let order = reply.timeline.unwrap_or_default();
+            joined(cli, &order.event_id.clone(), Some(order)).await?
         }
         Command::Backlog { status, older_than, limit } => {
-            let reply = admin
+            let reply = cli
+                .admin()
+                .await?
                 .list_backlog(pb::ListBacklogRequest {
                     status: status.clone(),
                     older_than: duration("--older-than", *older_than)?,
@@ -161,7 +187,9 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             render::backlog(reply, json)
         }
         Command::Redrive { event_id, reason, by } => {
-            let reply = admin
+            let reply = cli
+                .admin()
+                .await?
                 .redrive(pb::RedriveRequest {
                     event_id: event_id.clone(),
                     requested_by: by.clone(),
@@ -171,16 +199,101 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
                 .into_inner();
             render::redriven(event_id, reply.outbox.unwrap_or_default(), json)
         }
-        Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
-            let reply = admin
-                .purge(pb::PurgeRequest {
-                    outbox_older_than: duration("--outbox-older-than", *outbox_older_than)?,
-                    consumed_older_than: duration("--consumed-older-than", *consumed_older_than)?,
-                    dry_run: *dry_run,
+        Command::DeadLetters { consumer_name, limit } => {
+            let reply = cli
+                .consumer_admin()
+                .await?
+                .list_dead_letters(pb::ListDeadLettersRequest {
+                    consumer_name: consumer_name.clone(),
+                    limit: *limit,
                 })
                 .await?
                 .into_inner();
-            render::purged(reply, *dry_run, json)
+            render::dead_letters(&reply.dead_letters, json)
         }
+        Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
+            let outbox = cli
+                .admin()
+                .await?
+                .purge(pb::PurgeRequest {
+                    outbox_older_than: duration("--outbox-older-than", *outbox_older_than)?,
+                    dry_run: *dry_run,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            let consumed_older_than = duration("--consumed-older-than", *consumed_older_than)?;
+            let consumed = async {
+                let request = pb::PurgeConsumedRequest { consumed_older_than, dry_run: *dry_run };
+                Ok::<_, CtlError>(cli.consumer_admin().await?.purge_consumed(request).await?.into_inner())
+            };
+            match consumed.await {
+                Ok(consumed) => render::purged(&outbox, Some(&consumed), *dry_run, json),
+                Err(error) => {
+                    return Err(CtlError::ConsumerSide {
+                        done: render::purged(&outbox, None, *dry_run, json),
+                        error: Box::new(error),
+                    });
+                }
+            }
+        }
+    })
+}
+
+/// The consumer side's part of `event_id` joined to the order side's `order`. When the consumer
+/// cannot be asked, the order side is shown alone, saying so.
+async fn joined(cli: &Cli, event_id: &str, order: Option<pb::EventTimeline>) -> Result<String, CtlError> {
+    let consumer = async {
+        let request = pb::GetConsumerTimelineRequest { event_id: event_id.to_owned() };
+        Ok::<_, CtlError>(cli.consumer_admin().await?.get_consumer_timeline(request).await?.into_inner())
+    };
+    let (consumer, unavailable) = match consumer.await {
+        Ok(reply) => (reply.timeline, None),
+        Err(error) if order.is_some() => (None, Some(error.to_string())),
+        Err(error) => return Err(error),
+    };
+    let Some(timeline) = join::timeline(order, consumer) else {
+        return Err(tonic::Status::not_found(format!(
+            "neither the order side nor the consumer side knows event {event_id} [EVENT_NOT_FOUND]"
+        ))
+        .into());
+    };
+    Ok(render::timeline(timeline, unavailable.as_deref(), cli.json))
+}
+
+impl Cli {
+    async fn channel(&self, url: &str) -> Result<(Channel, Option<BearerToken>), client::ClientError> {
+        let tls = ClientTls {
+            ca_file: self.ca_file.clone(),
+            identity: self.client_cert.clone().zip(self.client_key.clone()),
+        };
+        let channel = client::connect(url, &tls).await?;
+        let token = BearerToken::from_file_or_env(self.token_file.as_deref(), "OUTPOST_TOKEN")?;
+        Ok((channel, token))
+    }
+
+    /// A client of the order service's AdminService.
+    async fn admin(&self) -> Result<AdminServiceClient<Authorized>, client::ClientError> {
+        let (channel, token) = self.channel(&self.admin_url).await?;
+        Ok(AdminServiceClient::new(InterceptedService::new(channel, bearer(token))))
+    }
+
+    /// A client of the consumer's ConsumerAdminService.
+    async fn consumer_admin(&self) -> Result<ConsumerAdminServiceClient<Authorized>, client::ClientError> {
+        let (channel, token) = self.channel(&self.consumer_admin_url).await?;
+        Ok(ConsumerAdminServiceClient::new(InterceptedService::new(channel, bearer(token))))
+    }
+}
+
+/// Puts the bearer token, if any, on every request.
+#[allow(clippy::type_complexity)]
+fn bearer(
+    token: Option<BearerToken>,
+) -> Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync> {
+    Box::new(move |mut request| {
+        if let Some(token) = &token {
+            token.apply(&mut request);
+        }
+        Ok(request)
     })
 }

@@ -1,7 +1,8 @@
-//! `outpostctl`: the operators' command line over the AdminService; tables for people, `--json`
-//! for scripts.
+//! `outpostctl`: the operators' command line over the order service's AdminService and the
+//! consumer's ConsumerAdminService; tables for people, `--json` for scripts.
 
 mod command;
+mod join;
 mod render;
 
 use std::process::ExitCode;

@@ -79,19 +79,27 @@ fn timeline_json(t: &pb::EventTimeline) -> Value {
         })).collect::<Vec<_>>(),
         "notificationJob": t.notification_job.as_ref().map(job_json),
         "notificationJobs": t.notification_jobs.iter().map(job_json).collect::<Vec<_>>(),
-        "deadLetters": t.dead_letters.iter().map(|d| json!({
-            "consumerName": d.consumer_name,
-            "coordinates": d.coordinates.as_ref().map(|c| json!({"topic": c.topic, "partition": c.partition, "offset": c.offset})),
-            "error": d.error,
-            "createdAt": time(d.created_at.as_ref()),
-        })).collect::<Vec<_>>(),
+        "deadLetters": t.dead_letters.iter().map(dead_letter_json).collect::<Vec<_>>(),
     })
 }
 
-/// One event's timeline: a table of what happened when, in time order.
-pub(crate) fn timeline(t: pb::EventTimeline, as_json: bool) -> String {
+fn dead_letter_json(d: &pb::DeadLetterRecord) -> Value {
+    json!({
+        "consumerName": d.consumer_name,
+        "eventId": non_empty(&d.event_id),
+        "coordinates": d.coordinates.as_ref().map(|c| json!({"topic": c.topic, "partition": c.partition, "offset": c.offset})),
+        "error": d.error,
+        "createdAt": time(d.created_at.as_ref()),
+    })
+}
+
+/// One event's timeline: a table of what happened when, in time order. `consumer_unavailable`
+/// says why the consumer side's part is missing, when it could not be asked.
+pub(crate) fn timeline(t: pb::EventTimeline, consumer_unavailable: Option<&str>, as_json: bool) -> String {
     if as_json {
-        return pretty(&timeline_json(&t));
+        let mut value = timeline_json(&t);
+        value["consumerSideUnavailable"] = json!(consumer_unavailable);
+        return pretty(&value);
     }
     let mut rows: Vec<(Option<String>, String, String)> = Vec::new();
     if let Some(o) = &t.order {
@@ -152,11 +160,33 @@ pub(crate) fn timeline(t: pb::EventTimeline, as_json: bool) -> String {
             format!("{} at {}: {}", d.consumer_name, text(at), d.error),
         ));
     }
+    if let Some(why) = consumer_unavailable {
+        rows.push((None, "consumer side".into(), format!("not shown: {why}")));
+    }
     let mut out = table(&["when", "what", "details"]);
     for (when, what, details) in rows {
         out.add_row(vec![text(when), what, details]);
     }
     format!("event {}\n{out}", t.event_id)
+}
+
+/// Dead letters, oldest first.
+pub(crate) fn dead_letters(letters: &[pb::DeadLetterRecord], as_json: bool) -> String {
+    if as_json {
+        return pretty(&json!({ "deadLetters": letters.iter().map(dead_letter_json).collect::<Vec<_>>() }));
+    }
+    let mut out = table(&["when", "consumer", "event id", "at", "error"]);
+    for d in letters {
+        let at = d.coordinates.as_ref().map(|c| format!("{}/{}/{}", c.topic, c.partition, c.offset));
+        out.add_row(vec![
+            text(time(d.created_at.as_ref())),
+            d.consumer_name.clone(),
+            text(non_empty(&d.event_id)),
+            text(at),
+            d.error.clone(),
+        ]);
+    }
+    out.to_string()
 }
 
 /// The backlog listing and its counts.
@@ -172,7 +202,6 @@ pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
             "stats": {
                 "pending": stats.pending,
                 "publishing": stats.publishing,
-                "published": stats.published,
                 "failed": stats.failed,
                 "oldestPendingAgeSeconds": seconds(stats.oldest_pending_age.as_ref()),
             },
@@ -197,8 +226,8 @@ pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
     }
     let oldest = seconds(stats.oldest_pending_age.as_ref()).map_or("-".to_owned(), |s| format!("{s:.1}s"));
     format!(
-        "{out}\npending {}  publishing {}  published {}  failed {}  oldest pending {oldest}",
-        stats.pending, stats.publishing, stats.published, stats.failed
+        "{out}\npending {}  publishing {}  failed {}  oldest waiting {oldest}",
+        stats.pending, stats.publishing, stats.failed
     )
 }
 
@@ -213,29 +242,36 @@ pub(crate) fn redriven(event_id: &str, outbox: pb::OutboxRecord, as_json: bool) 
     )
 }
 
-/// A purge's counts.
-pub(crate) fn purged(reply: pb::PurgeResponse, dry_run: bool, as_json: bool) -> String {
+/// A purge's counts: the order side's, and the consumer side's when it answered.
+pub(crate) fn purged(
+    outbox: &pb::PurgeResponse,
+    consumed: Option<&pb::PurgeConsumedResponse>,
+    dry_run: bool,
+    as_json: bool,
+) -> String {
     if as_json {
         return pretty(&json!({
             "dryRun": dry_run,
-            "outboxRows": reply.outbox_rows,
-            "consumedRows": reply.consumed_rows,
-            "outboxCutoff": time(reply.outbox_cutoff.as_ref()),
-            "consumedCutoff": time(reply.consumed_cutoff.as_ref()),
-            "redeliveryHorizonSeconds": seconds(reply.redelivery_horizon.as_ref()),
+            "outboxRows": outbox.outbox_rows,
+            "outboxCutoff": time(outbox.outbox_cutoff.as_ref()),
+            "consumedRows": consumed.map(|c| c.consumed_rows),
+            "consumedCutoff": consumed.and_then(|c| time(c.consumed_cutoff.as_ref())),
+            "redeliveryHorizonSeconds": consumed.and_then(|c| seconds(c.redelivery_horizon.as_ref())),
         }));
     }
     let verb = if dry_run { "would delete" } else { "deleted" };
     let mut out = table(&["table", verb, "older than (database clock)"]);
     out.add_row(vec![
         "outbox_event (PUBLISHED)".to_owned(),
-        reply.outbox_rows.to_string(),
-        text(time(reply.outbox_cutoff.as_ref())),
+        outbox.outbox_rows.to_string(),
+        text(time(outbox.outbox_cutoff.as_ref())),
     ]);
-    out.add_row(vec![
-        "consumed_event".to_owned(),
-        reply.consumed_rows.to_string(),
-        text(time(reply.consumed_cutoff.as_ref())),
-    ]);
+    if let Some(consumed) = consumed {
+        out.add_row(vec![
+            "consumed_event".to_owned(),
+            consumed.consumed_rows.to_string(),
+            text(time(consumed.consumed_cutoff.as_ref())),
+        ]);
+    }
     out.to_string()
 }

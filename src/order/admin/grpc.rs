@@ -1,35 +1,28 @@
 //! The gRPC edge of the admin API: requests to queries on the way in, rows to messages and
 //! failures to statuses on the way out.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use sea_orm::DbErr;
 use tonic::{Code, Request, Response, Status};
-use tonic_types::{ErrorDetails, StatusExt};
-use tracing::Instrument as _;
 
 use super::inspect::{Backlog, Inspector, Timeline};
-use super::retention::{PurgeReport, Retention, RetentionError};
-use crate::domain::{EventId, FieldViolation, InvalidInput, OutboxStatus, RequestId, TenantId};
-use crate::edge::{ERROR_DOMAIN, record_status, rpc_span, timestamp};
-use crate::entity::{consumed_event, dead_letter, notification_job, orders, outbox_event};
+use super::retention::{PurgeReport, Retention};
+use crate::domain::{FieldViolation, InvalidInput, OutboxStatus, RequestId, TenantId};
+use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
+use crate::entity::{orders, outbox_event};
+use crate::outbox::{self, Redrive, RedriveAudit};
 use crate::proto::v1::{
     self as pb,
     admin_service_server::{AdminService, AdminServiceServer},
 };
-use crate::relay::{Outbox, Redrive, RedriveAudit};
-use crate::security::{AuthError, Authenticator, Caller};
+use crate::security::{Authenticator, Caller};
 
 const SERVICE: &str = "outpost.v1.AdminService";
-const DEFAULT_LIMIT: u32 = 100;
-const MAX_LIMIT: u32 = 1000;
 
 /// The `AdminService` implementation.
 #[derive(Debug, Clone)]
 pub(crate) struct AdminGrpc {
     inspector: Inspector,
-    outbox: Outbox,
     retention: Retention,
     auth: Authenticator,
 }
@@ -40,40 +33,20 @@ impl AdminGrpc {
         retention: Retention,
         auth: Authenticator,
     ) -> AdminServiceServer<Self> {
-        AdminServiceServer::new(Self {
-            inspector: Inspector::new(db.clone()),
-            outbox: Outbox::new(db),
-            retention,
-            auth,
-        })
+        AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth })
     }
 
     /// Authenticates the caller and runs one call inside its server span, recording its status
     /// there; a refused caller reaches no query.
-    async fn traced<T, F: Future<Output = Result<T, AdminError>>>(
+    async fn traced<R, T, F: Future<Output = Result<T, AdminError>>>(
         &self,
         method: &'static str,
-        metadata: &tonic::metadata::MetadataMap,
+        request: &Request<R>,
         event_id: Option<&str>,
         call: impl FnOnce(Caller) -> F,
     ) -> Result<Response<T>, Status> {
-        let span = rpc_span(SERVICE, method, metadata);
-        if let Some(event_id) = event_id {
-            span.record("outpost.event_id", event_id);
-        }
-        let caller = span.in_scope(|| self.auth.authenticate(metadata));
-        let answer = async {
-            match caller {
-                Ok(caller) => call(caller).await,
-                Err(refused) => Err(AdminError::Denied(refused)),
-            }
-        }
-        .instrument(span.clone())
-        .await
-        .map(Response::new)
-        .map_err(AdminError::into_status);
-        record_status(&span, &answer);
-        answer
+        edge::authenticated(SERVICE, method, &self.auth, request, event_id, call, AdminError::into_status)
+            .await
     }
 }
 
@@ -84,22 +57,17 @@ impl AdminService for AdminGrpc {
         request: Request<pb::GetEventTimelineRequest>,
     ) -> Result<Response<pb::GetEventTimelineResponse>, Status> {
         let event_id = request.get_ref().event_id.clone();
-        self.traced(
-            "GetEventTimeline",
-            request.metadata(),
-            Some(&request.get_ref().event_id),
-            |caller| async move {
-                let event_id = parse_event_id(&event_id)?;
-                let timeline = self.inspector.timeline(&event_id).await?;
-                // Another tenant's event is answered exactly like an unknown one.
-                let visible =
-                    caller.operator || timeline.order.as_ref().is_some_and(|o| caller.may_read(o.tenant_id));
-                if timeline.is_empty() || !visible {
-                    return Err(AdminError::EventNotFound(event_id));
-                }
-                Ok(pb::GetEventTimelineResponse { timeline: Some(timeline.into()) })
-            },
-        )
+        self.traced("GetEventTimeline", &request, Some(&request.get_ref().event_id), |caller| async move {
+            let event_id = parse_event_id(&event_id)?;
+            let timeline = self.inspector.timeline(&event_id).await?;
+            // Another tenant's event is answered exactly like an unknown one.
+            let visible =
+                caller.operator || timeline.order.as_ref().is_some_and(|o| caller.may_read(o.tenant_id));
+            if timeline.is_empty() || !visible {
+                return Err(AdminError::EventNotFound(event_id));
+            }
+            Ok(pb::GetEventTimelineResponse { timeline: Some(timeline.into()) })
+        })
         .await
     }
 
@@ -108,7 +76,7 @@ impl AdminService for AdminGrpc {
         request: Request<pb::FindByBusinessKeyRequest>,
     ) -> Result<Response<pb::FindByBusinessKeyResponse>, Status> {
         let key = request.get_ref().clone();
-        self.traced("FindByBusinessKey", request.metadata(), None, |caller| async move {
+        self.traced("FindByBusinessKey", &request, None, |caller| async move {
             let tenant_id = caller.tenant_for_read(key.tenant_id)?;
             let (tenant_id, request_id) = parse_key(tenant_id, key.request_id)?;
             match self.inspector.find(tenant_id.get(), request_id.as_str()).await? {
@@ -130,7 +98,7 @@ impl AdminService for AdminGrpc {
         request: Request<pb::ListBacklogRequest>,
     ) -> Result<Response<pb::ListBacklogResponse>, Status> {
         let query = request.get_ref().clone();
-        self.traced("ListBacklog", request.metadata(), None, |caller| async move {
+        self.traced("ListBacklog", &request, None, |caller| async move {
             // The backlog spans every tenant: operators only.
             caller.require_operator()?;
             let (status, older_than, limit) = parse_backlog(query)?;
@@ -145,10 +113,10 @@ impl AdminService for AdminGrpc {
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
         let ask = request.get_ref().clone();
-        self.traced("Redrive", request.metadata(), Some(&ask.event_id.clone()), |caller| async move {
+        self.traced("Redrive", &request, Some(&ask.event_id.clone()), |caller| async move {
             caller.require_operator()?;
             let (event_id, audit) = parse_redrive(ask, &caller)?;
-            match self.outbox.redrive(&event_id, &audit).await? {
+            match outbox::redrive(self.inspector.db(), &event_id, &audit).await? {
                 Redrive::Redriven => {
                     tracing::info!(
                         outpost.event_id = %event_id,
@@ -167,49 +135,44 @@ impl AdminService for AdminGrpc {
     }
 
     async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
-        let ask = *request.get_ref();
-        self.traced("Purge", request.metadata(), None, |caller| async move {
+        #[allow(deprecated)]
+        let pb::PurgeRequest { outbox_older_than, consumed_older_than, dry_run } = *request.get_ref();
+        self.traced("Purge", &request, None, |caller| async move {
             caller.require_operator()?;
-            let retention = self.retention_for(&ask)?;
-            let report = retention.purge(self.inspector.db(), ask.dry_run).await?;
+            let retention = self.retention_for(outbox_older_than, consumed_older_than.is_some())?;
+            let report = retention.purge(self.inspector.db(), dry_run).await?;
             tracing::info!(
                 requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),
                 outbox_rows = report.outbox_rows,
-                consumed_rows = report.consumed_rows,
-                dry_run = ask.dry_run,
+                dry_run,
                 "purge"
             );
-            Ok(purge_response(&report, retention.redelivery_horizon))
+            Ok(purge_response(&report))
         })
         .await
     }
 }
 
 impl AdminGrpc {
-    /// The configured retention with the request's windows in place of the defaults.
-    fn retention_for(&self, ask: &pb::PurgeRequest) -> Result<Retention, AdminError> {
+    /// The configured retention with the request's window in place of the default. A
+    /// consumed_event window is refused: those rows are the consumer's to purge.
+    fn retention_for(
+        &self,
+        outbox_older_than: Option<prost_types::Duration>,
+        asks_for_consumed: bool,
+    ) -> Result<Retention, AdminError> {
         let mut violations = Vec::new();
-        let mut window = |field: &str, value: Option<prost_types::Duration>, default: Duration| match value {
-            None => default,
-            Some(d) => Duration::try_from(d).unwrap_or_else(|_| {
-                violations.push(FieldViolation::new(field, "must not be negative"));
-                default
-            }),
-        };
-        let retention = Retention {
-            outbox: window("outbox_older_than", ask.outbox_older_than, self.retention.outbox),
-            consumed: window("consumed_older_than", ask.consumed_older_than, self.retention.consumed),
-            ..self.retention.clone()
-        };
+        let outbox =
+            edge::window("outbox_older_than", outbox_older_than, self.retention.outbox, &mut violations);
+        if asks_for_consumed {
+            violations.push(FieldViolation::new(
+                "consumed_older_than",
+                "consumed_event rows are the consumer's: use ConsumerAdminService.PurgeConsumed on the consumer",
+            ));
+        }
         InvalidInput::check(violations)?;
-        Ok(retention)
+        Ok(Retention { outbox, ..self.retention.clone() })
     }
-}
-
-fn parse_event_id(text: &str) -> Result<String, AdminError> {
-    EventId::parse(text).map(|id| id.to_string()).map_err(|e| {
-        AdminError::Invalid(InvalidInput { violations: vec![FieldViolation::new("event_id", e)] })
-    })
 }
 
 fn parse_key(tenant_id: i64, request_id: String) -> Result<(TenantId, RequestId), AdminError> {
@@ -219,7 +182,7 @@ fn parse_key(tenant_id: i64, request_id: String) -> Result<(TenantId, RequestId)
     let request =
         RequestId::parse(request_id).map_err(|e| violations.push(FieldViolation::new("request_id", e))).ok();
     InvalidInput::check(violations)?;
-    tenant.zip(request).ok_or(AdminError::Invalid(InvalidInput { violations: Vec::new() }))
+    tenant.zip(request).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
 }
 
 fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<Duration>, u32), AdminError> {
@@ -238,14 +201,7 @@ fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<
             .map_err(|_| violations.push(FieldViolation::new("older_than", "must not be negative")))
             .ok()
     });
-    let limit = match query.limit {
-        0 => DEFAULT_LIMIT,
-        n if n <= MAX_LIMIT => n,
-        _ => {
-            violations.push(FieldViolation::new("limit", format!("must be at most {MAX_LIMIT}")));
-            DEFAULT_LIMIT
-        }
-    };
+    let limit = edge::limit(query.limit, &mut violations);
     InvalidInput::check(violations)?;
     Ok((status.unwrap_or(OutboxStatus::Pending), older_than, limit))
 }
@@ -255,10 +211,7 @@ fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<
 /// authentication (`--auth none`, loopback) `requested_by` is required and recorded as given.
 fn parse_redrive(ask: pb::RedriveRequest, caller: &Caller) -> Result<(String, RedriveAudit), AdminError> {
     let mut violations = Vec::new();
-    let event_id = EventId::parse(&ask.event_id)
-        .map_err(|e| violations.push(FieldViolation::new("event_id", e)))
-        .ok()
-        .map(|id| id.to_string());
+    let event_id = parse_event_id(&ask.event_id).map_err(|e| violations.extend(e.violations)).ok();
     let required = |field: &str, value: &str, violations: &mut Vec<FieldViolation>| {
         if value.trim().is_empty() {
             violations.push(FieldViolation::new(field, "is required: a redrive is audited on the row"));
@@ -281,86 +234,59 @@ fn parse_redrive(ask: pb::RedriveRequest, caller: &Caller) -> Result<(String, Re
             RedriveAudit { requested_by: subject.clone(), reason }
         }
     };
-    event_id.map(|id| (id, audit)).ok_or(AdminError::Invalid(InvalidInput { violations: Vec::new() }))
+    event_id.map(|id| (id, audit)).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
 }
 
 /// Everything the admin API can answer besides OK.
 #[derive(Debug, thiserror::Error)]
 enum AdminError {
     #[error(transparent)]
-    Denied(#[from] AuthError),
-    #[error(transparent)]
-    Invalid(#[from] InvalidInput),
-    #[error("no order, outbox row or consumer record has event {0}")]
+    Call(CallError),
+    #[error("no order or outbox row has event {0}")]
     EventNotFound(String),
     #[error("no committed order has tenant_id {tenant_id} and request_id {request_id}")]
     OrderNotFound { tenant_id: i64, request_id: String },
     #[error("event {event_id} is {}, not FAILED: only FAILED events are redriven", status.as_str())]
     NotFailed { event_id: String, status: OutboxStatus },
-    #[error(transparent)]
-    BelowHorizon(RetentionError),
-    #[error("the database failed; nothing was changed by this call: {0}")]
-    Database(#[from] DbErr),
 }
 
-impl From<RetentionError> for AdminError {
-    fn from(e: RetentionError) -> Self {
-        match e {
-            RetentionError::Database(e) => Self::Database(e),
-            refused => Self::BelowHorizon(refused),
-        }
-    }
-}
+edge::from_call_error!(AdminError);
 
 impl AdminError {
     /// The one place admin failures become gRPC statuses; the table in `admin_service.proto`
     /// documents it.
     fn into_status(self) -> Status {
-        let mut details = ErrorDetails::new();
-        let mut metadata = HashMap::new();
-        let (code, reason) = match &self {
-            Self::Denied(refused) => (refused.code(), refused.reason()),
-            Self::Invalid(invalid) => {
-                for v in &invalid.violations {
-                    details.add_bad_request_violation(v.field.clone(), v.description.clone());
-                }
-                (Code::InvalidArgument, "INVALID_REQUEST")
-            }
+        let message = self.to_string();
+        let text =
+            |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let (code, reason, metadata) = match self {
+            Self::Call(e) => return e.into_status(),
             Self::EventNotFound(event_id) => {
-                metadata.insert("event_id".to_owned(), event_id.clone());
-                (Code::NotFound, "EVENT_NOT_FOUND")
+                (Code::NotFound, "EVENT_NOT_FOUND", text(&[("event_id", &event_id)]))
             }
-            Self::OrderNotFound { tenant_id, request_id } => {
-                metadata.insert("tenant_id".to_owned(), tenant_id.to_string());
-                metadata.insert("request_id".to_owned(), request_id.clone());
-                (Code::NotFound, "ORDER_NOT_FOUND")
-            }
-            Self::NotFailed { event_id, status } => {
-                metadata.insert("event_id".to_owned(), event_id.clone());
-                metadata.insert("status".to_owned(), status.as_str().to_owned());
-                (Code::FailedPrecondition, "NOT_FAILED")
-            }
-            Self::BelowHorizon(_) => (Code::FailedPrecondition, "RETENTION_BELOW_HORIZON"),
-            Self::Database(e) => {
-                tracing::warn!(error = %e, "admin call failed on the database");
-                (Code::Unavailable, "DATABASE_UNAVAILABLE")
-            }
+            Self::OrderNotFound { tenant_id, request_id } => (
+                Code::NotFound,
+                "ORDER_NOT_FOUND",
+                text(&[("tenant_id", &tenant_id.to_string()), ("request_id", &request_id)]),
+            ),
+            Self::NotFailed { event_id, status } => (
+                Code::FailedPrecondition,
+                "NOT_FAILED",
+                text(&[("event_id", &event_id), ("status", status.as_str())]),
+            ),
         };
-        details.set_error_info(reason, ERROR_DOMAIN, metadata);
-        Status::with_error_details(code, self.to_string(), details)
+        error_status(code, reason, message, metadata, None)
     }
 }
 
 impl From<Timeline> for pb::EventTimeline {
+    /// The order side only: the consumer's parts stay empty (ConsumerAdminService has them).
     fn from(t: Timeline) -> Self {
         Self {
             event_id: t.event_id,
             order: t.order.map(Into::into),
             outbox: t.outbox.map(Into::into),
-            consumers: t.consumers.into_iter().map(Into::into).collect(),
-            notification_job: t.jobs.first().cloned().map(Into::into),
-            notification_jobs: t.jobs.into_iter().map(Into::into).collect(),
-            dead_letters: t.dead_letters.into_iter().map(Into::into).collect(),
+            ..Self::default()
         }
     }
 }
@@ -405,50 +331,18 @@ impl From<outbox_event::Model> for pb::OutboxRecord {
     }
 }
 
-impl From<consumed_event::Model> for pb::ConsumerRecord {
-    fn from(c: consumed_event::Model) -> Self {
-        Self { consumer_name: c.consumer_name, consumed_at: Some(timestamp(c.consumed_at)) }
-    }
-}
-
-impl From<notification_job::Model> for pb::NotificationJobRecord {
-    fn from(j: notification_job::Model) -> Self {
-        Self {
-            consumer_name: j.consumer_name,
-            order_id: j.order_id,
-            source_version: j.source_version,
-            status: j.status,
-            created_at: Some(timestamp(j.created_at)),
-        }
-    }
-}
-
-impl From<dead_letter::Model> for pb::DeadLetterRecord {
-    fn from(d: dead_letter::Model) -> Self {
-        Self {
-            consumer_name: d.consumer_name,
-            coordinates: Some(pb::KafkaCoordinates {
-                topic: d.topic,
-                partition: d.partition_id,
-                offset: d.offset_id,
-            }),
-            error: d.error,
-            created_at: Some(timestamp(d.created_at)),
-        }
-    }
-}
-
 impl From<Backlog> for pb::ListBacklogResponse {
     fn from(b: Backlog) -> Self {
-        let count = |status| b.counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n);
         let stats = pb::BacklogStats {
-            pending: count(OutboxStatus::Pending),
-            publishing: count(OutboxStatus::Publishing),
-            published: count(OutboxStatus::Published),
-            failed: count(OutboxStatus::Failed),
+            pending: b.stats.count(OutboxStatus::Pending),
+            publishing: b.stats.count(OutboxStatus::Publishing),
+            failed: b.stats.count(OutboxStatus::Failed),
             oldest_pending_age: b
-                .oldest_pending_age
+                .stats
+                .oldest_pending
+                .map(|oldest| (b.now - oldest).to_std().unwrap_or_default())
                 .and_then(|age| prost_types::Duration::try_from(age).ok()),
+            ..Default::default()
         };
         let entries = b
             .entries
@@ -463,12 +357,10 @@ impl From<Backlog> for pb::ListBacklogResponse {
     }
 }
 
-fn purge_response(report: &PurgeReport, horizon: Duration) -> pb::PurgeResponse {
+fn purge_response(report: &PurgeReport) -> pb::PurgeResponse {
     pb::PurgeResponse {
         outbox_rows: report.outbox_rows,
-        consumed_rows: report.consumed_rows,
         outbox_cutoff: Some(timestamp(report.outbox_cutoff)),
-        consumed_cutoff: Some(timestamp(report.consumed_cutoff)),
-        redelivery_horizon: prost_types::Duration::try_from(horizon).ok(),
+        ..Default::default()
     }
 }

@@ -1,0 +1,11 @@
+//! The order side's operators' edge, served as the gRPC `AdminService` on the admin listener:
+//! the order and outbox state of an event by its id, the outbox backlog, the audited way out of
+//! FAILED, and the outbox's retention purge. It reads the order database only; the consumer
+//! serves its own records (`consumer::admin`).
+
+mod grpc;
+mod inspect;
+mod retention;
+
+pub(crate) use grpc::AdminGrpc;
+pub use retention::{PurgeReport, Retention};
