@@ -159,14 +159,15 @@ impl Outbox {
     /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
     /// [`LeaseToken`] that every event of the claim carries.
     ///
-    /// Candidates are PUBLISHING events whose lease has expired (taken first), then PENDING
-    /// events whose retry time (if any) has come, oldest first. On MariaDB/MySQL and PostgreSQL
+    /// Candidates are PUBLISHING events whose lease has expired (taken first, longest expired
+    /// first), then PENDING events whose retry time (if any) has come, oldest first. On MariaDB/MySQL and PostgreSQL
     /// the candidates are locked with `FOR UPDATE SKIP LOCKED` and leased in one short
     /// transaction, so concurrent relays take disjoint batches without waiting on each other.
-    /// Each candidate query reads `idx_outbox_due` in the order it takes rows, so `LIMIT` stops
-    /// the scan and the claim locks only the rows it leases; on MariaDB/MySQL the transaction
-    /// runs at READ COMMITTED, which takes no gap locks, so a claim never blocks an order's
-    /// insert or another relay's claim or mark. SQLite has one writer at a time, so one
+    /// Each candidate query reads an index in the order it takes rows (`idx_outbox_claim` for
+    /// expired leases, `idx_outbox_due` for due events), so `LIMIT` stops the scan and the claim
+    /// locks only the rows it leases; on MariaDB/MySQL the transaction runs at READ COMMITTED,
+    /// which takes no gap locks, so a claim never blocks an order's insert or another relay's
+    /// claim or mark. SQLite has one writer at a time, so one
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
     pub async fn claim(
         &self,
@@ -181,10 +182,10 @@ impl Outbox {
         let txn = self.db.begin_with_config(db::relay_isolation(&self.db), None).await?;
         let now = db::now(&txn).await?;
         let lease_until = lease_end(now, lease)?;
-        let mut rows = candidates(expired(now), batch_size).all(&txn).await?;
+        let mut rows = expired_candidates(now, batch_size).all(&txn).await?;
         let left = batch_size.saturating_sub(rows.len() as u64);
         if left > 0 {
-            rows.extend(candidates(due(now), left).all(&txn).await?);
+            rows.extend(due_candidates(now, left).all(&txn).await?);
         }
         rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         if rows.is_empty() {
@@ -449,14 +450,31 @@ fn expired(now: DateTime<Utc>) -> Condition {
     Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
 }
 
-/// Up to `limit` rows matching `filter` (one status), oldest first, locked unless another claim
-/// holds them. The equality on status and the order match `idx_outbox_due`, so the database
-/// reads rows in the order it returns them and stops at `limit`.
-fn candidates(filter: Condition, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
+/// Up to `limit` PENDING rows that are due, oldest first, locked unless another claim holds
+/// them. The equality on status and the order match `idx_outbox_due (status, created_at,
+/// event_id)`, so the database reads rows in the order it returns them and stops at `limit`.
+fn due_candidates(now: DateTime<Utc>, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
     outbox_event::Entity::find()
-        .filter(filter)
+        .filter(due(now))
         .order_by_asc(Column::CreatedAt)
         .order_by_asc(Column::EventId)
+        .limit(limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+}
+
+/// Up to `limit` PUBLISHING rows whose lease has run out, longest expired first, locked unless
+/// another claim holds them.
+///
+/// The order matches `idx_outbox_claim (status, lease_until, created_at)`, so the scan starts at
+/// the oldest lease and stops at the first one still running: it reads only expired rows, usually
+/// none, and needs no sort whatever plan the database picks. Ordered by creation, a plan that
+/// does not know the bound time (PostgreSQL's generic plan of a prepared statement) may read
+/// every row in flight, up to a batch per loop of every relay, on every claim.
+fn expired_candidates(now: DateTime<Utc>, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
+    outbox_event::Entity::find()
+        .filter(expired(now))
+        .order_by_asc(Column::LeaseUntil)
+        .order_by_asc(Column::CreatedAt)
         .limit(limit)
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
 }
