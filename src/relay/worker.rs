@@ -404,6 +404,14 @@ impl<P: Publisher> Relay<P> {
                     continue;
                 }
                 Ok(StepOutcome::Idle) => idle,
+                // A lock conflict was undone by the server and says nothing about the outbox:
+                // claim again after a short jittered wait, not after the idle back-off, which
+                // may have grown to `max_idle_poll` and would hold the waiting events that long.
+                Err(e) if db::lock_conflict(&e).is_some() => {
+                    tracing::warn!(error = %e, "claim met a lock conflict; claiming again shortly");
+                    tokio::time::sleep(db::LockConflict::backoff(1)).await;
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed; backing off");
                     idle
