@@ -37,12 +37,26 @@ pub(crate) struct RelayPhases {
 impl RelayPhases {
     /// Reads the step lines and warnings of every log in `logs`.
     pub(crate) fn from_logs(logs: &[&Path]) -> Self {
+        Self::read(logs, 0)
+    }
+
+    /// Lines in the log at `path` so far.
+    pub(crate) fn lines(path: &Path) -> usize {
+        std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+    }
+
+    /// Reads the step lines and warnings of the log at `path` after its first `skip` lines.
+    pub(crate) fn from_log_after(path: &Path, skip: usize) -> Self {
+        Self::read(&[path], skip)
+    }
+
+    fn read(logs: &[&Path], skip: usize) -> Self {
         let mut phases = Self::default();
         let (mut claim, mut publish, mut record) =
             (Latencies::default(), Latencies::default(), Latencies::default());
         for path in logs {
             let Ok(text) = std::fs::read_to_string(path) else { continue };
-            for line in text.lines() {
+            for line in text.lines().skip(skip) {
                 let lower = line.to_ascii_lowercase();
                 if lower.contains("deadlock") || lower.contains("lock wait") {
                     phases.deadlock_lines += 1;

@@ -39,6 +39,8 @@ pub(crate) struct EndToEnd {
     pub(crate) latency: Percentiles,
     /// Where the time went.
     pub(crate) stages: Stages,
+    /// The relay's batches during the level.
+    pub(crate) relay: RelayPhases,
 }
 
 /// CPU and memory of one service over one phase.
@@ -69,6 +71,8 @@ pub(crate) struct Figures {
     pub(crate) raw_claim_mark: f64,
     /// The plain-SQL claim+mark's batches: claim and mark (as `record`) times.
     pub(crate) raw_claim_mark_phases: RelayPhases,
+    /// The same with two workers at once (as two relays).
+    pub(crate) raw_claim_mark_two: f64,
     pub(crate) raw_consume: f64,
     pub(crate) submit: Vec<Point>,
     pub(crate) relay: Vec<(usize, Drain)>,
@@ -235,6 +239,7 @@ impl Figures {
             raw.record.p50,
             raw.record.p95
         );
+        let _ = writeln!(t, "  raw claim+mark x2 (2 workers) {:>8.0} ev/s", self.raw_claim_mark_two);
         let _ = writeln!(
             t,
             "  raw consumer insert tx @1    {:>9.0} tx/s   p50 {:>7.2} p95 {:>7.2} p99 {:>7.2} ms",
@@ -325,6 +330,23 @@ impl Figures {
                 e.label, s.accept.p50, s.accept.p99, s.relay.p50, s.relay.p99, s.consume.p50, s.consume.p99
             );
         }
+        let _ = writeln!(t, "  the relay's batches (ms, p50 / p95):");
+        for e in &self.e2e {
+            let p = &e.relay;
+            let _ = writeln!(
+                t,
+                "  {:<8} {:>5} batches of {:>5.1}  claim {:>6.1} / {:>6.1}  publish {:>6.1} / {:>6.1}  mark {:>6.1} / {:>6.1}",
+                e.label,
+                p.batches,
+                p.mean_batch(),
+                p.claim.p50,
+                p.claim.p95,
+                p.publish.p50,
+                p.publish.p95,
+                p.record.p50,
+                p.record.p95
+            );
+        }
         let _ = writeln!(t, "\nservices (real processes; /proc/PID/stat and VmHWM)");
         for s in &self.services {
             let _ = writeln!(
@@ -392,6 +414,7 @@ impl Figures {
                 "confirmedProduceTwoProducersPerSecond": self.raw_produce_two,
                 "claimAndMarkPerSecond": self.raw_claim_mark,
                 "claimAndMark": phases(&self.raw_claim_mark_phases),
+                "claimAndMarkTwoWorkersPerSecond": self.raw_claim_mark_two,
                 "consumeWithoutDatabasePerSecond": self.raw_consume,
                 "consumerInsert": point(&self.raw_insert),
             },
@@ -405,7 +428,8 @@ impl Figures {
                 "failed": e.failed, "notConsumed": e.missing,
                 "p50Ms": e.latency.p50, "p95Ms": e.latency.p95, "p99Ms": e.latency.p99,
                 "stages": {"accept": percentiles(&e.stages.accept), "relay": percentiles(&e.stages.relay),
-                           "consume": percentiles(&e.stages.consume)}})).collect::<Vec<_>>(),
+                           "consume": percentiles(&e.stages.consume)},
+                "relayBatches": phases(&e.relay)})).collect::<Vec<_>>(),
             "services": self.services.iter().map(|s| json!({
                 "service": s.service, "phase": s.phase, "events": s.events, "cpuSeconds": s.cpu_seconds,
                 "cpuSecondsPer1000": s.cpu_per_1000(), "peakRssMiB": s.peak_rss_mib})).collect::<Vec<_>>(),
@@ -433,6 +457,7 @@ impl Figures {
             ("raw produce".to_owned(), false, self.raw_produce),
             ("raw produce x2".to_owned(), false, self.raw_produce_two),
             ("raw claim+mark".to_owned(), false, self.raw_claim_mark),
+            ("raw claim+mark x2".to_owned(), false, self.raw_claim_mark_two),
         ];
         for (n, d) in &self.relay {
             bars.push((format!("relay x{n}"), true, d.per_second));

@@ -228,6 +228,17 @@ impl Run<'_> {
             ..RelayPhases::default()
         };
         raw::reset_outbox(&self.db).await?;
+        // Two workers at once, as two relays: does the database side scale out?
+        let observer = self.observe("raw claim+mark x2").await;
+        let url = self.bench.url.clone();
+        let (a, b) = tokio::join!(
+            raw::claim_and_mark(&url, RAW_CLAIM_BATCH, self.plan.point),
+            raw::claim_and_mark(&url, RAW_CLAIM_BATCH, self.plan.point)
+        );
+        self.waited(observer.finish().await);
+        let (a, b) = (a?, b?);
+        self.figures.raw_claim_mark_two = measure::rate(a.marked + b.marked, a.elapsed.max(b.elapsed));
+        raw::reset_outbox(&self.db).await?;
         Ok(())
     }
 
@@ -382,7 +393,14 @@ impl Run<'_> {
         consumer_args.extend(self.plan.consumer_args.iter().cloned());
         let mut services = vec![
             self.start("outpost-order", "order-e2e", order_args)?,
-            self.start("outpost-relay", "relay-e2e", relay_args)?,
+            Service::start_with_env(
+                &self.plan.bin_dir,
+                "outpost-relay",
+                "relay-e2e",
+                &relay_args,
+                &self.plan.out_dir,
+                &RELAY_STEP_LOG,
+            )?,
             self.start("outpost-consumer", "consumer-e2e", consumer_args)?,
         ];
         let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
@@ -400,6 +418,8 @@ impl Run<'_> {
             ("trickle", 1.0, self.plan.trickle),
         ];
         for (label, rate, duration) in levels {
+            let relay_log = self.plan.out_dir.join("relay-e2e.log");
+            let logged_before = RelayPhases::lines(&relay_log);
             let observer = self.observe(&format!("e2e {label} ({rate:.0}/s)")).await;
             let (sent, failed, first_error) = load::open_loop(&clients, rate.max(1.0), duration).await;
             if let Some(e) = first_error {
@@ -441,6 +461,7 @@ impl Run<'_> {
                 missing,
                 latency: latencies.summary(),
                 stages,
+                relay: RelayPhases::from_log_after(&relay_log, logged_before),
             });
         }
         let names = ["outpost-order", "outpost-relay", "outpost-consumer"];
