@@ -338,6 +338,12 @@ pub(crate) async fn claim_and_mark(
     let db = crate::sql::connect(url, 2).await?;
     let backend = db.get_database_backend();
     let read_committed = (backend == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted);
+    // The relay pins each candidate query to its index on MariaDB/MySQL (left to itself the
+    // optimizer may sort the whole backlog through the other index and lock all of it).
+    let hint = |index: &str| {
+        if backend == DbBackend::MySql { format!(" FORCE INDEX ({index})") } else { String::new() }
+    };
+    let (claim_index, due_index) = (hint("idx_outbox_claim"), hint("idx_outbox_due"));
     let started = Instant::now();
     let mut result = ClaimMark::default();
     let mut offset = 0i64;
@@ -351,7 +357,7 @@ pub(crate) async fn claim_and_mark(
             .query_all_raw(statement(
                 backend,
                 &format!(
-                    "SELECT * FROM outbox_event WHERE status = 'PUBLISHING' AND lease_until < ? \
+                    "SELECT * FROM outbox_event{claim_index} WHERE status = 'PUBLISHING' AND lease_until < ? \
                      ORDER BY lease_until, created_at LIMIT {batch} FOR UPDATE SKIP LOCKED"
                 ),
                 vec![now.into()],
@@ -363,7 +369,7 @@ pub(crate) async fn claim_and_mark(
                 txn.query_all_raw(statement(
                     backend,
                     &format!(
-                        "SELECT * FROM outbox_event WHERE status = 'PENDING' \
+                        "SELECT * FROM outbox_event{due_index} WHERE status = 'PENDING' \
                          AND (lease_until IS NULL OR lease_until <= ?) \
                          ORDER BY created_at, event_id LIMIT {left} FOR UPDATE SKIP LOCKED"
                     ),
