@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sea_orm::sea_query::extension::mysql::{IndexHintScope, IndexName, MySqlSelectStatementExt as _};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
     ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    TransactionTrait, Value,
+    QueryTrait, TransactionTrait, Value,
 };
 
 use super::{LeaseToken, WorkerId};
@@ -127,14 +128,15 @@ impl Outbox {
     /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
     /// [`LeaseToken`] that every event of the claim carries.
     ///
-    /// Candidates are PUBLISHING events whose lease has expired (taken first), then PENDING
-    /// events whose retry time (if any) has come, oldest first. On MariaDB/MySQL and PostgreSQL
+    /// Candidates are PUBLISHING events whose lease has expired (taken first, longest expired
+    /// first), then PENDING events whose retry time (if any) has come, oldest first. On MariaDB/MySQL and PostgreSQL
     /// the candidates are locked with `FOR UPDATE SKIP LOCKED` and leased in one short
     /// transaction, so concurrent relays take disjoint batches without waiting on each other.
-    /// Each candidate query reads `idx_outbox_due` in the order it takes rows, so `LIMIT` stops
-    /// the scan and the claim locks only the rows it leases; on MariaDB/MySQL the transaction
-    /// runs at READ COMMITTED, which takes no gap locks, so a claim never blocks an order's
-    /// insert or another relay's claim or mark. SQLite has one writer at a time, so one
+    /// Each candidate query reads an index in the order it takes rows (`idx_outbox_claim` for
+    /// expired leases, `idx_outbox_due` for due events), so `LIMIT` stops the scan and the claim
+    /// locks only the rows it leases; on MariaDB/MySQL the transaction runs at READ COMMITTED,
+    /// which takes no gap locks, so a claim never blocks an order's insert or another relay's
+    /// claim or mark. SQLite has one writer at a time, so one
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
     pub async fn claim(
         &self,
@@ -149,10 +151,10 @@ impl Outbox {
         let txn = self.db.begin_with_config(db::relay_isolation(&self.db), None).await?;
         let now = db::now(&txn).await?;
         let lease_until = lease_end(now, lease)?;
-        let mut rows = candidates(expired(now), batch_size).all(&txn).await?;
+        let mut rows = expired_candidates(now, batch_size).all(&txn).await?;
         let left = batch_size.saturating_sub(rows.len() as u64);
         if left > 0 {
-            rows.extend(candidates(due(now), left).all(&txn).await?);
+            rows.extend(due_candidates(now, left).all(&txn).await?);
         }
         rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         if rows.is_empty() {
@@ -369,16 +371,56 @@ fn expired(now: DateTime<Utc>) -> Condition {
     Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
 }
 
-/// Up to `limit` rows matching `filter` (one status), oldest first, locked unless another claim
-/// holds them. The equality on status and the order match `idx_outbox_due`, so the database
-/// reads rows in the order it returns them and stops at `limit`.
-fn candidates(filter: Condition, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
-    outbox_event::Entity::find()
-        .filter(filter)
+/// Up to `limit` PENDING rows that are due, oldest first, locked unless another claim holds
+/// them. The equality on status and the order match `idx_outbox_due (status, created_at,
+/// event_id)`, so the database reads rows in the order it returns them and stops at `limit`.
+fn due_candidates(now: DateTime<Utc>, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
+    let mut select = outbox_event::Entity::find()
+        .filter(due(now))
         .order_by_asc(Column::CreatedAt)
         .order_by_asc(Column::EventId)
         .limit(limit)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    force_index(&mut select, DUE_INDEX);
+    select
+}
+
+/// Up to `limit` PUBLISHING rows whose lease has run out, longest expired first, locked unless
+/// another claim holds them.
+///
+/// The order matches `idx_outbox_claim (status, lease_until, created_at)`, so the scan starts at
+/// the oldest lease and stops at the first one still running: it reads only expired rows, usually
+/// none, and needs no sort whatever plan the database picks. Ordered by creation, a plan that
+/// does not know the bound time (PostgreSQL's generic plan of a prepared statement) may read
+/// every row in flight, up to a batch per loop of every relay, on every claim.
+fn expired_candidates(now: DateTime<Utc>, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
+    let mut select = outbox_event::Entity::find()
+        .filter(expired(now))
+        .order_by_asc(Column::LeaseUntil)
+        .order_by_asc(Column::CreatedAt)
+        .limit(limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    force_index(&mut select, CLAIM_INDEX);
+    select
+}
+
+/// The index due events are claimed through.
+const DUE_INDEX: &str = "idx_outbox_due";
+/// The index expired leases are claimed through.
+const CLAIM_INDEX: &str = "idx_outbox_claim";
+
+/// Pins a candidate query to `index` on MariaDB/MySQL (other backends ignore the hint).
+///
+/// InnoDB locks the index entries a locking read scans, also those of rows it then skips as
+/// locked, and keeps them until the transaction ends. Left to itself, MariaDB sometimes read the
+/// due events through `idx_outbox_claim` and sorted them: that claim locked every due event's
+/// `idx_outbox_claim` entry, while a concurrent claim through `idx_outbox_due` held the
+/// `idx_outbox_due` entries of its own rows, and their lease updates, which rewrite both
+/// indexes' entries, waited on each other: `1213 Deadlock found` between two claims (the bench's
+/// end-to-end run showed it, two claims of 22 and 80 rows holding 1,019 and 1,020 row locks).
+/// Each query on its own index, in the index's order, locks only what it takes and what it skips.
+fn force_index(select: &mut sea_orm::Select<outbox_event::Entity>, index: &str) {
+    QueryTrait::query(select).force_index(IndexName::new(index), IndexHintScope::All);
 }
 
 fn lease_to(

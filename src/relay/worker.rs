@@ -50,6 +50,12 @@ pub struct StepReport {
     pub failed: usize,
     /// Outcomes that could not be written (the database failed); their leases will expire.
     pub unrecorded: usize,
+    /// Time spent claiming (the claim transaction).
+    pub claim_time: Duration,
+    /// Time from the end of the claim until every record of the batch was confirmed or failed.
+    pub publish_time: Duration,
+    /// Time spent recording the outcomes (the release and the mark statements).
+    pub record_time: Duration,
 }
 
 /// What a step found.
@@ -172,7 +178,10 @@ impl<P: Publisher> Relay<P> {
                 }
             }
         });
+        let publishing = tokio::time::Instant::now();
         let results = join_all(sends).await;
+        report.claim_time = claim_took;
+        report.publish_time = publishing.elapsed();
         let mut confirmed = Vec::with_capacity(claimed.len());
         let mut failed = Vec::new();
         for ((event, result), span) in claimed.iter().zip(results).zip(&spans) {
@@ -189,7 +198,8 @@ impl<P: Publisher> Relay<P> {
                 Err((error, blame)) => failed.push((event, error, blame, span)),
             }
         }
-        let record_by = tokio::time::Instant::now() + budget.whole.saturating_sub(budget.publish);
+        let recording = tokio::time::Instant::now();
+        let record_by = recording + budget.whole.saturating_sub(budget.publish);
         // Failed events go back in one statement, each row under its own claim fence.
         let failures: Vec<(&ClaimedEvent, &str, Blame)> =
             failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
@@ -223,6 +233,7 @@ impl<P: Publisher> Relay<P> {
                 }
             }
         }
+        report.record_time = recording.elapsed();
         Ok(StepOutcome::Worked(report))
     }
 
@@ -377,11 +388,30 @@ impl<P: Publisher> Relay<P> {
             }
             let wait = match step {
                 Ok(StepOutcome::Worked(report)) => {
-                    tracing::debug!(?report, "relay step");
+                    // One line per batch under its own target, so the phases of a drain can be
+                    // measured (`RUST_LOG=outpost::relay::step=debug`) without per-event logs.
+                    tracing::debug!(
+                        target: "outpost::relay::step",
+                        claimed = report.claimed,
+                        published = report.published,
+                        lease_lost = report.lease_lost,
+                        claim_ms = report.claim_time.as_secs_f64() * 1e3,
+                        publish_ms = report.publish_time.as_secs_f64() * 1e3,
+                        record_ms = report.record_time.as_secs_f64() * 1e3,
+                        "relay step"
+                    );
                     idle = shortest;
                     continue;
                 }
                 Ok(StepOutcome::Idle) => idle,
+                // A lock conflict was undone by the server and says nothing about the outbox:
+                // claim again after a short jittered wait, not after the idle back-off, which
+                // may have grown to `max_idle_poll` and would hold the waiting events that long.
+                Err(e) if db::lock_conflict(&e).is_some() => {
+                    tracing::warn!(error = %e, "claim met a lock conflict; claiming again shortly");
+                    tokio::time::sleep(db::LockConflict::backoff(1)).await;
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed; backing off");
                     idle
@@ -420,7 +450,9 @@ where
             match write().await {
                 Err(e) if db::lock_conflict(&e).is_some() => {
                     retry += 1;
-                    tracing::debug!(error = %e, retry, "recording outcomes met a lock conflict; running it again");
+                    // A warning: the relay's statements are meant never to wait on each other,
+                    // so a conflict here is worth seeing (the bench and the tests count them).
+                    tracing::warn!(error = %e, retry, "recording outcomes met a lock conflict; running it again");
                     tokio::time::sleep(db::LockConflict::backoff(retry)).await;
                 }
                 done => return done,

@@ -1,4 +1,5 @@
-//! The PNG chart: throughput against the machine's limits, and end-to-end latency.
+//! The PNG chart: throughput against the machine's limits, and end-to-end latency against
+//! offered load.
 
 use std::path::Path;
 
@@ -10,6 +11,7 @@ use crate::report::Figures;
 
 const FONTS: [&str; 2] =
     ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
+const HEIGHT: u32 = 1000;
 const RAW: RGBColor = RGBColor(150, 150, 150);
 const OUTPOST: RGBColor = RGBColor(31, 119, 180);
 
@@ -31,10 +33,10 @@ fn chart_error(e: impl std::fmt::Display) -> BenchError {
     BenchError::Chart(e.to_string())
 }
 
-/// Draws `figures` to `path` as a 1200×800 PNG.
+/// Draws `figures` to `path` as a 1200×1000 PNG.
 pub(crate) fn draw(figures: &Figures, path: &Path) -> Result<(), BenchError> {
     let labels = register_font();
-    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1200, HEIGHT)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_error)?;
     let text = |size: u32| ("sans-serif", size).into_font().color(&BLACK);
     let (left, label_w, bar_max) = (20i32, 200i32, 820.0f64);
@@ -67,38 +69,53 @@ pub(crate) fn draw(figures: &Figures, path: &Path) -> Result<(), BenchError> {
         }
     }
 
-    // End-to-end latency: p50, p95, p99 per level.
-    let top = top + bars.len() as i32 * 40 + 50;
+    // End-to-end latency against offered load: p50, p95, p99 per level.
+    let top = (top + bars.len() as i32 * 40 + 20).min(HEIGHT as i32 - 300);
+    let area = root.margin(top, 10, 10, 10);
+    let mut levels: Vec<_> = figures.e2e.iter().filter(|e| e.latency.samples > 0).collect();
+    levels.sort_by(|a, b| a.offered_per_second.total_cmp(&b.offered_per_second));
+    let x_max = levels.iter().map(|e| e.offered_per_second).fold(1.0, f64::max) * 1.05;
+    let y_max = levels.iter().map(|e| e.latency.p99).fold(1.0, f64::max) * 1.1;
+    let mut builder = ChartBuilder::on(&area);
     if labels {
-        root.draw(&Text::new("end-to-end latency, ms (p50 / p95 / p99)", (left, top - 35), text(20)))
+        builder
+            .caption("end-to-end latency (ms) against offered load (orders/s)", ("sans-serif", 20))
+            .x_label_area_size(35)
+            .y_label_area_size(60);
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max).map_err(chart_error)?;
+    if labels {
+        chart.configure_mesh().x_desc("offered load, orders/s").y_desc("ms").draw().map_err(chart_error)?;
+    }
+    let shades =
+        [("p50", RGBColor(44, 160, 44)), ("p95", RGBColor(255, 127, 14)), ("p99", RGBColor(214, 39, 40))];
+    for (i, (name, shade)) in shades.into_iter().enumerate() {
+        let points: Vec<(f64, f64)> = levels
+            .iter()
+            .map(|e| {
+                let value = [e.latency.p50, e.latency.p95, e.latency.p99][i];
+                (e.offered_per_second, value)
+            })
+            .collect();
+        let series =
+            chart.draw_series(LineSeries::new(points.clone(), shade.stroke_width(2))).map_err(chart_error)?;
+        if labels {
+            series
+                .label(name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], shade.stroke_width(2)));
+        }
+        chart
+            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, shade.filled())))
             .map_err(chart_error)?;
     }
-    let max = figures.e2e.iter().map(|e| e.latency.p99).fold(1.0, f64::max);
-    let shades = [RGBColor(44, 160, 44), RGBColor(255, 127, 14), RGBColor(214, 39, 40)];
-    let mut y = top;
-    for e in &figures.e2e {
-        if labels {
-            root.draw(&Text::new(
-                format!("{} ({:.0}/s)", e.label, e.offered_per_second),
-                (left, y + 20),
-                text(16),
-            ))
+    if labels {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
             .map_err(chart_error)?;
-        }
-        for (value, shade) in [e.latency.p50, e.latency.p95, e.latency.p99].into_iter().zip(shades) {
-            let w = ((value / max) * bar_max) as i32;
-            root.draw(&Rectangle::new(
-                [(left + label_w, y), (left + label_w + w.max(1), y + 18)],
-                shade.filled(),
-            ))
-            .map_err(chart_error)?;
-            if labels {
-                root.draw(&Text::new(format!("{value:.1}"), (left + label_w + w + 6, y + 2), text(14)))
-                    .map_err(chart_error)?;
-            }
-            y += 20;
-        }
-        y += 14;
     }
     root.present().map_err(chart_error)
 }

@@ -61,6 +61,18 @@ impl Service {
         args: &[String],
         log_dir: &Path,
     ) -> Result<Self, BenchError> {
+        Self::start_with_env(bin_dir, binary, label, args, log_dir, &[])
+    }
+
+    /// [`Service::start`] with extra environment variables (they win over the bench's own).
+    pub(crate) fn start_with_env(
+        bin_dir: &Path,
+        binary: &str,
+        label: &str,
+        args: &[String],
+        log_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Self, BenchError> {
         let path: PathBuf = bin_dir.join(binary);
         let log = std::fs::File::create(log_dir.join(format!("{label}.log")))?;
         let child = tokio::process::Command::new(&path)
@@ -74,6 +86,7 @@ impl Service {
             // the default limit (the pool size) would shed them instead.
             .env("OUTPOST_MAX_CONCURRENT_CALLS", "1024")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -8,6 +8,7 @@ mod machine;
 mod measure;
 mod observe;
 mod payload;
+mod phases;
 mod raw;
 mod report;
 mod run;

@@ -8,11 +8,13 @@ use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, TransactionTrait, Value,
+};
 
 use crate::error::BenchError;
 use crate::load::{LoopResult, closed_loop};
-use crate::measure::now_micros;
+use crate::measure::{Latencies, now_micros};
 use crate::payload::{self, OrderRow};
 use crate::sql::statement;
 
@@ -149,19 +151,49 @@ fn headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
         .insert(h("content-type", outpost::relay::CONTENT_TYPE))
 }
 
-/// Confirmed produce of the same records, in batches of `batch` awaited together as the relay
-/// awaits a claimed batch. Returns confirmed records and the time taken.
+/// Confirmed produce of the same records in the relay's shape: `producers` producers (as relay
+/// processes), each with `loops` loops (as `--workers`) that send a batch of `batch` records and
+/// await all their confirms before the next. Returns confirmed and failed records and the time
+/// taken.
 pub(crate) async fn produce(
     brokers: &str,
     topic: &str,
+    producers: usize,
+    loops: usize,
     batch: usize,
     duration: Duration,
 ) -> Result<(u64, u64, Duration), BenchError> {
-    let producer = producer(brokers)?;
     let started = Instant::now();
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let producer = producer(brokers)?;
+        for l in 0..loops {
+            let (producer, topic) = (producer.clone(), topic.to_owned());
+            // Disjoint order ids per loop: only the keys' spread over partitions matters.
+            let first_order = i64::try_from((p * loops + l) * 1_000_000_000).unwrap_or(0);
+            tasks.push(tokio::spawn(async move {
+                produce_loop(&producer, &topic, batch, first_order, started + duration).await
+            }));
+        }
+    }
     let (mut confirmed, mut failed) = (0u64, 0u64);
-    let mut order_id = 0i64;
-    while started.elapsed() < duration {
+    for task in tasks {
+        let (c, f) = task.await.map_err(|e| BenchError::Stuck(format!("a produce loop failed: {e}")))?;
+        confirmed += c;
+        failed += f;
+    }
+    Ok((confirmed, failed, started.elapsed()))
+}
+
+async fn produce_loop(
+    producer: &FutureProducer,
+    topic: &str,
+    batch: usize,
+    mut order_id: i64,
+    until: Instant,
+) -> (u64, u64) {
+    let (mut confirmed, mut failed) = (0u64, 0u64);
+    while Instant::now() < until {
         let records: Vec<(String, String, Vec<u8>)> = (0..batch)
             .map(|_| {
                 order_id += 1;
@@ -186,7 +218,7 @@ pub(crate) async fn produce(
             }
         }
     }
-    Ok((confirmed, failed, started.elapsed()))
+    (confirmed, failed)
 }
 
 /// Reads `expected` records of `topic` from the start with a fresh group and no database work:
@@ -275,45 +307,85 @@ pub(crate) async fn reset_outbox(db: &DatabaseConnection) -> Result<(), DbErr> {
     Ok(())
 }
 
-/// The relay's database work in plain SQL on the pre-filled outbox: claim a batch with
-/// `FOR UPDATE SKIP LOCKED` and lease it in one transaction, then mark each event PUBLISHED
-/// under the owner fence, one UPDATE per event in one transaction per batch (as the relay
-/// does). One worker, as one relay.
-/// Stops when nothing is claimable or `duration` passed; returns events marked and time taken.
+/// What the plain-SQL claim+mark did.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimMark {
+    /// Events marked PUBLISHED.
+    pub(crate) marked: u64,
+    /// From the first claim until the last mark.
+    pub(crate) elapsed: Duration,
+    /// Each batch's claim transaction.
+    pub(crate) claim: Latencies,
+    /// Each batch's mark (the clock read and the one fenced statement).
+    pub(crate) mark: Latencies,
+    /// Batches claimed.
+    pub(crate) batches: u64,
+}
+
+/// The relay's database work in plain SQL on the pre-filled outbox, in the relay's statement
+/// shapes: a claim transaction (READ COMMITTED on MariaDB/MySQL) reading the database clock,
+/// expired leases on `idx_outbox_claim` then due events on `idx_outbox_due` with
+/// `FOR UPDATE SKIP LOCKED`, and one `UPDATE … IN (…)` to lease them; then the clock again and
+/// one set-based mark of the whole batch, every row fenced by status and claim token and given
+/// its own partition and offset (a `VALUES` join on PostgreSQL, a `UNION ALL` derived table in
+/// a READ COMMITTED transaction on MariaDB/MySQL). One worker, nothing published.
+/// Stops when nothing is claimable or `duration` passed.
 pub(crate) async fn claim_and_mark(
     url: &str,
     batch: u64,
     duration: Duration,
-) -> Result<(u64, Duration), BenchError> {
+) -> Result<ClaimMark, BenchError> {
     let db = crate::sql::connect(url, 2).await?;
     let backend = db.get_database_backend();
-    let owner = format!("bench-raw/{}", std::process::id());
+    let read_committed = (backend == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted);
+    // The relay pins each candidate query to its index on MariaDB/MySQL (left to itself the
+    // optimizer may sort the whole backlog through the other index and lock all of it).
+    let hint = |index: &str| {
+        if backend == DbBackend::MySql { format!(" FORCE INDEX ({index})") } else { String::new() }
+    };
+    let (claim_index, due_index) = (hint("idx_outbox_claim"), hint("idx_outbox_due"));
     let started = Instant::now();
-    let mut marked = 0u64;
+    let mut result = ClaimMark::default();
     let mut offset = 0i64;
     while started.elapsed() < duration {
-        let now = now_micros();
+        let claiming = Instant::now();
+        let token = format!("bench-raw/{}/{:016x}", std::process::id(), rand_u64());
+        let txn = db.begin_with_config(read_committed, None).await?;
+        let now = clock(&txn).await?;
         let lease_until = now + chrono::Duration::seconds(30);
-        let txn = db.begin().await?;
-        let rows = txn
+        let mut rows = txn
             .query_all_raw(statement(
                 backend,
                 &format!(
-                    "SELECT event_id, aggregate_id, payload FROM outbox_event \
-                     WHERE (status = 'PENDING' AND (lease_until IS NULL OR lease_until <= ?)) \
-                     OR (status = 'PUBLISHING' AND lease_until < ?) \
-                     ORDER BY created_at, event_id LIMIT {batch} FOR UPDATE SKIP LOCKED"
+                    "SELECT * FROM outbox_event{claim_index} WHERE status = 'PUBLISHING' AND lease_until < ? \
+                     ORDER BY lease_until, created_at LIMIT {batch} FOR UPDATE SKIP LOCKED"
                 ),
-                vec![now.into(), now.into()],
+                vec![now.into()],
             ))
             .await?;
+        let left = batch.saturating_sub(rows.len() as u64);
+        if left > 0 {
+            rows.extend(
+                txn.query_all_raw(statement(
+                    backend,
+                    &format!(
+                        "SELECT * FROM outbox_event{due_index} WHERE status = 'PENDING' \
+                         AND (lease_until IS NULL OR lease_until <= ?) \
+                         ORDER BY created_at, event_id LIMIT {left} FOR UPDATE SKIP LOCKED"
+                    ),
+                    vec![now.into()],
+                ))
+                .await?,
+            );
+        }
         if rows.is_empty() {
             txn.commit().await?;
             break;
         }
-        let ids: Vec<String> = rows.iter().filter_map(|r| r.try_get_by_index::<String>(0).ok()).collect();
+        let mut ids: Vec<String> =
+            rows.iter().filter_map(|r| r.try_get::<String>("", "event_id").ok()).collect();
         let placeholders = vec!["?"; ids.len()].join(", ");
-        let mut values: Vec<Value> = vec![owner.clone().into(), lease_until.into()];
+        let mut values: Vec<Value> = vec![token.clone().into(), lease_until.into()];
         values.extend(ids.iter().cloned().map(Value::from));
         txn.execute_raw(statement(
             backend,
@@ -325,30 +397,89 @@ pub(crate) async fn claim_and_mark(
         ))
         .await?;
         txn.commit().await?;
-        let marks = db.begin().await?;
-        for id in ids {
-            offset += 1;
-            marks
-                .execute_raw(statement(
-                    backend,
-                    "UPDATE outbox_event SET status = 'PUBLISHED', published_at = ?, published_topic = ?, \
-                 published_partition = ?, published_offset = ?, lease_owner = NULL, lease_until = NULL \
-                 WHERE event_id = ? AND status = 'PUBLISHING' AND lease_owner = ?",
-                    vec![
-                        now_micros().into(),
-                        "bench-raw".into(),
-                        0i32.into(),
-                        offset.into(),
-                        id.into(),
-                        owner.clone().into(),
-                    ],
-                ))
-                .await?;
-            marked += 1;
-        }
-        marks.commit().await?;
+        result.claim.push(claiming.elapsed());
+        result.batches += 1;
+
+        let marking = Instant::now();
+        let now = clock(&db).await?;
+        // The relay marks in event id order, the order every set-based update locks rows in.
+        ids.sort();
+        let marks: Vec<(String, i64)> = ids
+            .into_iter()
+            .map(|id| {
+                offset += 1;
+                (id, offset)
+            })
+            .collect();
+        let marked = mark_all(&db, read_committed, &marks, &token, now).await?;
+        result.mark.push(marking.elapsed());
+        result.marked += marked;
     }
-    let elapsed = started.elapsed();
+    result.elapsed = started.elapsed();
     db.close().await?;
-    Ok((marked, elapsed))
+    Ok(result)
+}
+
+/// One set-based, fenced mark in the relay's shape; returns the rows it changed.
+async fn mark_all(
+    db: &DatabaseConnection,
+    isolation: Option<IsolationLevel>,
+    marks: &[(String, i64)],
+    token: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, DbErr> {
+    let backend = db.get_database_backend();
+    let assignments = "status = 'PUBLISHED', published_at = v.v_published_at, published_topic = v.v_topic, \
+                       published_partition = v.v_partition, published_offset = v.v_offset, \
+                       lease_owner = NULL, lease_until = NULL";
+    let fence = "o.status = 'PUBLISHING' AND o.lease_owner = v.v_token";
+    let mut values: Vec<Value> = Vec::with_capacity(marks.len() * 6);
+    for (id, offset) in marks {
+        values.extend([
+            id.clone().into(),
+            token.into(),
+            now.into(),
+            "bench-raw".into(),
+            0i32.into(),
+            (*offset).into(),
+        ]);
+    }
+    if backend == DbBackend::Postgres {
+        let tuples =
+            vec!["(?::char(36), ?::text, ?::timestamptz, ?::text, ?::integer, ?::bigint)"; marks.len()];
+        let sql = format!(
+            "UPDATE outbox_event AS o SET {assignments} FROM (VALUES {}) \
+             AS v(v_id, v_token, v_published_at, v_topic, v_partition, v_offset) \
+             WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id",
+            tuples.join(", ")
+        );
+        return Ok(db.query_all_raw(statement(backend, &sql, values)).await?.len() as u64);
+    }
+    let first = "SELECT CONVERT(? USING ascii) COLLATE ascii_bin AS v_id, ? AS v_token, ? AS v_published_at, \
+                 ? AS v_topic, ? AS v_partition, ? AS v_offset";
+    let rest = " UNION ALL SELECT CONVERT(? USING ascii) COLLATE ascii_bin, ?, ?, ?, ?, ?";
+    let sql = format!(
+        "UPDATE outbox_event AS o JOIN ({first}{}) AS v ON o.event_id = v.v_id SET {assignments} WHERE TRUE AND {fence}",
+        rest.repeat(marks.len() - 1)
+    );
+    let txn = db.begin_with_config(isolation, None).await?;
+    let changed = txn.execute_raw(statement(backend, &sql, values)).await?.rows_affected();
+    txn.commit().await?;
+    Ok(changed)
+}
+
+/// The database clock, read as the relay reads it before a claim and a mark.
+async fn clock(db: &impl ConnectionTrait) -> Result<chrono::DateTime<chrono::Utc>, DbErr> {
+    let backend = db.get_database_backend();
+    let sql =
+        if backend == DbBackend::Postgres { "SELECT clock_timestamp()" } else { "SELECT UTC_TIMESTAMP(6)" };
+    let row = db
+        .query_one_raw(sea_orm::Statement::from_string(backend, sql))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("the database clock".into()))?;
+    crate::sql::time_at(&row, 0)
+}
+
+fn rand_u64() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
 }

@@ -11,6 +11,7 @@ use crate::error::BenchError;
 use crate::load::{self, OrderClients};
 use crate::measure::{self, Latencies};
 use crate::observe::{Observer, Waits};
+use crate::phases::{RELAY_STEP_LOG, RelayPhases, Stages};
 use crate::report::{Drain, EndToEnd, Figures, Point, ServiceUse};
 use crate::sql::{self, BenchDatabase};
 use crate::{machine, raw};
@@ -66,10 +67,10 @@ pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let topics = Topics {
             raw: format!("outpost-bench-raw-{id}"),
-            relay: vec![format!("outpost-bench-relay1-{id}"), format!("outpost-bench-relay2-{id}")],
+            relay: RELAY_PROCESSES.iter().map(|n| format!("outpost-bench-relay{n}-{id}")).collect(),
             e2e: format!("outpost-bench-e2e-{id}"),
         };
-        for topic in [&topics.raw, &topics.relay[0], &topics.relay[1], &topics.e2e] {
+        for topic in [&topics.raw, &topics.e2e].into_iter().chain(&topics.relay) {
             outpost_verify::create_topic(&plan.brokers, topic, plan.partitions)
                 .await
                 .map_err(BenchError::Stuck)?;
@@ -94,8 +95,8 @@ impl Run<'_> {
         self.raw_insert().await?;
         self.raw_produce().await?;
         self.raw_claim_mark().await?;
-        for processes in [1, 2] {
-            self.relay(processes).await?;
+        for (n, processes) in RELAY_PROCESSES.into_iter().enumerate() {
+            self.relay(processes, n).await?;
         }
         self.consumer().await?;
         self.end_to_end().await
@@ -187,12 +188,28 @@ impl Run<'_> {
 
     async fn raw_produce(&mut self) -> Result<(), BenchError> {
         step("raw produce");
-        let (confirmed, failed, elapsed) =
-            raw::produce(&self.plan.brokers, &self.topics.raw, 100, self.plan.point).await?;
-        if failed > 0 {
-            self.figures.notes.push(format!("raw produce: {failed} records not confirmed"));
+        // As one relay (two loops of full batches) and as two: does the broker leave room for a
+        // second relay?
+        for producers in [1, 2] {
+            let (confirmed, failed, elapsed) = raw::produce(
+                &self.plan.brokers,
+                &self.topics.raw,
+                producers,
+                2,
+                RAW_CLAIM_BATCH as usize,
+                self.plan.point,
+            )
+            .await?;
+            if failed > 0 {
+                self.figures.notes.push(format!("raw produce x{producers}: {failed} records not confirmed"));
+            }
+            let rate = measure::rate(confirmed, elapsed);
+            if producers == 1 {
+                self.figures.raw_produce = rate;
+            } else {
+                self.figures.raw_produce_two = rate;
+            }
         }
-        self.figures.raw_produce = measure::rate(confirmed, elapsed);
         Ok(())
     }
 
@@ -200,23 +217,52 @@ impl Run<'_> {
         step(&format!("pre-filling the outbox with {} events", self.plan.backlog));
         raw::prefill(&self.db, self.plan.backlog).await?;
         let observer = self.observe("raw claim+mark").await;
-        let (marked, elapsed) = raw::claim_and_mark(&self.bench.url, 100, self.plan.point).await?;
+        let mut result = raw::claim_and_mark(&self.bench.url, RAW_CLAIM_BATCH, self.plan.point).await?;
         self.waited(observer.finish().await);
-        self.figures.raw_claim_mark = measure::rate(marked, elapsed);
+        self.figures.raw_claim_mark = measure::rate(result.marked, result.elapsed);
+        self.figures.raw_claim_mark_phases = RelayPhases {
+            batches: result.batches,
+            claimed: result.marked,
+            claim: result.claim.summary(),
+            record: result.mark.summary(),
+            ..RelayPhases::default()
+        };
+        raw::reset_outbox(&self.db).await?;
+        // Two workers at once, as two relays: does the database side scale out?
+        let observer = self.observe("raw claim+mark x2").await;
+        let url = self.bench.url.clone();
+        let (a, b) = tokio::join!(
+            raw::claim_and_mark(&url, RAW_CLAIM_BATCH, self.plan.point),
+            raw::claim_and_mark(&url, RAW_CLAIM_BATCH, self.plan.point)
+        );
+        self.waited(observer.finish().await);
+        let (a, b) = (a?, b?);
+        self.figures.raw_claim_mark_two = measure::rate(a.marked + b.marked, a.elapsed.max(b.elapsed));
         raw::reset_outbox(&self.db).await?;
         Ok(())
     }
 
-    /// Drains the pre-filled outbox with `processes` relays; leaves every row PENDING again.
-    async fn relay(&mut self, processes: usize) -> Result<(), BenchError> {
-        let topic = self.topics.relay[processes - 1].clone();
+    /// Drains the pre-filled outbox with `processes` relays onto the `n`th relay topic; leaves
+    /// every row PENDING again.
+    async fn relay(&mut self, processes: usize, n: usize) -> Result<(), BenchError> {
+        let topic = self.topics.relay[n].clone();
         let observer = self.observe(&format!("relay x{processes} drain")).await;
         let started = Instant::now();
         let mut relays = Vec::new();
+        let mut logs = Vec::new();
         for n in 1..=processes {
             let mut args = self.common_args(&topic);
             args.extend(self.plan.relay_args.iter().cloned());
-            relays.push(self.start("outpost-relay", &format!("relay-x{processes}-{n}"), args)?);
+            let label = format!("relay-x{processes}-{n}");
+            logs.push(self.plan.out_dir.join(format!("{label}.log")));
+            relays.push(Service::start_with_env(
+                &self.plan.bin_dir,
+                "outpost-relay",
+                &label,
+                &args,
+                &self.plan.out_dir,
+                &RELAY_STEP_LOG,
+            )?);
         }
         let sql = "SELECT COUNT(*) FROM outbox_event WHERE status = 'PUBLISHED'";
         let complete = self.wait_for(sql, self.plan.backlog, &mut relays).await?;
@@ -233,6 +279,8 @@ impl Run<'_> {
         .await?;
         let drain = Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete };
         self.figures.relay.push((processes, drain));
+        let logs: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+        self.figures.relay_phases.push((processes, RelayPhases::from_logs(&logs)));
         // Published rows do not keep their owner, so the relays are accounted for together.
         self.figures.services.push(ServiceUse {
             service: "outpost-relay".into(),
@@ -345,7 +393,14 @@ impl Run<'_> {
         consumer_args.extend(self.plan.consumer_args.iter().cloned());
         let mut services = vec![
             self.start("outpost-order", "order-e2e", order_args)?,
-            self.start("outpost-relay", "relay-e2e", relay_args)?,
+            Service::start_with_env(
+                &self.plan.bin_dir,
+                "outpost-relay",
+                "relay-e2e",
+                &relay_args,
+                &self.plan.out_dir,
+                &RELAY_STEP_LOG,
+            )?,
             self.start("outpost-consumer", "consumer-e2e", consumer_args)?,
         ];
         let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
@@ -359,9 +414,12 @@ impl Run<'_> {
         let levels = [
             ("25%", max * 0.25, self.plan.e2e),
             ("50%", max * 0.5, self.plan.e2e),
+            ("75%", max * 0.75, self.plan.e2e),
             ("trickle", 1.0, self.plan.trickle),
         ];
         for (label, rate, duration) in levels {
+            let relay_log = self.plan.out_dir.join("relay-e2e.log");
+            let logged_before = RelayPhases::lines(&relay_log);
             let observer = self.observe(&format!("e2e {label} ({rate:.0}/s)")).await;
             let (sent, failed, first_error) = load::open_loop(&clients, rate.max(1.0), duration).await;
             if let Some(e) = first_error {
@@ -375,16 +433,26 @@ impl Run<'_> {
             self.waited(observer.finish().await);
             let committed = self.jobs().await?;
             let mut latencies = Latencies::default();
+            let (mut accept, mut relay, mut consume) =
+                (Latencies::default(), Latencies::default(), Latencies::default());
             let mut missing = 0;
             for s in &sent {
                 match committed.get(&s.event_id) {
-                    Some(at) => {
+                    Some(&(created, published, consumed)) => {
                         let sent_us = s.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
-                        latencies.push_ms((*at - sent_us) as f64 / 1000.0);
+                        latencies.push_ms((consumed - sent_us) as f64 / 1000.0);
+                        accept.push_ms((created - sent_us) as f64 / 1000.0);
+                        // A consumer may write its job before the relay's mark lands.
+                        if let Some(published) = published {
+                            relay.push_ms((published - created) as f64 / 1000.0);
+                            consume.push_ms((consumed - published) as f64 / 1000.0);
+                        }
                     }
                     None => missing += 1,
                 }
             }
+            let stages =
+                Stages { accept: accept.summary(), relay: relay.summary(), consume: consume.summary() };
             self.figures.e2e.push(EndToEnd {
                 label: label.to_owned(),
                 offered_per_second: rate,
@@ -392,6 +460,8 @@ impl Run<'_> {
                 failed,
                 missing,
                 latency: latencies.summary(),
+                stages,
+                relay: RelayPhases::from_log_after(&relay_log, logged_before),
             });
         }
         let names = ["outpost-order", "outpost-relay", "outpost-consumer"];
@@ -409,24 +479,35 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Every notification job's event id and creation time in microseconds since the epoch.
-    async fn jobs(&self) -> Result<HashMap<String, i64>, BenchError> {
+    /// Every notification job's event id with, in microseconds since the epoch, its outbox
+    /// row's `created_at` and `published_at` (none while its mark is still to come) and the
+    /// job's `created_at`.
+    async fn jobs(&self) -> Result<HashMap<String, (i64, Option<i64>, i64)>, BenchError> {
         let backend = self.db.get_database_backend();
         let rows = self
             .db
             .query_all_raw(Statement::from_string(
                 backend,
-                "SELECT event_id, created_at FROM notification_job",
+                "SELECT j.event_id, o.created_at, o.published_at, j.created_at \
+                 FROM notification_job j JOIN outbox_event o ON o.event_id = j.event_id",
             ))
             .await?;
         let mut jobs = HashMap::with_capacity(rows.len());
         for row in rows {
             let id: String = row.try_get_by_index(0)?;
-            jobs.insert(id.trim().to_owned(), sql::time_at(&row, 1)?.timestamp_micros());
+            let micros = |i| sql::time_at(&row, i).map(|at| at.timestamp_micros());
+            jobs.insert(id.trim().to_owned(), (micros(1)?, micros(2).ok(), micros(3)?));
         }
         Ok(jobs)
     }
 }
+
+/// The relay drains: this many relay processes each.
+const RELAY_PROCESSES: [usize; 3] = [1, 2, 4];
+
+/// Events per claim of the plain-SQL claim+mark: the relay's largest default batch, which its
+/// claims grow to while a backlog exists.
+const RAW_CLAIM_BATCH: u64 = 500;
 
 /// How long a drain may make no progress before it counts as stuck.
 const STALL: Duration = Duration::from_secs(120);
