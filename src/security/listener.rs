@@ -17,6 +17,7 @@ use tower::layer::util::{Identity, Stack};
 
 use super::ListenerSettings;
 use super::admission::Admission;
+use super::deadline::Deadline;
 use super::tls::{ReloadingTls, TlsError, TlsFiles};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
@@ -43,7 +44,7 @@ pub enum ListenerError {
 }
 
 /// The tonic server every listener is built from: shed past the limit, bounded per call.
-pub(crate) type LimitedServer = tonic::transport::Server<Stack<Admission, Identity>>;
+pub(crate) type LimitedServer = tonic::transport::Server<Stack<Deadline, Stack<Admission, Identity>>>;
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
@@ -110,9 +111,12 @@ impl Listener {
 
     /// A server with this listener's concurrency limit (shared by all its connections; a call
     /// past it is answered RESOURCE_EXHAUSTED at once; health checks are always admitted) and
-    /// per-call deadline.
+    /// per-call deadline (a call past it is answered DEADLINE_EXCEEDED).
     pub(crate) fn server(&self) -> LimitedServer {
-        tonic::transport::Server::builder().timeout(self.call_timeout).layer(self.admission.clone())
+        // The call timeout is ours, not tonic's `Server::timeout`, which answers CANCELLED.
+        tonic::transport::Server::builder()
+            .layer(self.admission.clone())
+            .layer(Deadline::new(self.call_timeout))
     }
 
     /// The accepted connections, TLS already negotiated. Handshakes run on their own tasks, so a
