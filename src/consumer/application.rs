@@ -59,6 +59,8 @@ impl Application {
     /// the health endpoint. Records are received in [`Application::run_until_stopped`].
     pub async fn build(mut settings: Settings) -> Result<Self, StartupError> {
         settings.check().map_err(StartupError::Settings)?;
+        // Before connecting to anything: a policy error must not wait behind the database.
+        Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: the health port names the instance when --instance-name does not, and

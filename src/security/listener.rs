@@ -59,12 +59,25 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// Refuses plaintext on an address other hosts can reach, unless `allow_plaintext` says
+    /// something in front encrypts. It reads only the settings, so a service checks it before
+    /// connecting to anything: a policy error must not wait behind a database or a broker.
+    pub fn check_plaintext(addr: SocketAddr, settings: &ListenerSettings) -> Result<(), ListenerError> {
+        let tls = settings.tls_cert.is_some() && settings.tls_key.is_some();
+        if tls || addr.ip().is_loopback() || settings.allow_plaintext {
+            Ok(())
+        } else {
+            Err(ListenerError::PlaintextNotLoopback { addr })
+        }
+    }
+
     /// Checks the plaintext policy, loads the TLS files and binds `addr` (port 0 picks a free
     /// port).
     pub async fn bind(
         addr: SocketAddr,
         settings: &ListenerSettings,
     ) -> Result<Self, crate::service::ReadyError> {
+        Self::check_plaintext(addr, settings)?;
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(
                 ReloadingTls::load(TlsFiles {
@@ -77,9 +90,6 @@ impl Listener {
             _ => None,
         };
         if tls.is_none() && !addr.ip().is_loopback() {
-            if !settings.allow_plaintext {
-                return Err(ListenerError::PlaintextNotLoopback { addr }.into());
-            }
             tracing::warn!(%addr, "serving gRPC WITHOUT TLS on a non-loopback address (--allow-plaintext)");
         }
         let (tcp, port) = crate::service::bind(addr).await?;
