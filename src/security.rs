@@ -4,6 +4,7 @@
 
 mod admission;
 mod auth;
+mod deadline;
 mod listener;
 mod settings;
 mod tls;

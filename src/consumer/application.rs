@@ -77,6 +77,8 @@ impl Application {
         let retention = settings.retention();
         retention.check()?;
         let auth = Authenticator::from_settings(&settings.auth, &[settings.listen])?;
+        // Before connecting to anything: a policy error must not wait behind the database.
+        Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: the health port names the instance when --instance-name does not, and

@@ -47,11 +47,13 @@ pub struct Application {
 }
 
 impl Application {
-    /// Checks the settings, connects to the database (which must be migrated), creates the
+    /// Checks the settings (the listener's plaintext policy included) before anything else,
+    /// connects to the database (which must be migrated), creates the
     /// producer and binds the health endpoint. Publishing starts in
     /// [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         check(&settings)?;
+        Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let publisher = KafkaPublisher::new(
             &settings.brokers,

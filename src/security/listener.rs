@@ -17,6 +17,7 @@ use tower::layer::util::{Identity, Stack};
 
 use super::ListenerSettings;
 use super::admission::Admission;
+use super::deadline::Deadline;
 use super::tls::{ReloadingTls, TlsError, TlsFiles};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
@@ -43,7 +44,7 @@ pub enum ListenerError {
 }
 
 /// The tonic server every listener is built from: shed past the limit, bounded per call.
-pub(crate) type LimitedServer = tonic::transport::Server<Stack<Admission, Identity>>;
+pub(crate) type LimitedServer = tonic::transport::Server<Stack<Deadline, Stack<Admission, Identity>>>;
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
@@ -58,12 +59,25 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// Refuses plaintext on an address other hosts can reach, unless `allow_plaintext` says
+    /// something in front encrypts. It reads only the settings, so a service checks it before
+    /// connecting to anything: a policy error must not wait behind a database or a broker.
+    pub fn check_plaintext(addr: SocketAddr, settings: &ListenerSettings) -> Result<(), ListenerError> {
+        let tls = settings.tls_cert.is_some() && settings.tls_key.is_some();
+        if tls || addr.ip().is_loopback() || settings.allow_plaintext {
+            Ok(())
+        } else {
+            Err(ListenerError::PlaintextNotLoopback { addr })
+        }
+    }
+
     /// Checks the plaintext policy, loads the TLS files and binds `addr` (port 0 picks a free
     /// port).
     pub async fn bind(
         addr: SocketAddr,
         settings: &ListenerSettings,
     ) -> Result<Self, crate::service::ReadyError> {
+        Self::check_plaintext(addr, settings)?;
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(
                 ReloadingTls::load(TlsFiles {
@@ -76,9 +90,6 @@ impl Listener {
             _ => None,
         };
         if tls.is_none() && !addr.ip().is_loopback() {
-            if !settings.allow_plaintext {
-                return Err(ListenerError::PlaintextNotLoopback { addr }.into());
-            }
             tracing::warn!(%addr, "serving gRPC WITHOUT TLS on a non-loopback address (--allow-plaintext)");
         }
         let (tcp, port) = crate::service::bind(addr).await?;
@@ -110,9 +121,12 @@ impl Listener {
 
     /// A server with this listener's concurrency limit (shared by all its connections; a call
     /// past it is answered RESOURCE_EXHAUSTED at once; health checks are always admitted) and
-    /// per-call deadline.
+    /// per-call deadline (a call past it is answered DEADLINE_EXCEEDED).
     pub(crate) fn server(&self) -> LimitedServer {
-        tonic::transport::Server::builder().timeout(self.call_timeout).layer(self.admission.clone())
+        // The call timeout is ours, not tonic's `Server::timeout`, which answers CANCELLED.
+        tonic::transport::Server::builder()
+            .layer(self.admission.clone())
+            .layer(Deadline::new(self.call_timeout))
     }
 
     /// The accepted connections, TLS already negotiated. Handshakes run on their own tasks, so a

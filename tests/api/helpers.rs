@@ -310,6 +310,63 @@ pub fn arm(point: &str, actions: &str) {
     fail::cfg(point, actions).unwrap();
 }
 
+/// Arms `point` to hold the first thread that passes it until the returned [`Held`] lets it go
+/// (or is dropped, so a failing test never leaves a thread held); later passes go straight on.
+///
+/// Unlike a `sleep`, a hold ends when the test has seen what it waited for, not when a guessed
+/// time is up: on a loaded machine the other side may not get there within any fixed sleep.
+#[cfg(feature = "failpoints")]
+pub fn hold(point: &'static str) -> Held {
+    use std::sync::{Mutex, mpsc};
+    assert!(
+        std::env::var_os("NEXTEST").is_some(),
+        "failpoint tests need a process per test: run them with `cargo nextest run`"
+    );
+    let (reached, reached_rx) = oneshot::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let first = Mutex::new(Some((reached, release_rx)));
+    fail::cfg_callback(point, move || {
+        let taken = first.lock().unwrap().take();
+        if let Some((reached, release)) = taken {
+            let _ = reached.send(());
+            // Blocks this thread, as the failpoint's `sleep` would, until released or dropped.
+            let _ = release.recv();
+        }
+    })
+    .unwrap();
+    Held { point, reached: Some(reached_rx), release: Some(release) }
+}
+
+/// A thread held at a failpoint by [`hold`].
+#[cfg(feature = "failpoints")]
+pub struct Held {
+    point: &'static str,
+    reached: Option<oneshot::Receiver<()>>,
+    release: Option<std::sync::mpsc::Sender<()>>,
+}
+
+#[cfg(feature = "failpoints")]
+impl Held {
+    /// Waits until a thread is held at the point, failing the test with `what` after `timeout`.
+    pub async fn reached(&mut self, what: &str, timeout: std::time::Duration) {
+        let reached = self.reached.take().expect("waited for the hold once");
+        let arrived = tokio::time::timeout(timeout, reached).await;
+        assert!(matches!(arrived, Ok(Ok(()))), "timed out after {timeout:?} waiting until {what}");
+    }
+
+    /// Lets the held thread go on.
+    pub fn release(self) {}
+}
+
+#[cfg(feature = "failpoints")]
+impl Drop for Held {
+    fn drop(&mut self) {
+        // A closed channel ends the hold.
+        drop(self.release.take());
+        fail::remove(self.point);
+    }
+}
+
 /// Polls `check` until it holds, failing the test with `what` after `timeout`.
 pub async fn assert_eventually<F, Fut>(what: &str, timeout: std::time::Duration, mut check: F)
 where

@@ -424,23 +424,57 @@ async fn claim_once_expired(outbox: &Outbox, worker: &WorkerId) -> Vec<ClaimedEv
     }
 }
 
-/// Loop A of `relay` steps in the background and claims `event_id`; once its lease has expired,
-/// loop B of the same relay (its worker id) claims it again. Returns loop A's step, loop B's
-/// claim and the row as loop B holds it.
+/// Loop A of a relay steps apart ([`step_apart`]), claims `event_id` and is held before
+/// publishing; once its lease has expired, loop B of the same relay (its worker id) claims it
+/// again, and only then does loop A go on. Returns loop A's step, loop B's claim and the row as
+/// loop B holds it.
+///
+/// Loop A is held, not delayed by a sleep: had it gone on before loop B's claim, its lease
+/// would still have been its own, and its mark or release would rightly have taken.
+#[cfg(feature = "failpoints")]
 async fn another_loop_takes_over(
-    relay: Relay<KafkaPublisher>,
+    app: &TestApp,
+    publisher: impl FnOnce() -> KafkaPublisher + Send + 'static,
+    tuning: Tuning,
     outbox: &Outbox,
     probe: &OutboxProbe<'_>,
     event_id: &str,
-) -> (tokio::task::JoinHandle<StepOutcome>, Vec<ClaimedEvent>, crate::helpers::OutboxState) {
-    let worker = relay.owner().clone();
-    let loop_a = tokio::spawn(async move { relay.step().await.unwrap() });
-    assert_eventually("loop A holds the lease", WAIT, || async {
-        probe.state(event_id).await.status == "PUBLISHING"
-    })
-    .await;
+) -> (tokio::sync::oneshot::Receiver<StepOutcome>, Vec<ClaimedEvent>, crate::helpers::OutboxState) {
+    let mut held = crate::helpers::hold(outpost::failpoint::DURING_CONCURRENT_CLAIM);
+    let (worker, loop_a) = step_apart(app, publisher, tuning).await;
+    held.reached("loop A has claimed and stops before publishing", WAIT).await;
     let loop_b = claim_once_expired(outbox, &worker).await;
-    (loop_a, loop_b, probe.state(event_id).await)
+    let held_by_b = probe.state(event_id).await;
+    held.release();
+    (loop_a, loop_b, held_by_b)
+}
+
+/// One step of a relay with a thread, a runtime and a database pool of its own, as a relay in
+/// another process has; returns its worker id and, once the step has ended, its outcome.
+///
+/// A failpoint that holds or sleeps blocks its thread. On a worker of the test's own runtime
+/// that could stall the runtime's I/O driver and timers too (the blocked worker may be the one
+/// that polled them last, the others asleep), so the test itself could not claim, query or
+/// time out until the relay went on.
+#[cfg(feature = "failpoints")]
+async fn step_apart(
+    app: &TestApp,
+    publisher: impl FnOnce() -> KafkaPublisher + Send + 'static,
+    tuning: Tuning,
+) -> (WorkerId, tokio::sync::oneshot::Receiver<StepOutcome>) {
+    let database_url = app.db.url.clone();
+    let (owner, owner_rx) = tokio::sync::oneshot::channel();
+    let (done, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let outbox = Outbox::new(outpost::db::connect(&database_url, 4).await.unwrap());
+            let relay = Relay::new(outbox, publisher(), tuning);
+            owner.send(relay.owner().clone()).unwrap();
+            let _ = done.send(relay.step().await.unwrap());
+        });
+    });
+    (owner_rx.await.expect("the relay apart started"), done_rx)
 }
 
 fn quick_retry(max_attempts: i32) -> RetryPolicy {
@@ -500,6 +534,7 @@ async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_re
     assert_eq!((pending.status.as_str(), pending.last_error.as_deref()), ("PENDING", Some("broker said no")));
 }
 
+#[cfg(feature = "failpoints")]
 async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again(
     backend: Backend,
 ) {
@@ -509,8 +544,8 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(1).await;
     let outbox = Outbox::new(app.db.connect().await);
-    let publisher =
-        KafkaPublisher::new(&broker.address(), topic(), Duration::from_millis(1500), &[]).unwrap();
+    let brokers = broker.address();
+    let publisher = move || KafkaPublisher::new(&brokers, topic(), Duration::from_millis(1500), &[]).unwrap();
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(300),
@@ -519,9 +554,9 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
         retry: quick_retry(1),
         max_idle_poll: Duration::from_millis(100),
     };
-    // Loop A's publish fails only after its lease has run out.
-    let relay = Relay::new(outbox.clone(), publisher, tuning);
-    let (loop_a, loop_b, held_by_b) = another_loop_takes_over(relay, &outbox, &probe, &ids[0]).await;
+    // Loop A's publish fails only after loop B has claimed the event again.
+    let (loop_a, loop_b, held_by_b) =
+        another_loop_takes_over(&app, publisher, tuning, &outbox, &probe, &ids[0]).await;
     assert_eq!(held_by_b.lease_owner.as_deref(), Some(loop_b[0].lease_token.as_str()));
 
     let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
@@ -696,7 +731,6 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
 #[cfg(feature = "failpoints")]
 async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(backend: Backend) {
     use outpost::failpoint::DURING_CONCURRENT_CLAIM;
-    use std::sync::Arc;
 
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -705,8 +739,8 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(1).await;
     let outbox = Outbox::new(app.db.connect().await);
-    let publisher =
-        || KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(3), &[]).unwrap();
+    let (brokers, to) = (broker.address(), topic.clone());
+    let publisher = move || KafkaPublisher::new(&brokers, to.clone(), Duration::from_secs(3), &[]).unwrap();
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(1000),
@@ -719,25 +753,26 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
         },
         max_idle_poll: Duration::from_millis(100),
     };
-    // Only the first pass through the window stalls, for longer than the lease.
-    crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(3000)");
-    let slow = Arc::new(Relay::new(outbox.clone(), publisher(), tuning.clone()));
-    let fast = Relay::new(outbox.clone(), publisher(), tuning);
-
-    let slow_step = tokio::spawn({
-        let slow = Arc::clone(&slow);
-        async move { slow.step().await.unwrap() }
-    });
-    assert_eventually("the slow relay holds the lease", WAIT, || async {
-        probe.state(&ids[0]).await.lease_owner.is_some_and(|token| token.starts_with(slow.owner().as_str()))
-    })
-    .await;
+    // The slow relay is held between its claim and its publish until the fast relay has taken
+    // the event over. It used to sleep 3 s there on a worker of this test's runtime, which could
+    // stop the runtime's I/O and timers with it (see `step_apart`): the fast relay then claimed
+    // only once the sleep was over, racing the slow relay's publish and mark, and on a loaded
+    // machine the slow relay won and marked under its own lease, expired but not yet taken.
+    let mut held = crate::helpers::hold(DURING_CONCURRENT_CLAIM);
+    let fast = Relay::new(outbox.clone(), publisher(), tuning.clone());
+    let (slow_owner, slow_step) = step_apart(&app, publisher, tuning).await;
+    held.reached("the slow relay has claimed and stops before publishing", WAIT).await;
+    let holder = probe.state(&ids[0]).await.lease_owner;
+    assert!(holder.as_deref().is_some_and(|t| t.starts_with(slow_owner.as_str())), "{holder:?}");
+    // The fast relay's claim succeeds only once the slow relay's lease has expired.
     assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
         matches!(fast.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
     })
     .await;
     let after_fast = probe.state(&ids[0]).await;
 
+    // Past its lease and overtaken, the slow relay goes on: it publishes and its mark is fenced.
+    held.release();
     let StepOutcome::Worked(late) = slow_step.await.unwrap() else { panic!("the slow relay had claimed") };
     assert_eq!((late.published, late.lease_lost), (0, 1), "{late:?}");
     assert_eq!(probe.state(&ids[0]).await, after_fast, "the late mark changed nothing");
@@ -749,8 +784,6 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
 async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
     backend: Backend,
 ) {
-    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
-
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
@@ -758,8 +791,8 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(1).await;
     let outbox = Outbox::new(app.db.connect().await);
-    let publisher =
-        KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(3), &[]).unwrap();
+    let (brokers, to) = (broker.address(), topic.clone());
+    let publisher = move || KafkaPublisher::new(&brokers, to, Duration::from_secs(3), &[]).unwrap();
     let tuning = Tuning {
         batch_size: 10,
         lease: Duration::from_millis(500),
@@ -768,11 +801,9 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
         retry: quick_retry(10),
         max_idle_poll: Duration::from_millis(100),
     };
-    // Loop A stalls between its claim and its publish for longer than its lease.
-    crate::helpers::arm(DURING_CONCURRENT_CLAIM, "1*sleep(2500)");
-    let relay = Relay::new(outbox.clone(), publisher, tuning);
     // Loop B still holds the lease when loop A's confirm arrives.
-    let (loop_a, loop_b, held_by_b) = another_loop_takes_over(relay, &outbox, &probe, &ids[0]).await;
+    let (loop_a, loop_b, held_by_b) =
+        another_loop_takes_over(&app, publisher, tuning, &outbox, &probe, &ids[0]).await;
 
     let StepOutcome::Worked(report) = loop_a.await.unwrap() else { panic!("loop A had claimed") };
     assert_eq!((report.published, report.lease_lost), (0, 1), "{report:?}");
@@ -787,6 +818,12 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
 
 #[cfg(not(feature = "failpoints"))]
 async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
+    _: Backend,
+) {
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again(
     _: Backend,
 ) {
 }

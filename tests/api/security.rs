@@ -418,6 +418,34 @@ async fn a_listener_other_hosts_can_reach_refuses_plaintext_and_auth_none() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_and_the_consumer_refuse_plaintext_other_hosts_can_reach_before_connecting_to_anything() {
+    // The "database" and the "broker": a port that takes connections into its backlog and never
+    // answers, so a service that connected first would wait there and report that instead.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    silent.set_nonblocking(true).unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let database_url = format!("postgres://postgres@127.0.0.1:{port}/nothing");
+    let brokers = format!("127.0.0.1:{port}");
+    let everywhere: std::net::SocketAddr = "0.0.0.0:0".parse().unwrap();
+
+    let mut relay = outpost::relay::Settings::new(&database_url, &brokers);
+    relay.listen = everywhere;
+    let error = outpost::relay::Application::build(relay).await.unwrap_err().to_string();
+    assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
+
+    let mut consumer = outpost::consumer::Settings::new(&database_url, &brokers);
+    consumer.listen = everywhere;
+    let error = outpost::consumer::Application::build(consumer).await.unwrap_err().to_string();
+    assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
+
+    let attempt = silent.accept();
+    assert!(
+        matches!(&attempt, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "something connected before the policy was checked: {attempt:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_certificate_replaced_while_the_service_runs_is_served_to_new_connections() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
@@ -492,7 +520,7 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_call_past_the_server_deadline_is_cancelled_and_commits_nothing() {
+async fn a_call_past_the_server_deadline_ends_deadline_exceeded_and_commits_nothing() {
     let app = TestApp::spawn_with(Backend::Postgres, |settings| {
         settings.security.listeners.call_timeout = Duration::from_millis(500);
     })
@@ -500,13 +528,14 @@ async fn a_call_past_the_server_deadline_is_cancelled_and_commits_nothing() {
     let lock = app.conn.begin().await.unwrap();
     lock.execute_unprepared("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await.unwrap();
 
-    // The client sets no deadline of its own: the server's ends the call.
+    // The client sets no deadline of its own: the server's ends the call, with the code gRPC
+    // gives a passed deadline (tonic's own server timeout would say CANCELLED).
     let answer = app.client.clone().submit_order(order(5, "too-slow")).await.unwrap_err();
-    assert_eq!(answer.code(), Code::Cancelled, "{answer:?}");
+    assert_eq!(answer.code(), Code::DeadlineExceeded, "{answer:?}");
 
     lock.rollback().await.unwrap();
     // The abandoned transaction never committed: Reconcile finds nothing, as the safe caller
-    // protocol expects after a cancelled call.
+    // protocol expects after a call whose deadline passed.
     let missing = app.reconcile(5, "too-slow").await.unwrap_err();
     assert_eq!(reason(&missing), "ORDER_NOT_FOUND");
     assert_eq!(app.count("orders").await, 0);
