@@ -433,8 +433,13 @@ async fn the_relay_and_the_consumer_refuse_plaintext_other_hosts_can_reach_befor
     let error = outpost::relay::Application::build(relay).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
+    // The consumer serves its admin service on that listener too, so it needs real callers
+    // (--auth none is refused off loopback before this check, which is not what this test shows).
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
     let mut consumer = outpost::consumer::Settings::new(&database_url, &brokers);
     consumer.listen = everywhere;
+    consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
     let error = outpost::consumer::Application::build(consumer).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
