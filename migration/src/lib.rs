@@ -11,6 +11,7 @@ mod m20261202_000001_create_outbox_schema;
 mod m20261202_000002_operations;
 mod m20261203_000001_claim_fence;
 mod m20261203_000002_effect_per_consumer;
+mod m20261203_000003_event_id_lookup;
 
 /// Every migration Outpost knows, oldest first.
 #[derive(Debug)]
@@ -24,6 +25,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000002_operations::Migration),
             Box::new(m20261203_000001_claim_fence::Migration),
             Box::new(m20261203_000002_effect_per_consumer::Migration),
+            Box::new(m20261203_000003_event_id_lookup::Migration),
         ]
     }
 }

@@ -130,6 +130,7 @@ on_every_backend!(
     offsets_of_committed_work_are_committed_on_shutdown,
     two_consumer_names_on_one_database_each_make_their_own_job_once,
     jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_made_them,
+    the_timeline_tables_gain_an_event_id_index_that_the_migration_can_take_back,
     a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_commits_past_the_end,
     a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start,
     a_static_member_that_stops_leaves_the_group_and_another_instance_takes_over,
@@ -526,6 +527,58 @@ async fn jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_m
     };
     conn.execute_unprepared(&job("planner-y")).await.unwrap();
     conn.execute_unprepared(&job("planner-x")).await.unwrap_err();
+    conn.close().await.unwrap();
+}
+
+async fn the_timeline_tables_gain_an_event_id_index_that_the_migration_can_take_back(backend: Backend) {
+    use outpost_migration::{Migrator, MigratorTrait, SchemaManager};
+
+    const INDEXES: [(&str, &str); 3] = [
+        ("consumed_event", "idx_consumed_event_event_id"),
+        ("notification_job", "idx_notification_job_event_id"),
+        ("dead_letter", "idx_dead_letter_event_id"),
+    ];
+    async fn present(conn: &sea_orm::DatabaseConnection) -> Vec<bool> {
+        let manager = SchemaManager::new(conn);
+        let mut present = Vec::new();
+        for (table, index) in INDEXES {
+            present.push(manager.has_index(table, index).await.unwrap());
+        }
+        present
+    }
+    let db = crate::helpers::TestDb::migrated(backend).await;
+    let conn = db.connect().await;
+    assert_eq!(present(&conn).await, [true; 3], "migrated: every timeline table has its index");
+
+    if backend == Backend::Sqlite {
+        // The timeline's own lookups (filter and order as in src/consumer/admin.rs) use them.
+        for (sql, index) in [
+            ("SELECT * FROM consumed_event WHERE event_id = 'x' ORDER BY consumed_at", INDEXES[0].1),
+            (
+                "SELECT * FROM notification_job WHERE event_id = 'x' ORDER BY created_at, consumer_name",
+                INDEXES[1].1,
+            ),
+            ("SELECT * FROM dead_letter WHERE event_id = 'x' ORDER BY id", INDEXES[2].1),
+        ] {
+            let plan = conn
+                .query_all_raw(Statement::from_string(
+                    sea_orm::DbBackend::Sqlite,
+                    format!("EXPLAIN QUERY PLAN {sql}"),
+                ))
+                .await
+                .unwrap();
+            let plan: Vec<String> = plan.iter().map(|r| r.try_get("", "detail").unwrap()).collect();
+            assert!(plan.iter().any(|step| step.contains(index)), "{sql}: {plan:?}");
+        }
+    }
+
+    // Back to just before this migration, whatever came after it.
+    let migrations = Migrator::migrations();
+    let at = migrations.iter().position(|m| m.name() == "m20261203_000003_event_id_lookup").unwrap();
+    Migrator::down(&conn, Some(u32::try_from(migrations.len() - at).unwrap())).await.unwrap();
+    assert_eq!(present(&conn).await, [false; 3], "down removes what up added");
+    Migrator::up(&conn, None).await.unwrap();
+    assert_eq!(present(&conn).await, [true; 3], "and up adds them again");
     conn.close().await.unwrap();
 }
 
