@@ -3,6 +3,7 @@
 
 mod application;
 mod event;
+mod group;
 mod grpc;
 mod settings;
 mod store;
@@ -10,5 +11,6 @@ mod store;
 pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 pub use crate::edge::ERROR_DOMAIN;
 pub use application::{Application, StartupError};
+pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
 pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};

@@ -7,6 +7,7 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
 use super::Settings;
+use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
 use crate::admin::{AdminGrpc, Retention, RetentionError};
@@ -57,6 +58,8 @@ pub struct Application {
     wake: WakeSender,
     purge_every: Duration,
     shutdown_grace: Duration,
+    group_commit: GroupCommitSettings,
+    batches: BatchStats,
 }
 
 impl Application {
@@ -93,6 +96,8 @@ impl Application {
             wake,
             purge_every: settings.purge_every,
             shutdown_grace: settings.shutdown_grace,
+            batches: BatchStats::new(usize::from(settings.group_commit.max_batch)),
+            group_commit: settings.group_commit,
         })
     }
 
@@ -104,6 +109,11 @@ impl Application {
     /// The port the AdminService listens on.
     pub fn admin_port(&self) -> u16 {
         self.admin_port
+    }
+
+    /// The sizes of the group-commit batches written so far (none with group commit off).
+    pub fn batch_sizes(&self) -> BatchStats {
+        self.batches.clone()
     }
 
     /// Serves gRPC until `shutdown` completes, then lets in-flight calls finish for at most the
@@ -141,7 +151,7 @@ impl Application {
             .add_service(health_service)
             .add_optional_service(self.public_reflection.then(|| reflection.clone()))
             .add_service(OrderGrpc::server(
-                OrderStore::new(self.db.clone()),
+                OrderStore::with_settings(self.db.clone(), &self.group_commit, self.batches),
                 self.wake.clone(),
                 self.auth.clone(),
             ))
