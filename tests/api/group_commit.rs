@@ -19,6 +19,8 @@ on_every_backend!(
     sixty_four_callers_with_distinct_requests_each_get_their_own_order_from_shared_transactions,
     repeats_inside_one_batch_make_one_order_and_one_replay_each,
     one_poisoned_order_per_batch_rolls_back_alone_and_the_rest_commit,
+    a_full_queue_refuses_at_once_as_overloaded_and_writes_nothing,
+    with_group_commit_off_each_order_still_commits_replays_and_reconciles,
 );
 
 /// How long the first batch is held while the next one gathers (below SQLite's 5 s busy
@@ -218,6 +220,57 @@ async fn one_poisoned_order_per_batch_rolls_back_alone_and_the_rest_commit(backe
     assert_eq!(app.count("order_line").await, 2 * (1 + 56));
     let sizes = app.batches.snapshot();
     assert!(sizes.quantile(1.0) > 1, "no two orders shared a transaction: {sizes:?}");
+}
+
+async fn a_full_queue_refuses_at_once_as_overloaded_and_writes_nothing(backend: Backend) {
+    let app = TestApp::spawn_with(backend, |s| {
+        s.group_commit.writers = 1;
+        s.group_commit.queue = 4;
+    })
+    .await;
+    let hold = hold_first_batch(&app).await;
+
+    // The writer is busy with the holder: four wait, the rest are refused.
+    let requests = distinct(7, "crowd", 10);
+    let answers = submit_held(&app, hold, requests.clone()).await;
+
+    let mut committed = 0;
+    for (request, answer) in requests.iter().zip(answers) {
+        let key = &request.request_id;
+        match answer {
+            Ok(answer) => {
+                assert_eq!(answer.outcome(), pb::TransactionOutcome::Committed, "{key}");
+                committed += 1;
+            }
+            Err(status) => {
+                assert_eq!(
+                    (status.code(), reason(&status).as_str()),
+                    (Code::ResourceExhausted, "OVERLOADED"),
+                    "{key}"
+                );
+                assert!(metadata(&status, "event_id").is_some(), "{key}");
+                assert_eq!(app.reconcile(7, key).await.unwrap_err().code(), Code::NotFound, "{key}");
+            }
+        }
+    }
+    assert_eq!(committed, 4, "exactly the queue's bound waited");
+    assert_eq!(app.count("orders").await, 1 + 4);
+}
+
+async fn with_group_commit_off_each_order_still_commits_replays_and_reconciles(backend: Backend) {
+    let app =
+        TestApp::spawn_with(backend, |s| s.group_commit.mode = outpost::order::GroupCommitMode::Off).await;
+
+    let answers = join_all((0..16).map(|i| app.submit(order(7, &format!("alone-{}", i % 8))))).await;
+
+    let answers: Vec<_> = answers.into_iter().map(Result::unwrap).collect();
+    assert_eq!(answers.iter().filter(|a| !a.replayed).count(), 8);
+    for i in 0..8 {
+        let found = app.reconcile(7, &format!("alone-{i}")).await.unwrap();
+        assert!(answers.iter().any(|a| a.order_id == found.order_id && !a.replayed));
+    }
+    assert_eq!(app.count("orders").await, 8);
+    assert_eq!(app.batches.snapshot().batches(), 0, "no batch was written");
 }
 
 #[cfg(feature = "failpoints")]
