@@ -100,6 +100,7 @@ impl GroupCommit {
         for _ in 0..settings.writers {
             let writer = writer::Writer {
                 db: db.clone(),
+                alone: super::store::OrderStore::new(db.clone()),
                 max_batch: usize::from(settings.max_batch),
                 stats: stats.clone(),
             };

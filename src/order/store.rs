@@ -201,13 +201,24 @@ impl OrderStore {
             let accepting = Accepting { submit: submit.clone(), event_id, accepted_at, trace };
             return group.submit(accepting).await;
         }
+        self.submit_alone(submit, event_id, accepted_at, &trace).await
+    }
 
+    /// Writes one order in a transaction of its own, running it again after a lost lock
+    /// conflict.
+    pub(super) async fn submit_alone(
+        &self,
+        submit: &SubmitOrder,
+        event_id: EventId,
+        accepted_at: DateTime<Utc>,
+        trace: &TraceHeaders,
+    ) -> Result<Submitted, SubmitError> {
         // A deadlock or lock-wait-timeout victim was rolled back by the server (and then by us,
         // confirmed): nothing of it remains, so it runs again with the same ids before the
         // caller hears ROLLED_BACK.
         let mut retries = 0;
         loop {
-            match self.attempt(submit, event_id, accepted_at, &trace).await {
+            match self.attempt(submit, event_id, accepted_at, trace).await {
                 Err(SubmitError::RolledBack { event_id, cause }) => {
                     let Some(conflict) = cause.db_err().and_then(lock_conflict) else {
                         // Final, and already logged.

@@ -1,5 +1,6 @@
 //! One writer: takes whatever is queued, writes it in one transaction with a savepoint per
-//! order, commits once, and answers each caller exactly as a transaction of its own would.
+//! order, commits once, and answers each caller exactly as a transaction of its own would. A
+//! batch of one is written exactly as with group commit off.
 //!
 //! - A row error rolls back only that order's savepoint and is decided as today: a replay,
 //!   REQUEST_ID_REUSED, EVENT_ID_IN_USE, or ROLLED_BACK (confirmed by the savepoint's rollback,
@@ -31,7 +32,8 @@ use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_uniq
 use crate::domain::EventId;
 use crate::failpoint;
 use crate::order::store::{
-    LOCK_CONFLICT_RETRIES, SubmitError, Submitted, decide_clash, find, insert_order, rolled_back, unknown,
+    LOCK_CONFLICT_RETRIES, OrderStore, SubmitError, Submitted, decide_clash, find, insert_order, rolled_back,
+    unknown,
 };
 use crate::telemetry::metrics;
 
@@ -41,6 +43,8 @@ const SAVEPOINT: &str = "outpost_order";
 
 pub(super) struct Writer {
     pub(super) db: DatabaseConnection,
+    /// The same database, for a batch of one order: written exactly as with group commit off.
+    pub(super) alone: OrderStore,
     pub(super) max_batch: usize,
     pub(super) stats: BatchStats,
 }
@@ -62,7 +66,12 @@ impl Writer {
         }
     }
 
-    async fn write(&self, jobs: Vec<Job>) {
+    async fn write(&self, mut jobs: Vec<Job>) {
+        if jobs.len() == 1
+            && let Some(job) = jobs.pop()
+        {
+            return self.write_alone(job).await;
+        }
         let mut rows: Vec<Row> = jobs.into_iter().map(|job| Row { job, fate: Fate::Open }).collect();
         // One lock order for every batch: two batches that share keys wait for each other
         // instead of deadlocking. Stable, so the first of two repeats is written first.
@@ -74,7 +83,6 @@ impl Writer {
             db.system.name = crate::db::system_name(&self.db),
             db.operation.name = "INSERT orders, order_line, outbox_event",
             outpost.batch_size = rows.len(),
-            outpost.event_ids = %rows.iter().map(|r| r.job.accepting.event_id.to_string()).collect::<Vec<_>>().join(","),
         );
         for row in &rows {
             span.add_link(row.job.span.context().span().span_context().clone());
@@ -105,6 +113,23 @@ impl Writer {
             });
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// A batch of one order (what low load gives) is written as with group commit off: no
+    /// savepoint, no isolation level to set, so it costs no round trip more. If the caller goes
+    /// away first, the transaction is dropped (rolled back) as its own call would have dropped it.
+    async fn write_alone(&self, mut job: Job) {
+        let Some(mut reply) = job.reply.take() else {
+            return;
+        };
+        let a = &job.accepting;
+        let writing = self.alone.submit_alone(&a.submit, a.event_id, a.accepted_at, &a.trace);
+        let answer = tokio::select! {
+            biased;
+            () = reply.closed() => return,
+            answer = writing.instrument(job.span.clone()) => answer,
+        };
+        let _ = reply.send(answer);
     }
 
     /// One run of the batch's transaction over the orders not answered yet. `Some` when it lost
