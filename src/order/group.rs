@@ -12,11 +12,12 @@ mod writer;
 use std::sync::Arc;
 
 use sea_orm::{DatabaseConnection, DbErr};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Semaphore, SemaphorePermit, mpsc, oneshot};
 
 pub use batch::{BatchSizes, BatchStats};
 
-use super::store::{Accepting, SubmitError, Submitted, unknown};
+use super::store::{Accepting, OrderStore, SubmitError, Submitted, unknown};
+
 use crate::db::TxFailure;
 
 /// Whether orders share transactions.
@@ -89,6 +90,10 @@ struct Job {
 pub(super) struct GroupCommit {
     queue: mpsc::Sender<Job>,
     bound: usize,
+    /// One permit per writer: at most that many order transactions run at once, whether a
+    /// caller runs its own or a writer runs a batch.
+    transactions: Arc<Semaphore>,
+    stats: BatchStats,
 }
 
 impl GroupCommit {
@@ -97,16 +102,27 @@ impl GroupCommit {
         let bound = settings.queue as usize;
         let (queue, waiting) = mpsc::channel(bound);
         let waiting = Arc::new(Mutex::new(waiting));
+        let transactions = Arc::new(Semaphore::new(usize::from(settings.writers)));
         for _ in 0..settings.writers {
             let writer = writer::Writer {
                 db: db.clone(),
-                alone: super::store::OrderStore::new(db.clone()),
+                alone: OrderStore::new(db.clone()),
                 max_batch: usize::from(settings.max_batch),
                 stats: stats.clone(),
             };
-            tokio::spawn(writer.run(Arc::clone(&waiting)));
+            tokio::spawn(writer.run(Arc::clone(&waiting), Arc::clone(&transactions)));
         }
-        Self { queue, bound }
+        Self { queue, bound, transactions, stats }
+    }
+
+    /// A transaction slot, if one is free and no queued order waits for it (what low load
+    /// gives): the caller then writes its order at once in a transaction of its own, in its own
+    /// task, with no hand-off. Counted as a batch of one. The semaphore is fair: while a writer
+    /// waits for a slot with queued orders, no caller gets one past it.
+    pub(super) fn free_slot(&self) -> Option<SemaphorePermit<'_>> {
+        let slot = self.transactions.try_acquire().ok()?;
+        writer::record_batch(&self.stats, 1);
+        Some(slot)
     }
 
     /// Queues `accepting` and waits for its answer. A full queue is refused at once.

@@ -198,6 +198,9 @@ impl OrderStore {
         // returned timestamps one and the same value.
         let accepted_at = Utc::now().trunc_subsecs(6);
         if let Some(group) = &self.group {
+            if let Some(_slot) = group.free_slot() {
+                return self.submit_alone(submit, event_id, accepted_at, &trace).await;
+            }
             let accepting = Accepting { submit: submit.clone(), event_id, accepted_at, trace };
             return group.submit(accepting).await;
         }

@@ -230,7 +230,7 @@ async fn a_full_queue_refuses_at_once_as_overloaded_and_writes_nothing(backend: 
     .await;
     let hold = hold_first_batch(&app).await;
 
-    // The writer is busy with the holder: four wait, the rest are refused.
+    // The one slot is busy with the holder: four wait, the rest are refused.
     let requests = distinct(7, "crowd", 10);
     let answers = submit_held(&app, hold, requests.clone()).await;
 
@@ -253,8 +253,10 @@ async fn a_full_queue_refuses_at_once_as_overloaded_and_writes_nothing(backend: 
             }
         }
     }
-    assert_eq!(committed, 4, "exactly the queue's bound waited");
-    assert_eq!(app.count("orders").await, 1 + 4);
+    // The queue's bound waited, and perhaps one more that the writer had already taken out of
+    // it to wait for the holder's slot.
+    assert!((4..=5).contains(&committed), "{committed} committed");
+    assert_eq!(app.count("orders").await, 1 + committed);
 }
 
 async fn with_group_commit_off_each_order_still_commits_replays_and_reconciles(backend: Backend) {

@@ -22,7 +22,7 @@ use opentelemetry::trace::TraceContextExt as _;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, IsolationLevel, TransactionTrait,
 };
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, Semaphore, mpsc};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -51,18 +51,29 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Writes batches until the queue is closed and drained.
-    pub(super) async fn run(self, waiting: Arc<Mutex<mpsc::Receiver<Job>>>) {
+    pub(super) async fn run(self, waiting: Arc<Mutex<mpsc::Receiver<Job>>>, transactions: Arc<Semaphore>) {
         let mut jobs = Vec::with_capacity(self.max_batch);
         loop {
-            // Whoever holds the lock waits for the next order; once one is there it takes
-            // everything else already waiting and lets the next free writer wait.
-            let taken = waiting.lock().await.recv_many(&mut jobs, self.max_batch).await;
-            if taken == 0 {
+            // Whoever holds the lock waits for the next order, then for a free transaction
+            // slot, and only then takes everything else already waiting: the batch is what
+            // gathered while every slot was busy.
+            let mut queue = waiting.lock().await;
+            if queue.recv_many(&mut jobs, 1).await == 0 {
                 return;
             }
-            self.stats.record(taken);
-            metrics().order_batch_size.record(taken as u64, &[]);
+            let Ok(slot) = Arc::clone(&transactions).acquire_owned().await else {
+                return;
+            };
+            while jobs.len() < self.max_batch {
+                match queue.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            drop(queue);
+            record_batch(&self.stats, jobs.len());
             self.write(std::mem::take(&mut jobs)).await;
+            drop(slot);
         }
     }
 
@@ -224,6 +235,12 @@ impl Writer {
         }
         None
     }
+}
+
+/// Counts one transaction of `size` orders.
+pub(super) fn record_batch(stats: &BatchStats, size: usize) {
+    stats.record(size);
+    metrics().order_batch_size.record(size as u64, &[]);
 }
 
 /// What one order's savepoint came to.
