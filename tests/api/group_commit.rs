@@ -1,9 +1,9 @@
 //! Group commit: many orders in one transaction, each answered exactly as a transaction of its
 //! own would answer it, checked order by order.
 //!
-//! One writer, and its first batch (one `holder` order) held on a lock that the test takes on
-//! the orders table: everything sent meanwhile waits in the queue and is written as the next
-//! batch(es), so these tests know which orders shared a transaction.
+//! One writer (one transaction slot), taken by a `holder` order that waits on a lock the test
+//! takes on the orders table: everything sent meanwhile waits in the queue and is written as the
+//! next batch(es), so these tests know which orders shared a transaction.
 
 use std::collections::HashMap;
 use std::time::Duration;
