@@ -4,6 +4,7 @@
 mod admin;
 mod application;
 mod event;
+mod group;
 mod grpc;
 mod settings;
 mod store;
@@ -12,5 +13,6 @@ pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 pub use crate::edge::ERROR_DOMAIN;
 pub use admin::{PurgeReport, Retention};
 pub use application::{Application, StartupError};
+pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
 pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};

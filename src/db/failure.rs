@@ -4,7 +4,10 @@ use super::ErrorFacts;
 use crate::failpoint::Injected;
 
 /// Why a transaction did not commit, or may not have.
-#[derive(Debug, thiserror::Error)]
+///
+/// Clone, because one failure of a shared (group-commit) transaction is the answer of every
+/// order in it.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TxFailure {
     /// The database reported an error.
     #[error("{source} ({facts})")]

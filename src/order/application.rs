@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use super::Settings;
 use super::admin::{AdminGrpc, Retention};
+use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
 use crate::proto;
@@ -54,6 +55,8 @@ pub struct Application {
     wake: WakeSender,
     purge_every: Duration,
     shutdown_grace: Duration,
+    group_commit: GroupCommitSettings,
+    batches: BatchStats,
 }
 
 impl Application {
@@ -64,6 +67,10 @@ impl Application {
         let retention = settings.retention();
         let security = &settings.security;
         let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;
+        // Before connecting to anything: a policy error must not wait behind the database.
+        for addr in [settings.listen, settings.admin_listen] {
+            Listener::check_plaintext(addr, &security.listeners).map_err(ReadyError::from)?;
+        }
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         // One call holds at most one connection. A listener admits a short queue of calls per
         // pooled connection (each waits milliseconds for one under a burst) and refuses calls past
@@ -89,6 +96,8 @@ impl Application {
             wake,
             purge_every: settings.purge_every,
             shutdown_grace: settings.shutdown_grace,
+            batches: BatchStats::new(usize::from(settings.group_commit.max_batch)),
+            group_commit: settings.group_commit,
         })
     }
 
@@ -100,6 +109,11 @@ impl Application {
     /// The port the AdminService listens on.
     pub fn admin_port(&self) -> u16 {
         self.admin_port
+    }
+
+    /// The sizes of the group-commit batches written so far (none with group commit off).
+    pub fn batch_sizes(&self) -> BatchStats {
+        self.batches.clone()
     }
 
     /// Serves gRPC until `shutdown` completes, then lets in-flight calls finish for at most the
@@ -137,7 +151,7 @@ impl Application {
             .add_service(health_service)
             .add_optional_service(self.public_reflection.then(|| reflection.clone()))
             .add_service(OrderGrpc::server(
-                OrderStore::new(self.db.clone()),
+                OrderStore::with_settings(self.db.clone(), &self.group_commit, self.batches),
                 self.wake.clone(),
                 self.auth.clone(),
             ))

@@ -235,6 +235,10 @@ impl SubmitOrderError {
             Self::Store(SubmitError::Unavailable { event_id, .. }) => {
                 (Code::Unavailable, "DATABASE_UNAVAILABLE", Some(event_id))
             }
+            // The reason the listener's admission control gives: clients already retry it.
+            Self::Store(SubmitError::Overloaded { event_id, .. }) => {
+                (Code::ResourceExhausted, "OVERLOADED", Some(event_id))
+            }
         };
         let mut details = ErrorDetails::new();
         details.set_error_info(reason, ERROR_DOMAIN, metadata(key, event_id.map(ToString::to_string)));
@@ -250,6 +254,9 @@ impl SubmitOrderError {
             }
             Self::Store(SubmitError::Unavailable { .. }) => {
                 "the database is unavailable; no transaction began and nothing was written: retry with the same request_id and event_id".to_owned()
+            }
+            Self::Store(SubmitError::Overloaded { queued, .. }) => {
+                format!("{queued} orders are already waiting for a transaction; nothing was written: retry after a backoff with the same request_id and event_id")
             }
             Self::Store(SubmitError::OutcomeUnknown { .. }) => {
                 "the commit outcome is unknown: call Reconcile with the same tenant_id and request_id before retrying".to_owned()

@@ -50,6 +50,10 @@ pub struct Settings {
     #[arg(long, env = "OUTPOST_WAKE_RELAYS", value_delimiter = ',')]
     pub wake_relays: Vec<SocketAddr>,
 
+    /// Group commit of orders: on, the batch limit, the writers and the queue bound.
+    #[command(flatten)]
+    pub group_commit: super::GroupCommitSettings,
+
     /// TLS, load bounds and caller authentication of both listeners.
     #[command(flatten)]
     pub security: crate::security::SecuritySettings,
@@ -70,6 +74,7 @@ impl Settings {
             purge_every: Duration::from_secs(3600),
             purge_batch_size: 500,
             wake_relays: Vec::new(),
+            group_commit: super::GroupCommitSettings::default(),
             security: crate::security::SecuritySettings::loopback(),
         }
     }

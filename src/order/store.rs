@@ -4,11 +4,12 @@ use chrono::{DateTime, SubsecRound, Utc};
 use opentelemetry::KeyValue;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder,
-    TransactionTrait,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, TransactionTrait,
 };
 
 use super::event::encode_order_accepted;
+use super::group::{BatchStats, GroupCommit, GroupCommitSettings};
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::{
@@ -19,10 +20,10 @@ use crate::failpoint;
 use crate::telemetry::{self, TraceHeaders, metrics};
 
 /// The version of an order's facts when it is accepted.
-const FIRST_VERSION: i64 = 1;
+pub(super) const FIRST_VERSION: i64 = 1;
 
 /// Runs of the order transaction after the first one that lost a lock conflict.
-const LOCK_CONFLICT_RETRIES: u32 = 5;
+pub(super) const LOCK_CONFLICT_RETRIES: u32 = 5;
 
 /// An order that committed with its acceptance event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,18 +94,74 @@ pub enum SubmitError {
         /// What failed.
         cause: TxFailure,
     },
+    /// The queue in front of the group-commit writers is full: nothing was written. Safe to
+    /// retry with the same ids after a backoff.
+    #[error("{queued} orders are already waiting for a transaction")]
+    Overloaded {
+        /// The event id to reuse on retry.
+        event_id: EventId,
+        /// The queue bound that was reached.
+        queued: usize,
+    },
+}
+
+/// One order on its way into the database: everything that stays the same across every run of
+/// its transaction, made before the first.
+#[derive(Debug, Clone)]
+pub(super) struct Accepting {
+    pub(super) submit: SubmitOrder,
+    pub(super) event_id: EventId,
+    pub(super) accepted_at: DateTime<Utc>,
+    pub(super) trace: TraceHeaders,
+}
+
+impl Accepting {
+    /// The answer once the order committed under `order_id`.
+    pub(super) fn accepted(&self, order_id: i64) -> Submitted {
+        accepted(&self.submit, self.event_id, self.accepted_at, order_id)
+    }
+}
+
+/// The answer to `submit` once it committed under `order_id`.
+fn accepted(submit: &SubmitOrder, event_id: EventId, accepted_at: DateTime<Utc>, order_id: i64) -> Submitted {
+    Submitted {
+        order: AcceptedOrder {
+            order_id,
+            event_id,
+            total_minor: submit.order.total_minor(),
+            version: FIRST_VERSION,
+            status: OrderStatus::Accepted,
+            accepted_at,
+        },
+        replayed: false,
+    }
 }
 
 /// Orders and their outbox events in one database.
 #[derive(Debug, Clone)]
 pub struct OrderStore {
     db: DatabaseConnection,
+    /// The writers that share transactions between orders; `None` writes one transaction per
+    /// order.
+    group: Option<GroupCommit>,
 }
 
 impl OrderStore {
-    /// A store over `db`, which must be the primary.
+    /// A store over `db`, which must be the primary, writing one transaction per order.
     pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+        Self { db, group: None }
+    }
+
+    /// A store over `db` that writes orders as `settings` say: with group commit on, it starts
+    /// the writers (on the current Tokio runtime); they stop once every clone of the store is
+    /// dropped and the queue is drained.
+    pub(super) fn with_settings(
+        db: DatabaseConnection,
+        settings: &GroupCommitSettings,
+        stats: BatchStats,
+    ) -> Self {
+        let group = settings.is_on().then(|| GroupCommit::start(db.clone(), settings, stats));
+        Self { db, group }
     }
 
     /// `db.system.name` of the database, for spans.
@@ -140,13 +197,31 @@ impl OrderStore {
         // The database keeps microseconds; truncating here makes the stored, published and
         // returned timestamps one and the same value.
         let accepted_at = Utc::now().trunc_subsecs(6);
+        if let Some(group) = &self.group {
+            if let Some(_slot) = group.free_slot() {
+                return self.submit_alone(submit, event_id, accepted_at, &trace).await;
+            }
+            let accepting = Accepting { submit: submit.clone(), event_id, accepted_at, trace };
+            return group.submit(accepting).await;
+        }
+        self.submit_alone(submit, event_id, accepted_at, &trace).await
+    }
 
+    /// Writes one order in a transaction of its own, running it again after a lost lock
+    /// conflict.
+    pub(super) async fn submit_alone(
+        &self,
+        submit: &SubmitOrder,
+        event_id: EventId,
+        accepted_at: DateTime<Utc>,
+        trace: &TraceHeaders,
+    ) -> Result<Submitted, SubmitError> {
         // A deadlock or lock-wait-timeout victim was rolled back by the server (and then by us,
         // confirmed): nothing of it remains, so it runs again with the same ids before the
         // caller hears ROLLED_BACK.
         let mut retries = 0;
         loop {
-            match self.attempt(submit, event_id, accepted_at, &trace).await {
+            match self.attempt(submit, event_id, accepted_at, trace).await {
                 Err(SubmitError::RolledBack { event_id, cause }) => {
                     let Some(conflict) = cause.db_err().and_then(lock_conflict) else {
                         // Final, and already logged.
@@ -218,17 +293,7 @@ impl OrderStore {
             outcome = "COMMITTED",
             "transaction committed; order ACCEPTED, outbox event PENDING"
         );
-        Ok(Submitted {
-            order: AcceptedOrder {
-                order_id,
-                event_id,
-                total_minor: submit.order.total_minor(),
-                version: FIRST_VERSION,
-                status: OrderStatus::Accepted,
-                accepted_at,
-            },
-            replayed: false,
-        })
+        Ok(accepted(submit, event_id, accepted_at, order_id))
     }
 
     /// Rolls back after a failed write and decides what the failure means.
@@ -266,28 +331,10 @@ impl OrderStore {
         event_id: EventId,
         clash: UniqueKey,
     ) -> Result<Submitted, SubmitError> {
-        let existing = self
-            .find(submit.tenant_id, &submit.request_id)
+        let existing = find(&self.db, submit.tenant_id, &submit.request_id)
             .await
             .map_err(|e| rolled_back(event_id, e.into()))?;
-        let Some((order, facts)) = existing else {
-            if clash == UniqueKey::OrdersAcceptanceEvent {
-                tracing::warn!(outcome = "ROLLED_BACK", "event id already belongs to another order");
-                return Err(SubmitError::EventIdInUse { event_id });
-            }
-            // The order holding the key vanished (only manual deletion does that): this
-            // attempt wrote nothing, and a retry will tell.
-            let cause = TxFailure::from(DbErr::RecordNotFound("order holding the key".into()));
-            return Err(rolled_back(event_id, cause));
-        };
-        if facts != submit.order {
-            tracing::warn!(existing_event_id = %order.event_id, "request id reused for a different order");
-            return Err(SubmitError::RequestIdReused { existing_event_id: order.event_id });
-        }
-        // A caller that made a new event id for the same request still gets the original
-        // one back: the event id names the acceptance, which happened once.
-        tracing::info!(order_id = order.order_id, replayed_event_id = %order.event_id, "replay of a committed order");
-        Ok(Submitted { order, replayed: true })
+        decide_clash(submit, event_id, clash, existing)
     }
 
     /// The committed order with `(tenant_id, request_id)`, read from this store's database.
@@ -298,45 +345,77 @@ impl OrderStore {
         tenant_id: TenantId,
         request_id: &RequestId,
     ) -> Result<Option<AcceptedOrder>, DbErr> {
-        self.find_row(tenant_id, request_id).await?.map(accepted_order).transpose()
-    }
-
-    async fn find_row(
-        &self,
-        tenant_id: TenantId,
-        request_id: &RequestId,
-    ) -> Result<Option<orders::Model>, DbErr> {
-        orders::Entity::find()
-            .filter(orders::Column::TenantId.eq(tenant_id.get()))
-            .filter(orders::Column::RequestId.eq(request_id.as_str()))
-            .one(&self.db)
-            .await
-    }
-
-    /// The order with this key and its facts as stored, for comparison with a resubmission.
-    async fn find(
-        &self,
-        tenant_id: TenantId,
-        request_id: &RequestId,
-    ) -> Result<Option<(AcceptedOrder, NewOrder)>, DbErr> {
-        let Some(row) = self.find_row(tenant_id, request_id).await? else {
-            return Ok(None);
-        };
-        let lines = order_line::Entity::find()
-            .filter(order_line::Column::OrderId.eq(row.id))
-            .order_by_asc(order_line::Column::LineNo)
-            .all(&self.db)
-            .await?
-            .into_iter()
-            .map(stored_line)
-            .collect::<Result<Vec<_>, _>>()?;
-        let customer_id = CustomerId::parse(row.customer_id.clone()).map_err(corrupt)?;
-        let facts = NewOrder::from_stored(customer_id, row.currency.clone(), lines, row.total);
-        Ok(Some((accepted_order(row)?, facts)))
+        find_row(&self.db, tenant_id, request_id).await?.map(accepted_order).transpose()
     }
 }
 
-async fn insert_order(
+/// The order row with `(tenant_id, request_id)` as `conn` sees it.
+async fn find_row(
+    conn: &impl ConnectionTrait,
+    tenant_id: TenantId,
+    request_id: &RequestId,
+) -> Result<Option<orders::Model>, DbErr> {
+    orders::Entity::find()
+        .filter(orders::Column::TenantId.eq(tenant_id.get()))
+        .filter(orders::Column::RequestId.eq(request_id.as_str()))
+        .one(conn)
+        .await
+}
+
+/// The order with this key and its facts as `conn` sees them, for comparison with a
+/// resubmission.
+pub(super) async fn find(
+    conn: &impl ConnectionTrait,
+    tenant_id: TenantId,
+    request_id: &RequestId,
+) -> Result<Option<(AcceptedOrder, NewOrder)>, DbErr> {
+    let Some(row) = find_row(conn, tenant_id, request_id).await? else {
+        return Ok(None);
+    };
+    let lines = order_line::Entity::find()
+        .filter(order_line::Column::OrderId.eq(row.id))
+        .order_by_asc(order_line::Column::LineNo)
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(stored_line)
+        .collect::<Result<Vec<_>, _>>()?;
+    let customer_id = CustomerId::parse(row.customer_id.clone()).map_err(corrupt)?;
+    let facts = NewOrder::from_stored(customer_id, row.currency.clone(), lines, row.total);
+    Ok(Some((accepted_order(row)?, facts)))
+}
+
+/// Decides a submission whose insert violated `clash`, given the order that holds its key (if
+/// any): a replay when that order has the same content, REQUEST_ID_REUSED when it differs,
+/// EVENT_ID_IN_USE when no order holds the key and the event id clashed.
+#[allow(clippy::result_large_err)] // the answer every submission path returns, unboxed
+pub(super) fn decide_clash(
+    submit: &SubmitOrder,
+    event_id: EventId,
+    clash: UniqueKey,
+    existing: Option<(AcceptedOrder, NewOrder)>,
+) -> Result<Submitted, SubmitError> {
+    let Some((order, facts)) = existing else {
+        if clash == UniqueKey::OrdersAcceptanceEvent {
+            tracing::warn!(outcome = "ROLLED_BACK", "event id already belongs to another order");
+            return Err(SubmitError::EventIdInUse { event_id });
+        }
+        // The order holding the key vanished (only manual deletion does that): this
+        // attempt wrote nothing, and a retry will tell.
+        let cause = TxFailure::from(DbErr::RecordNotFound("order holding the key".into()));
+        return Err(rolled_back(event_id, cause));
+    };
+    if facts != submit.order {
+        tracing::warn!(existing_event_id = %order.event_id, "request id reused for a different order");
+        return Err(SubmitError::RequestIdReused { existing_event_id: order.event_id });
+    }
+    // A caller that made a new event id for the same request still gets the original
+    // one back: the event id names the acceptance, which happened once.
+    tracing::info!(order_id = order.order_id, replayed_event_id = %order.event_id, "replay of a committed order");
+    Ok(Submitted { order, replayed: true })
+}
+
+pub(super) async fn insert_order(
     txn: &DatabaseTransaction,
     submit: &SubmitOrder,
     event_id: EventId,
@@ -424,12 +503,12 @@ fn corrupt(what: &str) -> DbErr {
     DbErr::Type(format!("stored order is not valid: {what}"))
 }
 
-fn rolled_back(event_id: EventId, cause: TxFailure) -> SubmitError {
+pub(super) fn rolled_back(event_id: EventId, cause: TxFailure) -> SubmitError {
     tracing::warn!(outcome = "ROLLED_BACK", error = %cause, "order transaction rolled back");
     SubmitError::RolledBack { event_id, cause }
 }
 
-fn unknown(event_id: EventId, cause: TxFailure) -> SubmitError {
+pub(super) fn unknown(event_id: EventId, cause: TxFailure) -> SubmitError {
     tracing::error!(outcome = "UNKNOWN", error = %cause, "order transaction outcome unknown; caller must reconcile");
     SubmitError::OutcomeUnknown { event_id, cause }
 }

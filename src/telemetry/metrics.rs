@@ -33,6 +33,8 @@ pub(crate) struct Metrics {
     pub(crate) dead_letters: Counter<u64>,
     /// Order transactions run again after a deadlock or lock-wait timeout (attribute `reason`).
     pub(crate) order_lock_retries: Counter<u64>,
+    /// Orders per group-commit transaction.
+    pub(crate) order_batch_size: Histogram<u64>,
     /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `outpost.service`).
     pub(crate) health_serving: Gauge<u64>,
     /// 1 while a health check fails, 0 while it passes (attributes `outpost.service`,
@@ -98,6 +100,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         order_lock_retries: meter
             .u64_counter("outpost.order.lock_conflict_retries")
             .with_description("Order transactions run again after a deadlock or lock-wait timeout")
+            .build(),
+        order_batch_size: meter
+            .u64_histogram("outpost.order.batch.size")
+            .with_description("Orders written per group-commit transaction")
+            .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0])
             .build(),
         health_serving: meter
             .u64_gauge("outpost.health.serving")

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use outpost::order::{Application, Settings};
+use outpost::order::{Application, BatchStats, Settings};
 use outpost::proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
@@ -182,6 +182,8 @@ pub struct TestApp {
     pub admin_port: u16,
     pub client: OrderServiceClient<Channel>,
     pub admin: AdminServiceClient<Channel>,
+    /// The sizes of the group-commit batches the service wrote.
+    pub batches: BatchStats,
     server: Option<InProcess>,
 }
 
@@ -200,12 +202,12 @@ impl TestApp {
         let mut settings = Settings::for_database(&db.url);
         adjust(&mut settings);
         let app = Application::build(settings).await.unwrap();
-        let (port, admin_port) = (app.port(), app.admin_port());
+        let (port, admin_port, batches) = (app.port(), app.admin_port(), app.batch_sizes());
         let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
         let client = OrderServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
         let admin = AdminServiceClient::connect(format!("http://127.0.0.1:{admin_port}")).await.unwrap();
         let conn = db.connect().await;
-        Self { db, conn, port, admin_port, client, admin, server: Some(server) }
+        Self { db, conn, port, admin_port, client, admin, batches, server: Some(server) }
     }
 
     pub fn channel_url(&self) -> String {

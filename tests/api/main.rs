@@ -16,6 +16,7 @@ mod classify;
 mod client;
 mod consumer;
 mod dependencies;
+mod group_commit;
 mod outage;
 mod python;
 mod reconcile;

@@ -418,7 +418,7 @@ async fn a_listener_other_hosts_can_reach_refuses_plaintext_and_auth_none() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_relay_and_the_consumer_refuse_plaintext_other_hosts_can_reach_before_connecting_to_anything() {
+async fn every_service_refuses_plaintext_other_hosts_can_reach_before_connecting_to_anything() {
     // The "database" and the "broker": a port that takes connections into its backlog and never
     // answers, so a service that connected first would wait there and report that instead.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -441,6 +441,12 @@ async fn the_relay_and_the_consumer_refuse_plaintext_other_hosts_can_reach_befor
     consumer.listen = everywhere;
     consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
     let error = outpost::consumer::Application::build(consumer).await.unwrap_err().to_string();
+    assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
+
+    let mut order = Settings::for_database(&database_url);
+    order.listen = everywhere;
+    order.security.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
+    let error = Application::build(order).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
     let attempt = silent.accept();

@@ -3,6 +3,7 @@
 mod chart;
 mod child;
 mod error;
+mod group;
 mod load;
 mod machine;
 mod measure;

@@ -75,6 +75,7 @@ pub(crate) struct Figures {
     pub(crate) raw_claim_mark_two: f64,
     pub(crate) raw_consume: f64,
     pub(crate) submit: Vec<Point>,
+    pub(crate) group: Vec<crate::group::GroupPoint>,
     pub(crate) relay: Vec<(usize, Drain)>,
     /// Each drain's batches, from the relays' logs.
     pub(crate) relay_phases: Vec<(usize, RelayPhases)>,
@@ -261,6 +262,7 @@ impl Figures {
                 if p.errors > 0 { format!("  ({} errors)", p.errors) } else { String::new() }
             );
         }
+        t.push_str(&crate::group::table(&self.group, &self.raw_commit));
         let _ = writeln!(t, "\nrelay: drain of a pre-filled backlog");
         for (n, d) in &self.relay {
             let _ = writeln!(
@@ -419,6 +421,7 @@ impl Figures {
                 "consumerInsert": point(&self.raw_insert),
             },
             "submitOrder": self.submit.iter().map(point).collect::<Vec<_>>(),
+            "groupCommit": crate::group::json(&self.group, &self.raw_commit),
             "relay": self.relay.iter().map(|(n, d)| json!({"processes": n, "drain": drain(d)})).collect::<Vec<_>>(),
             "relayBatches": self.relay_phases.iter().map(|(n, p)| json!({"processes": n, "batches": phases(p)})).collect::<Vec<_>>(),
             "consumer": drain(&self.consumer),

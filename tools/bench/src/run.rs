@@ -92,6 +92,7 @@ impl Run<'_> {
     async fn all(&mut self) -> Result<(), BenchError> {
         self.raw_commit().await?;
         self.submit_order().await?;
+        self.figures.group = crate::group::measure(self.plan, &self.bench.url, &self.db).await?;
         self.raw_insert().await?;
         self.raw_produce().await?;
         self.raw_claim_mark().await?;

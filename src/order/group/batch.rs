@@ -1,0 +1,195 @@
+//! The pure part of a batch: what an order's answer rests on, how a repeat inside one batch is
+//! answered, and how big the batches were.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::order::store::{Accepting, SubmitError, Submitted};
+
+/// Where one order of a batch stands in the current run of its transaction.
+#[derive(Debug)]
+pub(super) enum Fate {
+    /// Not written yet in this run.
+    Open,
+    /// Holds only if the transaction commits: the order was written in it, or its answer rests
+    /// on a row written in it.
+    IfCommitted(Result<Submitted, SubmitError>),
+    /// Answered already, whatever becomes of the transaction.
+    Answered,
+}
+
+/// The answer to `follower` when an earlier order of the same batch, `leader`, with the same
+/// `(tenant_id, request_id)`, was written in this transaction as `written`: a replay of it when
+/// the content is the same, REQUEST_ID_REUSED when it differs. Decided exactly as if the leader
+/// had committed first; the answer holds only if the transaction commits.
+#[allow(clippy::result_large_err)] // the answer every submission path returns, unboxed
+pub(super) fn follow(
+    leader: &Accepting,
+    written: &Submitted,
+    follower: &Accepting,
+) -> Result<Submitted, SubmitError> {
+    debug_assert!(
+        leader.submit.tenant_id == follower.submit.tenant_id
+            && leader.submit.request_id == follower.submit.request_id
+    );
+    if leader.submit.order != follower.submit.order {
+        return Err(SubmitError::RequestIdReused { existing_event_id: written.order.event_id });
+    }
+    Ok(Submitted { order: written.order.clone(), replayed: true })
+}
+
+/// Counts of batches by size since a service started; clones share the counts.
+#[derive(Debug, Clone)]
+pub struct BatchStats {
+    /// `counts[n]`: batches of `n` orders; the last slot also takes anything larger.
+    counts: Arc<[AtomicU64]>,
+}
+
+impl BatchStats {
+    /// Counts for batches of up to `max_batch` orders.
+    pub fn new(max_batch: usize) -> Self {
+        Self { counts: (0..=max_batch.max(1)).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    pub(super) fn record(&self, size: usize) {
+        let slot = size.min(self.counts.len() - 1);
+        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> BatchSizes {
+        BatchSizes { counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect() }
+    }
+}
+
+/// Batches by size at one moment, or between two moments ([`BatchSizes::since`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchSizes {
+    counts: Vec<u64>,
+}
+
+impl BatchSizes {
+    /// The batches counted here and not in `earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        let counts = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(n, c)| c - earlier.counts.get(n).copied().unwrap_or(0))
+            .collect();
+        Self { counts }
+    }
+
+    /// Transactions written.
+    pub fn batches(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Orders taken into those transactions (each run counted once, retries not again).
+    pub fn orders(&self) -> u64 {
+        self.counts.iter().zip(0u64..).map(|(c, n)| c * n).sum()
+    }
+
+    /// Mean orders per batch; 0 without batches.
+    pub fn mean(&self) -> f64 {
+        match self.batches() {
+            0 => 0.0,
+            batches => self.orders() as f64 / batches as f64,
+        }
+    }
+
+    /// The smallest size that `quantile` (0..=1) of the batches do not exceed; 0 without
+    /// batches.
+    pub fn quantile(&self, quantile: f64) -> usize {
+        let batches = self.batches();
+        // The rank of the batch that decides, 1-based: at least the first.
+        let rank = ((quantile.clamp(0.0, 1.0) * batches as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (size, count) in self.counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank && batches > 0 {
+                return size;
+            }
+        }
+        0
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use crate::domain::{EventId, SubmitOrder};
+    use crate::telemetry::TraceHeaders;
+
+    fn accepting(request_id: &str, quantity: u32) -> Accepting {
+        let submit = SubmitOrder::parse(
+            7,
+            request_id.to_owned(),
+            "",
+            "customer-1".to_owned(),
+            "EUR".to_owned(),
+            vec![("SKU-1".to_owned(), quantity, 100)],
+        )
+        .unwrap();
+        Accepting {
+            submit,
+            event_id: EventId::new(),
+            accepted_at: Utc::now(),
+            trace: TraceHeaders::default(),
+        }
+    }
+
+    fn written(leader: &Accepting) -> Submitted {
+        leader.accepted(41)
+    }
+
+    #[test]
+    fn a_repeat_in_the_same_batch_replays_the_order_written_first_with_its_event_id() {
+        let leader = accepting("r-1", 2);
+        let follower = accepting("r-1", 2);
+        let answer = follow(&leader, &written(&leader), &follower).unwrap();
+        assert!(answer.replayed);
+        assert_eq!(answer.order, written(&leader).order);
+        assert_eq!(answer.order.event_id, leader.event_id);
+        assert_ne!(answer.order.event_id, follower.event_id);
+    }
+
+    #[test]
+    fn a_different_order_under_the_same_key_in_the_same_batch_is_request_id_reused() {
+        let leader = accepting("r-1", 2);
+        let follower = accepting("r-1", 3);
+        let Err(SubmitError::RequestIdReused { existing_event_id }) =
+            follow(&leader, &written(&leader), &follower)
+        else {
+            panic!("not REQUEST_ID_REUSED");
+        };
+        assert_eq!(existing_event_id, leader.event_id);
+    }
+
+    #[test]
+    fn batch_sizes_give_mean_and_quantiles_over_batches_not_orders() {
+        let stats = BatchStats::new(8);
+        let before = stats.snapshot();
+        for size in [1, 1, 1, 1, 1, 1, 1, 1, 1, 8] {
+            stats.record(size);
+        }
+        let sizes = stats.snapshot().since(&before);
+        assert_eq!((sizes.batches(), sizes.orders()), (10, 17));
+        assert!((sizes.mean() - 1.7).abs() < 1e-9);
+        assert_eq!(sizes.quantile(0.5), 1);
+        assert_eq!(sizes.quantile(0.9), 1);
+        assert_eq!(sizes.quantile(0.99), 8);
+        assert_eq!(BatchSizes::default().quantile(0.99), 0);
+        assert_eq!(BatchSizes::default().mean(), 0.0);
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_limit_counts_in_the_last_slot() {
+        let stats = BatchStats::new(4);
+        stats.record(9);
+        assert_eq!(stats.snapshot().quantile(1.0), 4);
+    }
+}
