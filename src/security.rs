@@ -4,7 +4,6 @@
 
 mod admission;
 mod auth;
-mod deadline;
 mod listener;
 mod settings;
 mod tls;

@@ -1,7 +1,9 @@
-//! Admission control for one listener: at most N calls at once, the rest refused at the door.
+//! The limits of one listener, in one tower layer: at most N calls at once (the rest refused at
+//! the door) and a server-side deadline on each admitted call.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::sync::Semaphore;
@@ -15,34 +17,57 @@ const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 
 /// Admits calls while one of the listener's permits is free; a call past the limit is answered
 /// RESOURCE_EXHAUSTED (reason OVERLOADED) at once, before any handler or database work.
+///
+/// An admitted call that has not answered within `timeout` ends DEADLINE_EXCEEDED, the code gRPC
+/// gives a deadline that passed. tonic's own `Server::timeout` answers CANCELLED instead, which
+/// callers read as "the client gave up", not as "the server's time was up". Like any deadline, it
+/// bounds the wait for the answer, not the work: a call ended here may still have taken effect,
+/// so the caller treats it as unknown (the safe caller protocol reconciles). A caller's own
+/// shorter deadline (`grpc-timeout`) is still enforced by tonic.
 #[derive(Debug, Clone)]
-pub(crate) struct Admission {
+pub(crate) struct CallLimits {
     permits: Arc<Semaphore>,
     limit: usize,
+    timeout: Duration,
 }
 
-impl Admission {
-    pub(crate) fn new(limit: usize) -> Self {
-        Self { permits: Arc::new(Semaphore::new(limit)), limit }
+impl CallLimits {
+    pub(crate) fn new(limit: usize, timeout: Duration) -> Self {
+        Self { permits: Arc::new(Semaphore::new(limit)), limit, timeout }
+    }
+
+    /// RESOURCE_EXHAUSTED with reason OVERLOADED: nothing was done.
+    fn overloaded(&self) -> tonic::Status {
+        let limit = self.limit;
+        tracing::debug!(limit, "call refused: the listener is at its concurrency limit");
+        let mut details = ErrorDetails::new();
+        details.set_error_info("OVERLOADED", crate::edge::ERROR_DOMAIN, std::collections::HashMap::new());
+        tonic::Status::with_error_details(
+            tonic::Code::ResourceExhausted,
+            format!(
+                "{limit} calls are already running on this listener; nothing was done: retry after a backoff"
+            ),
+            details,
+        )
     }
 }
 
-impl<S> Layer<S> for Admission {
-    type Service = Admitted<S>;
+impl<S> Layer<S> for CallLimits {
+    type Service = Limited<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Admitted { inner, admission: self.clone() }
+        Limited { inner, limits: self.clone() }
     }
 }
 
-/// A service behind [`Admission`].
+/// A service behind [`CallLimits`].
 #[derive(Debug, Clone)]
-pub(crate) struct Admitted<S> {
+pub(crate) struct Limited<S> {
     inner: S,
-    admission: Admission,
+    limits: CallLimits,
 }
 
-impl<S, B, R> Service<http::Request<B>> for Admitted<S>
+impl<S, B, R> Service<http::Request<B>> for Limited<S>
 where
     S: Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
@@ -58,36 +83,29 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path().starts_with(HEALTH_PATH) {
-            return Box::pin(self.inner.call(request));
-        }
-        match Arc::clone(&self.admission.permits).try_acquire_owned() {
-            Ok(permit) => {
-                let call = self.inner.call(request);
-                Box::pin(async move {
-                    let answer = call.await;
-                    drop(permit);
-                    answer
-                })
+        let permit = if request.uri().path().starts_with(HEALTH_PATH) {
+            None
+        } else {
+            match Arc::clone(&self.limits.permits).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return Box::pin(std::future::ready(Ok(self.limits.overloaded().into_http()))),
             }
-            Err(_) => {
-                let limit = self.admission.limit;
-                tracing::debug!(limit, "call refused: the listener is at its concurrency limit");
-                let mut details = ErrorDetails::new();
-                details.set_error_info(
-                    "OVERLOADED",
-                    crate::edge::ERROR_DOMAIN,
-                    std::collections::HashMap::new(),
-                );
-                let status = tonic::Status::with_error_details(
-                    tonic::Code::ResourceExhausted,
-                    format!(
-                        "{limit} calls are already running on this listener; nothing was done: retry after a backoff"
-                    ),
-                    details,
-                );
-                Box::pin(std::future::ready(Ok(status.into_http())))
-            }
-        }
+        };
+        let timeout = self.limits.timeout;
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            let answer = match tokio::time::timeout(timeout, call).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    tracing::debug!(?timeout, "call ended at the server's call timeout");
+                    let status = tonic::Status::deadline_exceeded(format!(
+                        "no answer within the server's call timeout ({timeout:?}); the call may or may not have taken effect"
+                    ));
+                    Ok(status.into_http())
+                }
+            };
+            drop(permit);
+            answer
+        })
     }
 }

@@ -16,8 +16,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tower::layer::util::{Identity, Stack};
 
 use super::ListenerSettings;
-use super::admission::Admission;
-use super::deadline::Deadline;
+use super::admission::CallLimits;
 use super::tls::{ReloadingTls, TlsError, TlsFiles};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
@@ -44,7 +43,7 @@ pub enum ListenerError {
 }
 
 /// The tonic server every listener is built from: shed past the limit, bounded per call.
-pub(crate) type LimitedServer = tonic::transport::Server<Stack<Deadline, Stack<Admission, Identity>>>;
+pub(crate) type LimitedServer = tonic::transport::Server<Stack<CallLimits, Identity>>;
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
@@ -53,8 +52,7 @@ pub struct Listener {
     addr: SocketAddr,
     port: u16,
     tls: Option<ReloadingTls>,
-    admission: Admission,
-    call_timeout: Duration,
+    limits: CallLimits,
     reload_every: Duration,
 }
 
@@ -98,8 +96,10 @@ impl Listener {
             addr,
             port,
             tls,
-            admission: Admission::new(settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT) as usize),
-            call_timeout: settings.call_timeout,
+            limits: CallLimits::new(
+                settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT) as usize,
+                settings.call_timeout,
+            ),
             reload_every: settings.reload_every,
         })
     }
@@ -124,9 +124,7 @@ impl Listener {
     /// per-call deadline (a call past it is answered DEADLINE_EXCEEDED).
     pub(crate) fn server(&self) -> LimitedServer {
         // The call timeout is ours, not tonic's `Server::timeout`, which answers CANCELLED.
-        tonic::transport::Server::builder()
-            .layer(self.admission.clone())
-            .layer(Deadline::new(self.call_timeout))
+        tonic::transport::Server::builder().layer(self.limits.clone())
     }
 
     /// The accepted connections, TLS already negotiated. Handshakes run on their own tasks, so a
