@@ -352,11 +352,18 @@ async fn journey(
         Ok(state.and_then(|s| s.lease_owner).filter(|owner| owner.contains(&format!("/{relay3_pid}/"))))
     })
     .await?;
+    // The stall is held by order, not by time: relay 3 is stopped (between its claim and its
+    // publish, nothing in flight to the broker) until relay 4 has taken over and marked. A timed
+    // stall alone let a slow start of relay 4 end it early, and relay 3 then marked under its
+    // own lease, so the late mark this step is about never happened.
+    let stopped = run.processes[relay3].signal("STOP").await;
     let relay4 = run.start("outpost-relay", "relay-4", args.clone(), run.failpoints("", false))?;
     let marked_by_new_owner = until("relay 4 marks the event PUBLISHED", STEP, || async {
-        Ok(run.state().await?.filter(|s| s.status == "PUBLISHED"))
+        let marked = !run.processes[relay4].lines_about("marked PUBLISHED", &event_id).is_empty();
+        Ok(run.state().await?.filter(|s| marked && s.status == "PUBLISHED"))
     })
     .await?;
+    let resumed = run.processes[relay3].signal("CONT").await;
     let late = until("relay 3 confirms late and records its outcome", STEP, || async {
         let log = &run.processes[relay3];
         let lines =
@@ -390,6 +397,7 @@ async fn journey(
         expected: "the stale owner's late mark changes nothing; lease ownership is traceable; the duplicate is tolerated",
         observed: ev(&[
             ("staleLeaseOwner", stale_owner.clone()),
+            ("staleOwnerStoppedUntilTakeover", (stopped && resumed).to_string()),
             ("markedByNewOwner", describe(Some(&marked_by_new_owner))),
             ("staleOwnerOutcome", late.clone()),
             ("rowAfterStaleOwner", describe(after_stale.as_ref())),
