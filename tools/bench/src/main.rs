@@ -57,6 +57,15 @@ struct Cli {
     /// Extra flag for every outpost-consumer (repeat).
     #[arg(long = "consumer-arg", allow_hyphen_values = true)]
     consumer_args: Vec<String>,
+    /// Runs only these phases (comma-separated, in the usual order), e.g. `--only group` while
+    /// tuning one stage. Default: every phase. `consumer` needs `relay` (it reads what the
+    /// relay published); `e2e` without `submit`, `relay` and `consumer` needs `--max-offered`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<run::Phase>,
+    /// The end-to-end phase's max offered load (orders/s) instead of the least of the measured
+    /// stages: its levels are 25/50/75 % of this.
+    #[arg(long)]
+    max_offered: Option<f64>,
 }
 
 #[tokio::main]
@@ -94,6 +103,8 @@ async fn main() -> ExitCode {
         order_args: cli.order_args,
         relay_args: cli.relay_args,
         consumer_args: cli.consumer_args,
+        only: cli.only,
+        max_offered: cli.max_offered,
     };
     let figures = match run::run(&plan).await {
         Ok(figures) => figures,

@@ -37,6 +37,30 @@ pub(crate) struct Plan {
     pub(crate) order_args: Vec<String>,
     pub(crate) relay_args: Vec<String>,
     pub(crate) consumer_args: Vec<String>,
+    /// The phases to run; empty: all of them.
+    pub(crate) only: Vec<Phase>,
+    /// The end-to-end levels' 100 %, instead of the least of the measured stages.
+    pub(crate) max_offered: Option<f64>,
+}
+
+/// One phase of a run, as `--only` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Phase {
+    RawCommit,
+    Submit,
+    Group,
+    RawInsert,
+    RawProduce,
+    RawClaimMark,
+    Relay,
+    Consumer,
+    E2e,
+}
+
+impl Plan {
+    fn runs(&self, phase: Phase) -> bool {
+        self.only.is_empty() || self.only.contains(&phase)
+    }
 }
 
 struct Run<'a> {
@@ -90,17 +114,45 @@ pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
 
 impl Run<'_> {
     async fn all(&mut self) -> Result<(), BenchError> {
-        self.raw_commit().await?;
-        self.submit_order().await?;
-        self.figures.group = crate::group::measure(self.plan, &self.bench.url, &self.db).await?;
-        self.raw_insert().await?;
-        self.raw_produce().await?;
-        self.raw_claim_mark().await?;
-        for (n, processes) in RELAY_PROCESSES.into_iter().enumerate() {
-            self.relay(processes, n).await?;
+        let plan = self.plan;
+        if plan.runs(Phase::Consumer) && !plan.runs(Phase::Relay) {
+            return Err(BenchError::Stuck(
+                "the consumer phase reads what the relay phase published: add relay".into(),
+            ));
         }
-        self.consumer().await?;
-        self.end_to_end().await
+        if plan.runs(Phase::RawCommit) {
+            self.raw_commit().await?;
+        }
+        if plan.runs(Phase::Submit) {
+            self.submit_order().await?;
+        }
+        if plan.runs(Phase::Group) {
+            self.figures.group = crate::group::measure(plan, &self.bench.url, &self.db).await?;
+        }
+        if plan.runs(Phase::RawInsert) {
+            self.raw_insert().await?;
+        }
+        if plan.runs(Phase::RawProduce) {
+            self.raw_produce().await?;
+        }
+        if plan.runs(Phase::RawClaimMark) {
+            self.raw_claim_mark().await?;
+        } else if plan.runs(Phase::Relay) {
+            step(&format!("pre-filling the outbox with {} events", plan.backlog));
+            raw::prefill(&self.db, plan.backlog).await?;
+        }
+        if plan.runs(Phase::Relay) {
+            for (n, processes) in RELAY_PROCESSES.into_iter().enumerate() {
+                self.relay(processes, n).await?;
+            }
+        }
+        if plan.runs(Phase::Consumer) {
+            self.consumer().await?;
+        }
+        if plan.runs(Phase::E2e) {
+            self.end_to_end().await?;
+        }
+        Ok(())
     }
 
     async fn observe(&self, phase: &str) -> Observer {
@@ -362,12 +414,18 @@ impl Run<'_> {
         sql::truncate_all(&self.db).await?;
         let best_submit = self.figures.submit.iter().map(|p| p.per_second).fold(0.0, f64::max);
         let relay_one = self.figures.relay.first().map_or(0.0, |(_, d)| d.per_second);
-        let max = best_submit.min(relay_one).min(self.figures.consumer.per_second);
+        let max = if let Some(given) = self.plan.max_offered {
+            self.figures.notes.push(format!("max offered load = {given:.0}/s, as given (--max-offered)"));
+            given
+        } else {
+            let max = best_submit.min(relay_one).min(self.figures.consumer.per_second);
+            self.figures.notes.push(format!(
+                "max offered load = min(best SubmitOrder {best_submit:.0}/s, relay x1 {relay_one:.0}/s, consumer {:.0}/s) = {max:.0}/s",
+                self.figures.consumer.per_second
+            ));
+            max
+        };
         self.figures.max_offered = max;
-        self.figures.notes.push(format!(
-            "max offered load = min(best SubmitOrder {best_submit:.0}/s, relay x1 {relay_one:.0}/s, consumer {:.0}/s) = {max:.0}/s",
-            self.figures.consumer.per_second
-        ));
         if max < 1.0 {
             self.figures
                 .notes
