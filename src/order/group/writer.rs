@@ -14,9 +14,10 @@
 //! - A deadlock or lock-wait victim (the server rolled back, and so did we) runs again as a
 //!   whole with the same ids, after the same backoff as a single order.
 //! - The commit-window failpoints are passed once per batch.
-//! - An order whose caller went away before its savepoint was released is not written, as a
-//!   transaction of its own would have been dropped; once released, it commits with the batch
-//!   (the caller saw a cancelled call, which it reconciles).
+//! - An order whose caller went away before its savepoint was released (or before the
+//!   set-based write began) is not written, as a transaction of its own would have been
+//!   dropped; once written, it commits with the batch (the caller saw a cancelled call, which
+//!   it reconciles).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
