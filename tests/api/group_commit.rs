@@ -443,8 +443,9 @@ async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backen
         .collect();
     let contested = requests[9].clone();
     // The rival holds the contested order's outbox row, uncommitted, and has written far more
-    // than the batch will have (ballast), so that MariaDB picks the batch as the victim;
-    // PostgreSQL aborts the transaction that waited longest, the batch.
+    // than the batch will have (ballast), so that MariaDB picks the batch as the victim. On
+    // PostgreSQL the batch, waiting first, is the first to run the deadlock check, and it
+    // aborts itself.
     let rival = app.conn.begin().await.unwrap();
     let mut rows: Vec<String> = (0..300).map(|_| uuid::Uuid::now_v7().to_string()).collect();
     rows.push(contested.event_id.clone());

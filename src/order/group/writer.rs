@@ -204,7 +204,8 @@ impl Writer {
                         row.fate = Fate::IfCommitted(Ok(row.job.accepting.accepted(order_id)));
                     }
                 }
-                // The server rolled the whole transaction back: the batch runs again.
+                // A deadlock or lock-wait victim: the whole transaction is rolled back (MariaDB
+                // has already rolled back a deadlock victim) and the batch runs again, as today.
                 Err(cause) if cause.db_err().and_then(lock_conflict).is_some() => {
                     return abort(txn, rows, cause).await;
                 }
