@@ -415,6 +415,7 @@ pub(super) fn decide_clash(
     Ok(Submitted { order, replayed: true })
 }
 
+/// Writes one order: its row, its lines and its PENDING outbox row, in `txn`.
 pub(super) async fn insert_order(
     txn: &DatabaseTransaction,
     submit: &SubmitOrder,
@@ -422,8 +423,24 @@ pub(super) async fn insert_order(
     accepted_at: DateTime<Utc>,
     trace: &TraceHeaders,
 ) -> Result<i64, TxFailure> {
+    let inserted = orders::Entity::insert(order_row(submit, event_id, accepted_at)).exec(txn).await?;
+    let order_id = inserted.last_insert_id;
+    order_line::Entity::insert_many(line_rows(submit, order_id)).exec_without_returning(txn).await?;
+    outbox_event::Entity::insert(outbox_row(submit, event_id, accepted_at, trace, order_id))
+        .exec_without_returning(txn)
+        .await?;
+    tracing::info!(order_id, "order and PENDING outbox row written; not yet committed");
+    Ok(order_id)
+}
+
+/// The `orders` row of an accepted order; the database assigns its id.
+pub(super) fn order_row(
+    submit: &SubmitOrder,
+    event_id: EventId,
+    accepted_at: DateTime<Utc>,
+) -> orders::ActiveModel {
     let order = &submit.order;
-    let inserted = orders::Entity::insert(orders::ActiveModel {
+    orders::ActiveModel {
         id: NotSet,
         tenant_id: Set(submit.tenant_id.get()),
         request_id: Set(submit.request_id.to_string()),
@@ -434,22 +451,33 @@ pub(super) async fn insert_order(
         version: Set(FIRST_VERSION),
         status: Set(OrderStatus::Accepted.as_str().to_owned()),
         created_at: Set(accepted_at),
-    })
-    .exec(txn)
-    .await?;
-    let order_id = inserted.last_insert_id;
+    }
+}
 
-    let lines = order.lines().iter().zip(1..).map(|(line, line_no)| order_line::ActiveModel {
+/// The `order_line` rows of the order stored under `order_id`, numbered from 1.
+pub(super) fn line_rows(
+    submit: &SubmitOrder,
+    order_id: i64,
+) -> impl Iterator<Item = order_line::ActiveModel> + '_ {
+    submit.order.lines().iter().zip(1..).map(move |(line, line_no)| order_line::ActiveModel {
         order_id: Set(order_id),
         line_no: Set(line_no),
         sku: Set(line.sku.as_str().to_owned()),
         // At most LineItem::MAX_QUANTITY, far below i32::MAX.
         quantity: Set(line.quantity as i32),
         unit_price_minor: Set(line.unit_price_minor),
-    });
-    order_line::Entity::insert_many(lines).exec_without_returning(txn).await?;
+    })
+}
 
-    outbox_event::Entity::insert(outbox_event::ActiveModel {
+/// The PENDING outbox row that announces the order stored under `order_id`.
+pub(super) fn outbox_row(
+    submit: &SubmitOrder,
+    event_id: EventId,
+    accepted_at: DateTime<Utc>,
+    trace: &TraceHeaders,
+    order_id: i64,
+) -> outbox_event::ActiveModel {
+    outbox_event::ActiveModel {
         event_id: Set(event_id.to_string()),
         aggregate_type: Set(AGGREGATE_TYPE.to_owned()),
         aggregate_id: Set(order_id.to_string()),
@@ -472,11 +500,7 @@ pub(super) async fn insert_order(
         last_redriven_at: Set(None),
         last_redriven_by: Set(None),
         last_redrive_reason: Set(None),
-    })
-    .exec_without_returning(txn)
-    .await?;
-    tracing::info!(order_id, "order and PENDING outbox row written; not yet committed");
-    Ok(order_id)
+    }
 }
 
 fn accepted_order(row: orders::Model) -> Result<AcceptedOrder, DbErr> {

@@ -35,6 +35,8 @@ pub(crate) struct Metrics {
     pub(crate) order_lock_retries: Counter<u64>,
     /// Orders per group-commit transaction.
     pub(crate) order_batch_size: Histogram<u64>,
+    /// Set-based writes of a group-commit batch (attribute `outcome`: `written` or `fell_back`).
+    pub(crate) order_batch_set_writes: Counter<u64>,
     /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `outpost.service`).
     pub(crate) health_serving: Gauge<u64>,
     /// 1 while a health check fails, 0 while it passes (attributes `outpost.service`,
@@ -105,6 +107,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .u64_histogram("outpost.order.batch.size")
             .with_description("Orders written per group-commit transaction")
             .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0])
+            .build(),
+        order_batch_set_writes: meter
+            .u64_counter("outpost.order.batch.set_writes")
+            .with_description("Group-commit batches written with one INSERT per table, or fallen back")
             .build(),
         health_serving: meter
             .u64_gauge("outpost.health.serving")

@@ -13,7 +13,7 @@ use outpost::proto::v1 as pb;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, TransactionTrait};
 use tonic::Code;
 
-use crate::helpers::{Backend, TestApp, metadata, on_every_backend, order, reason};
+use crate::helpers::{Backend, TestApp, assert_eventually, metadata, on_every_backend, order, reason};
 
 on_every_backend!(
     sixty_four_callers_with_distinct_requests_each_get_their_own_order_from_shared_transactions,
@@ -21,7 +21,27 @@ on_every_backend!(
     one_poisoned_order_per_batch_rolls_back_alone_and_the_rest_commit,
     a_full_queue_refuses_at_once_as_overloaded_and_writes_nothing,
     with_group_commit_off_each_order_still_commits_replays_and_reconciles,
+    distinct_orders_in_one_batch_are_written_with_one_insert_per_table_each_under_its_own_id,
+    a_poisoned_order_sends_its_batch_back_to_order_by_order_writes_each_decided_as_alone,
 );
+
+/// MariaDB and PostgreSQL only: SQLite has one writer at a time, so two transactions never
+/// wait for each other, and its busy timeout (5 s) fails a batch only if the batch, not the
+/// holder in front of it, meets a write lock held that long, which the test cannot arrange
+/// without racing the writer.
+mod a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids {
+    use crate::helpers::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn mariadb() {
+        super::a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(Backend::MariaDb).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(Backend::Postgres).await;
+    }
+}
 
 /// How long the first batch is held while the next one gathers (below SQLite's 5 s busy
 /// timeout, which would fail the holder).
@@ -273,6 +293,202 @@ async fn with_group_commit_off_each_order_still_commits_replays_and_reconciles(b
     }
     assert_eq!(app.count("orders").await, 8);
     assert_eq!(app.batches.snapshot().batches(), 0, "no batch was written");
+}
+
+/// An order with `i % 3 + 1` lines of its own (quantities and prices that tell its lines from
+/// every other order's).
+fn with_own_lines(tenant_id: i64, request_id: &str, i: u32) -> pb::SubmitOrderRequest {
+    let line_items = (1..=i % 3 + 1)
+        .map(|n| pb::LineItem {
+            sku: format!("SKU-{i}-{n}"),
+            quantity: n,
+            unit_price_minor: i64::from(100 * i + n),
+        })
+        .collect();
+    pb::SubmitOrderRequest { line_items, ..order(tenant_id, request_id) }
+}
+
+async fn distinct_orders_in_one_batch_are_written_with_one_insert_per_table_each_under_its_own_id(
+    backend: Backend,
+) {
+    let app = one_writer(backend, 64).await;
+    let hold = hold_first_batch(&app).await;
+
+    let requests: Vec<_> = (0..16).map(|i| with_own_lines(7, &format!("set-{i}"), i)).collect();
+    let answers = submit_held(&app, hold, requests.clone()).await;
+
+    let mut order_ids = HashMap::new();
+    for (request, answer) in requests.iter().zip(answers) {
+        let key = &request.request_id;
+        let answer = answer.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+        assert_eq!(answer.outcome(), pb::TransactionOutcome::Committed, "{key}");
+        assert!(!answer.replayed, "{key}");
+        let found = app.reconcile(7, key).await.unwrap();
+        assert_eq!((found.order_id, &found.event_id), (answer.order_id, &answer.event_id), "{key}");
+        let id = answer.order_id;
+        // The lines and the outbox row are the ones of this order, under its id.
+        let lines = request.line_items.len() as i64;
+        let total: i64 = request.line_items.iter().map(|l| i64::from(l.quantity) * l.unit_price_minor).sum();
+        let count = format!("SELECT COUNT(*) FROM order_line WHERE order_id = {id}");
+        assert_eq!(app.scalar_i64(&count).await, lines, "{key}");
+        for (line, line_no) in request.line_items.iter().zip(1..) {
+            let line = format!(
+                "{count} AND line_no = {line_no} AND sku = '{}' AND quantity = {} AND unit_price_minor = {}",
+                line.sku, line.quantity, line.unit_price_minor
+            );
+            assert_eq!(app.scalar_i64(&line).await, 1, "{key}: {line}");
+        }
+        assert_eq!((answer.total_minor, found.total_minor), (total, total), "{key}");
+        let outbox = format!(
+            "SELECT COUNT(*) FROM outbox_event WHERE event_id = '{}' AND aggregate_id = '{id}' AND status = 'PENDING'",
+            answer.event_id
+        );
+        assert_eq!(app.scalar_i64(&outbox).await, 1, "{key}");
+        assert!(order_ids.insert(id, key.clone()).is_none(), "one order each");
+    }
+    assert_eq!(app.count("orders").await, 17);
+    assert_eq!(app.count("outbox_event").await, 17);
+    let sizes = app.batches.snapshot();
+    assert_eq!(sizes.quantile(1.0), 16, "all 16 in one batch: {sizes:?}");
+    assert_eq!((sizes.set_written(), sizes.set_fell_back()), (1, 0), "one set-based write: {sizes:?}");
+}
+
+async fn a_poisoned_order_sends_its_batch_back_to_order_by_order_writes_each_decided_as_alone(
+    backend: Backend,
+) {
+    let app = one_writer(backend, 64).await;
+    add_poison_constraint(&app).await;
+    let hold = hold_first_batch(&app).await;
+
+    let mut requests = distinct(7, "fallback", 12);
+    requests[5].customer_id = "poison".to_owned();
+    // A repeat in the same batch: left out of the set-based write, and still one replay.
+    requests.push(order(7, "fallback-3"));
+    let sent = requests.len();
+    let answers = submit_held(&app, hold, requests.clone()).await;
+
+    let (mut fresh, mut replays) = (HashMap::new(), Vec::new());
+    for (request, answer) in requests.iter().zip(answers) {
+        let key = &request.request_id;
+        if request.customer_id == "poison" {
+            let status = answer.expect_err(key);
+            assert_eq!((status.code(), reason(&status).as_str()), (Code::Aborted, "ROLLED_BACK"), "{key}");
+            assert_eq!(app.reconcile(7, key).await.unwrap_err().code(), Code::NotFound, "{key}");
+            continue;
+        }
+        let answer = answer.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+        assert_eq!(answer.outcome(), pb::TransactionOutcome::Committed, "{key}");
+        let found = app.reconcile(7, key).await.unwrap();
+        assert_eq!((found.order_id, &found.event_id), (answer.order_id, &answer.event_id), "{key}");
+        if answer.replayed {
+            replays.push((key.clone(), answer.order_id));
+        } else {
+            assert!(fresh.insert(key.clone(), answer.order_id).is_none(), "{key}: one order");
+        }
+    }
+    assert_eq!(replays.len(), 1, "{replays:?}");
+    assert_eq!(fresh.get(&replays[0].0), Some(&replays[0].1), "the replay is of the order written");
+    assert_eq!(app.count("orders").await, 1 + 11);
+    assert_eq!(app.count("outbox_event").await, 1 + 11);
+    let sizes = app.batches.snapshot();
+    assert_eq!(sizes.quantile(1.0), sent, "one batch: {sizes:?}");
+    assert_eq!(
+        (sizes.set_written(), sizes.set_fell_back()),
+        (0, 1),
+        "one set-based write, fallen back: {sizes:?}"
+    );
+}
+
+/// Inserts, in `txn`, one outbox row for each event id (no order behind them).
+async fn insert_outbox_rows(txn: &DatabaseTransaction, event_ids: &[String]) {
+    let values: Vec<String> = event_ids
+        .iter()
+        .map(|e| {
+            format!("('{e}', 'order', '0', 'OrderAccepted', 1, 'x', 'PENDING', 0, '2026-01-01 00:00:00', 0)")
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
+         status, attempts, created_at, redrive_count) VALUES {}",
+        values.join(", ")
+    );
+    txn.execute_unprepared(&sql).await.unwrap();
+}
+
+/// Whether a connection to this test's database is inside an INSERT into `outbox_event`: on
+/// PostgreSQL, waiting for a lock; on MariaDB, running or waiting (its INNODB_TRX does not
+/// list a READ COMMITTED insert waiting for a row lock reliably), which is enough here since
+/// the only such insert, the batch's, waits for the rival's row once it reaches it.
+async fn inserts_into_outbox(app: &TestApp) -> bool {
+    let sql = match app.conn.get_database_backend() {
+        DbBackend::MySql => {
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() \
+             AND INFO LIKE 'INSERT INTO `outbox_event`%'"
+        }
+        _ => {
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"outbox_event\"%'"
+        }
+    };
+    app.scalar_i64(sql).await > 0
+}
+
+async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backend: Backend) {
+    let app = one_writer(backend, 64).await;
+    let requests: Vec<_> = (0..16)
+        .map(|i| pb::SubmitOrderRequest {
+            event_id: uuid::Uuid::now_v7().to_string(),
+            ..order(7, &format!("deadlock-{i}"))
+        })
+        .collect();
+    let contested = requests[9].clone();
+    // The rival holds the contested order's outbox row, uncommitted, and has written far more
+    // than the batch will have (ballast), so that MariaDB picks the batch as the victim. On
+    // PostgreSQL the batch, waiting first, is the first to run the deadlock check, and it
+    // aborts itself.
+    let rival = app.conn.begin().await.unwrap();
+    let mut rows: Vec<String> = (0..300).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+    rows.push(contested.event_id.clone());
+    insert_outbox_rows(&rival, &rows).await;
+    let hold = hold_first_batch(&app).await;
+
+    let deadlock = async {
+        hold.release_later().await;
+        // The batch has written its orders and waits (or is about to) for the rival's outbox row.
+        assert_eventually("the batch inserts its outbox rows", Duration::from_secs(20), || {
+            inserts_into_outbox(&app)
+        })
+        .await;
+        // The rival now wants the contested order's key, which the batch holds: a deadlock.
+        // Its insert going through shows that the batch was rolled back, orders and all.
+        let sql = format!(
+            "INSERT INTO orders (tenant_id, request_id, acceptance_event_id, customer_id, currency, total, version, \
+             status, created_at) VALUES (7, '{}', '{}', 'rival', 'EUR', 1, 1, 'ACCEPTED', '2026-01-01 00:00:00')",
+            contested.request_id,
+            uuid::Uuid::now_v7()
+        );
+        rival.execute_unprepared(&sql).await.expect("the rival's insert, once the batch lost the deadlock");
+        rival.rollback().await.unwrap();
+    };
+    let (answers, ()) = tokio::join!(join_all(requests.iter().cloned().map(|r| app.submit(r))), deadlock);
+
+    for (request, answer) in requests.iter().zip(answers) {
+        let key = &request.request_id;
+        let answer = answer.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+        assert_eq!(answer.outcome(), pb::TransactionOutcome::Committed, "{key}");
+        assert!(!answer.replayed, "{key}");
+        assert_eq!(answer.event_id, request.event_id, "{key}: the same event id");
+        let found = app.reconcile(7, key).await.unwrap();
+        assert_eq!((found.order_id, &found.event_id), (answer.order_id, &answer.event_id), "{key}");
+        assert!(app.outbox_row(&answer.event_id).await.is_some(), "{key}");
+    }
+    assert_eq!(app.count("orders").await, 17);
+    assert_eq!(app.count("outbox_event").await, 17);
+    let sizes = app.batches.snapshot();
+    // One batch of all 16 (a run again is not counted as another), written set-based by its
+    // second run.
+    assert_eq!(sizes.quantile(1.0), 16, "{sizes:?}");
+    assert_eq!((sizes.set_written(), sizes.set_fell_back()), (1, 0), "{sizes:?}");
 }
 
 #[cfg(feature = "failpoints")]

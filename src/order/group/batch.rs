@@ -1,9 +1,11 @@
 //! The pure part of a batch: what an order's answer rests on, how a repeat inside one batch is
 //! answered, and how big the batches were.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::domain::EventId;
 use crate::order::store::{Accepting, SubmitError, Submitted};
 
 /// Where one order of a batch stands in the current run of its transaction.
@@ -38,17 +40,51 @@ pub(super) fn follow(
     Ok(Submitted { order: written.order.clone(), replayed: true })
 }
 
-/// Counts of batches by size since a service started; clones share the counts.
+/// Which orders of a batch one set-based write can take: the open ones (`Some`), each the first
+/// of its `(tenant_id, request_id)` and of its event id among them, in batch order. Every other
+/// open order clashes with one taken, so it is left for the order-by-order path, which decides
+/// it against the row written first exactly as if that row had been written alone.
+pub(super) fn set_candidates<'a>(
+    rows: impl IntoIterator<Item = Option<((i64, &'a str), EventId)>>,
+) -> Vec<usize> {
+    let mut keys = HashSet::new();
+    let mut event_ids = HashSet::new();
+    let mut taken = Vec::new();
+    for (i, row) in rows.into_iter().enumerate() {
+        let Some((key, event_id)) = row else {
+            continue;
+        };
+        // Both checks first: an order left out must not claim its key or event id either, or
+        // a later order sharing only the other one would be taken past it.
+        let fresh_key = !keys.contains(&key);
+        let fresh_event = !event_ids.contains(&event_id);
+        keys.insert(key);
+        event_ids.insert(event_id);
+        if fresh_key && fresh_event {
+            taken.push(i);
+        }
+    }
+    taken
+}
+
+/// Counts of batches by size since a service started, and of set-based writes; clones share
+/// the counts.
 #[derive(Debug, Clone)]
 pub struct BatchStats {
     /// `counts[n]`: batches of `n` orders; the last slot also takes anything larger.
     counts: Arc<[AtomicU64]>,
+    /// Set-based writes that wrote their orders, and those that failed and fell back to the
+    /// order-by-order path.
+    set_writes: Arc<[AtomicU64; 2]>,
 }
 
 impl BatchStats {
     /// Counts for batches of up to `max_batch` orders.
     pub fn new(max_batch: usize) -> Self {
-        Self { counts: (0..=max_batch.max(1)).map(|_| AtomicU64::new(0)).collect() }
+        Self {
+            counts: (0..=max_batch.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            set_writes: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
+        }
     }
 
     pub(super) fn record(&self, size: usize) {
@@ -56,9 +92,18 @@ impl BatchStats {
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one set-based write: `written` or fallen back.
+    pub(super) fn record_set_write(&self, written: bool) {
+        self.set_writes[usize::from(!written)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counts now.
     pub fn snapshot(&self) -> BatchSizes {
-        BatchSizes { counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect() }
+        BatchSizes {
+            counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+            set_written: self.set_writes[0].load(Ordering::Relaxed),
+            set_fell_back: self.set_writes[1].load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -66,6 +111,8 @@ impl BatchStats {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchSizes {
     counts: Vec<u64>,
+    set_written: u64,
+    set_fell_back: u64,
 }
 
 impl BatchSizes {
@@ -77,7 +124,23 @@ impl BatchSizes {
             .enumerate()
             .map(|(n, c)| c - earlier.counts.get(n).copied().unwrap_or(0))
             .collect();
-        Self { counts }
+        Self {
+            counts,
+            set_written: self.set_written - earlier.set_written,
+            set_fell_back: self.set_fell_back - earlier.set_fell_back,
+        }
+    }
+
+    /// Set-based writes (one multi-row INSERT per table for a batch's orders) that wrote their
+    /// orders; each run of a batch's transaction counts.
+    pub fn set_written(&self) -> u64 {
+        self.set_written
+    }
+
+    /// Set-based writes that failed (a row error, say) and were rolled back, their orders then
+    /// written one by one.
+    pub fn set_fell_back(&self) -> u64 {
+        self.set_fell_back
     }
 
     /// Transactions written.
@@ -121,7 +184,7 @@ mod tests {
     use chrono::Utc;
 
     use super::*;
-    use crate::domain::{EventId, SubmitOrder};
+    use crate::domain::SubmitOrder;
     use crate::telemetry::TraceHeaders;
 
     fn accepting(request_id: &str, quantity: u32) -> Accepting {
@@ -184,6 +247,39 @@ mod tests {
         assert_eq!(sizes.quantile(0.99), 8);
         assert_eq!(BatchSizes::default().quantile(0.99), 0);
         assert_eq!(BatchSizes::default().mean(), 0.0);
+    }
+
+    #[test]
+    fn a_set_write_takes_the_first_order_of_each_key_and_event_id_and_skips_answered_ones() {
+        let [e1, e2, e3, e4] = [EventId::new(), EventId::new(), EventId::new(), EventId::new()];
+        let rows = [
+            Some(((7, "a"), e1)),
+            // A repeat of "a": left for the follower path.
+            Some(((7, "a"), e2)),
+            // Answered already.
+            None,
+            // Another key, the event id of the first: left for the clash path.
+            Some(((7, "b"), e1)),
+            // The key of the row left out just above, its own event id: left out too, since
+            // the row-by-row path decides that row before this one, against what was written
+            // before it.
+            Some(((7, "b"), e3)),
+            // The same request id under another tenant is another key.
+            Some(((8, "a"), e4)),
+        ];
+        assert_eq!(set_candidates(rows), vec![0, 5]);
+        assert_eq!(set_candidates([None, Some(((7, "a"), e1))]), vec![1]);
+    }
+
+    #[test]
+    fn set_write_counts_survive_since() {
+        let stats = BatchStats::new(4);
+        let before = stats.snapshot();
+        stats.record_set_write(true);
+        stats.record_set_write(true);
+        stats.record_set_write(false);
+        let seen = stats.snapshot().since(&before);
+        assert_eq!((seen.set_written(), seen.set_fell_back()), (2, 1));
     }
 
     #[test]

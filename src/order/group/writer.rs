@@ -1,7 +1,11 @@
-//! One writer: takes whatever is queued, writes it in one transaction with a savepoint per
-//! order, commits once, and answers each caller exactly as a transaction of its own would. A
-//! batch of one is written exactly as with group commit off.
+//! One writer: takes whatever is queued, writes it in one transaction, commits once, and
+//! answers each caller exactly as a transaction of its own would. A batch of one is written
+//! exactly as with group commit off.
 //!
+//! - Orders with distinct keys and event ids (two or more) are first written together, one
+//!   multi-row INSERT per table ([`set`]). If that fails on a lock conflict the batch runs again
+//!   (below); on any other error the transaction, which holds nothing else, is rolled back and
+//!   a new one writes every order on its own, in its own savepoint, as follows.
 //! - A row error rolls back only that order's savepoint and is decided as today: a replay,
 //!   REQUEST_ID_REUSED, EVENT_ID_IN_USE, or ROLLED_BACK (confirmed by the savepoint's rollback,
 //!   so it is answered at once).
@@ -10,9 +14,10 @@
 //! - A deadlock or lock-wait victim (the server rolled back, and so did we) runs again as a
 //!   whole with the same ids, after the same backoff as a single order.
 //! - The commit-window failpoints are passed once per batch.
-//! - An order whose caller went away before its savepoint was released is not written, as a
-//!   transaction of its own would have been dropped; once released, it commits with the batch
-//!   (the caller saw a cancelled call, which it reconciles).
+//! - An order whose caller went away before its savepoint was released (or before the
+//!   set-based write began) is not written, as a transaction of its own would have been
+//!   dropped; once written, it commits with the batch (the caller saw a cancelled call, which
+//!   it reconciles).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -27,13 +32,14 @@ use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::Job;
-use super::batch::{BatchStats, Fate, follow};
+use super::batch::{BatchStats, Fate, follow, set_candidates};
+use super::set::{self, IdsBack};
 use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::EventId;
 use crate::failpoint;
 use crate::order::store::{
-    LOCK_CONFLICT_RETRIES, OrderStore, SubmitError, Submitted, decide_clash, find, insert_order, rolled_back,
-    unknown,
+    Accepting, LOCK_CONFLICT_RETRIES, OrderStore, SubmitError, Submitted, decide_clash, find, insert_order,
+    rolled_back, unknown,
 };
 use crate::telemetry::metrics;
 
@@ -47,6 +53,8 @@ pub(super) struct Writer {
     pub(super) alone: OrderStore,
     pub(super) max_batch: usize,
     pub(super) stats: BatchStats,
+    /// How inserted order ids come back from this server; shared by the writers.
+    pub(super) ids_back: IdsBack,
 }
 
 impl Writer {
@@ -143,12 +151,12 @@ impl Writer {
         let _ = reply.send(answer);
     }
 
-    /// One run of the batch's transaction over the orders not answered yet. `Some` when it lost
-    /// a lock conflict and was rolled back (confirmed): the unanswered orders are open again.
-    async fn attempt(&self, rows: &mut [Row]) -> Option<(LockConflict, TxFailure)> {
+    /// Begins the batch's transaction; `None` when none began, every unanswered order then
+    /// answered UNAVAILABLE (nothing written).
+    async fn begin(&self, rows: &mut [Row]) -> Option<DatabaseTransaction> {
         let isolation = read_committed(&self.db);
-        let txn = match self.db.begin_with_config(isolation, None).await {
-            Ok(txn) => txn,
+        match self.db.begin_with_config(isolation, None).await {
+            Ok(txn) => Some(txn),
             Err(e) => {
                 let cause = TxFailure::from(e);
                 for row in rows.iter_mut() {
@@ -157,10 +165,70 @@ impl Writer {
                         SubmitError::Unavailable { event_id: row.event_id(), cause: cause.clone() }
                     });
                 }
-                return None;
+                None
             }
-        };
+        }
+    }
+
+    /// One run of the batch's transaction over the orders not answered yet. `Some` when it lost
+    /// a lock conflict and was rolled back (confirmed): the unanswered orders are open again.
+    async fn attempt(&self, rows: &mut [Row]) -> Option<(LockConflict, TxFailure)> {
+        // No transaction: every order is answered, nothing to run again.
+        let mut txn = self.begin(rows).await?;
         let mut batch = Written::default();
+        let candidates = set_candidates(rows.iter().map(|row| {
+            (matches!(row.fate, Fate::Open) && !row.abandoned()).then(|| {
+                let submit = &row.job.accepting.submit;
+                ((submit.tenant_id.get(), submit.request_id.as_str()), row.event_id())
+            })
+        }));
+        if candidates.len() >= 2 {
+            let orders: Vec<&Accepting> = candidates.iter().map(|&i| &rows[i].job.accepting).collect();
+            match set::write(&txn, &orders, &self.ids_back).await {
+                Ok(order_ids) => {
+                    self.stats.record_set_write(true);
+                    metrics().order_batch_set_writes.add(1, &[KeyValue::new("outcome", "written")]);
+                    let size = candidates.len();
+                    for (&i, order_id) in candidates.iter().zip(order_ids) {
+                        let row = &mut rows[i];
+                        row.job.span.in_scope(|| {
+                            tracing::info!(
+                                order_id,
+                                set_size = size,
+                                "order and PENDING outbox row written with its batch in one statement per table; not yet committed"
+                            );
+                        });
+                        batch.keys.insert(row.key(), i);
+                        batch.order_ids.insert(order_id);
+                        batch.event_ids.insert(row.event_id());
+                        row.fate = Fate::IfCommitted(Ok(row.job.accepting.accepted(order_id)));
+                    }
+                }
+                // A deadlock or lock-wait victim: the whole transaction is rolled back (MariaDB
+                // has already rolled back a deadlock victim) and the batch runs again, as today.
+                Err(cause) if cause.db_err().and_then(lock_conflict).is_some() => {
+                    return abort(txn, rows, cause).await;
+                }
+                Err(cause) => {
+                    // A row error, most likely: nothing else is in this transaction yet, so
+                    // rolling it all back costs nothing, and each order is then written and
+                    // decided on its own, exactly as without the set-based write.
+                    self.stats.record_set_write(false);
+                    metrics().order_batch_set_writes.add(1, &[KeyValue::new("outcome", "fell_back")]);
+                    tracing::info!(
+                        error = %cause,
+                        orders = candidates.len(),
+                        "set-based write of the batch failed and is rolled back; writing its orders one by one"
+                    );
+                    if let Err(e) = txn.rollback().await {
+                        tracing::warn!(error = %e, "batch rollback failed; outcome unknown");
+                        settle_unknown(rows, &cause);
+                        return None;
+                    }
+                    txn = self.begin(rows).await?;
+                }
+            }
+        }
         for i in 0..rows.len() {
             if !matches!(rows[i].fate, Fate::Open) {
                 continue;

@@ -28,6 +28,10 @@ pub(crate) struct GroupPoint {
     pub(crate) batches: u64,
     pub(crate) batch_mean: f64,
     pub(crate) batch_p99: usize,
+    /// Runs of a batch written with one INSERT per table, and those that fell back to one order
+    /// at a time.
+    pub(crate) set_written: u64,
+    pub(crate) set_fell_back: u64,
 }
 
 /// Measures SubmitOrder at each of the plan's concurrencies, group commit on then off, on a
@@ -85,6 +89,8 @@ pub(crate) async fn measure(
                 batches: seen.batches(),
                 batch_mean: seen.mean(),
                 batch_p99: seen.quantile(0.99),
+                set_written: seen.set_written(),
+                set_fell_back: seen.set_fell_back(),
             });
         }
         let _ = stop.send(());
@@ -143,7 +149,14 @@ pub(crate) fn table(points: &[GroupPoint], raw: &[Point]) -> String {
     );
     for p in points {
         let batches = if p.on {
-            format!("batches {:>6}, size mean {:>5.1} p99 {:>3}", p.batches, p.batch_mean, p.batch_p99)
+            format!(
+                "batches {:>6}, size mean {:>5.1} p99 {:>3}, set-based {}{}",
+                p.batches,
+                p.batch_mean,
+                p.batch_p99,
+                p.set_written,
+                if p.set_fell_back > 0 { format!(" ({} fell back)", p.set_fell_back) } else { String::new() }
+            )
         } else {
             "one transaction per order".to_owned()
         };
@@ -173,7 +186,8 @@ pub(crate) fn json(points: &[GroupPoint], raw: &[Point]) -> Value {
             "groupCommit": if p.on { "on" } else { "off" }, "concurrency": p.point.concurrency,
             "perSecond": p.point.per_second, "overRawCommit": ratio(p.point.per_second, raw_at(raw, p.point.concurrency)),
             "errors": p.point.errors, "p50Ms": p.point.latency.p50, "p99Ms": p.point.latency.p99,
-            "batches": p.batches, "batchSizeMean": p.batch_mean, "batchSizeP99": p.batch_p99})).collect::<Vec<_>>(),
+            "batches": p.batches, "batchSizeMean": p.batch_mean, "batchSizeP99": p.batch_p99,
+            "setWritten": p.set_written, "setFellBack": p.set_fell_back})).collect::<Vec<_>>(),
         "targets": targets(points, raw).into_iter().map(|(name, value, target, met)| json!({
             "name": name, "value": value, "target": target, "met": met})).collect::<Vec<_>>(),
     })
