@@ -234,6 +234,5 @@ fn tuning(settings: &Settings) -> Tuning {
             backoff_max: settings.backoff_max,
         },
         max_idle_poll: settings.max_idle_poll,
-        claim_ahead: settings.claim_ahead,
     }
 }

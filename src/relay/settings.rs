@@ -48,11 +48,6 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_RELAY_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub batch_size: u64,
 
-    /// Whether a loop claims its next batch while the broker confirms a full one, so the claim's
-    /// round trips overlap the publishing (`false`: claim, publish, mark one after the other).
-    #[arg(long, global = true, env = "OUTPOST_RELAY_CLAIM_AHEAD", default_value_t = true, action = clap::ArgAction::Set)]
-    pub claim_ahead: bool,
-
     /// How long a claimed event is leased; it is claimable again after that.
     #[arg(long, global = true, env = "OUTPOST_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
@@ -132,7 +127,6 @@ impl Settings {
             kafka_options: Vec::new(),
             workers: 2,
             batch_size: 500,
-            claim_ahead: true,
             lease: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(10),
             lease_margin: Duration::from_secs(5),

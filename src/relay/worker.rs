@@ -33,8 +33,6 @@ pub struct Tuning {
     pub retry: RetryPolicy,
     /// Longest wait between polls of an empty outbox.
     pub max_idle_poll: Duration,
-    /// Whether [`Relay::run`] claims the next batch while it publishes and marks a full one.
-    pub claim_ahead: bool,
 }
 
 /// What one step did.
@@ -79,15 +77,6 @@ pub struct Relay<P> {
     tuning: Tuning,
     wake: Arc<Notify>,
     vitals: Arc<Vitals>,
-}
-
-/// A batch one claim took, and when that claim started: the step's budget counts from there,
-/// also while a batch claimed ahead waits for the one before it.
-#[derive(Debug)]
-struct Batch {
-    events: Vec<ClaimedEvent>,
-    started: tokio::time::Instant,
-    claim_took: Duration,
 }
 
 /// Batches in a row whose every publish failed, with the broker answering errors, after which
@@ -145,41 +134,29 @@ impl<P: Publisher> Relay<P> {
 
     /// [`Relay::step`] claiming at most `batch_size` events.
     async fn step_of(&self, batch_size: u64) -> Result<StepOutcome, DbErr> {
-        Ok(match self.claim_batch(batch_size).await? {
-            Some(batch) => StepOutcome::Worked(self.relay_batch(batch).await),
-            None => StepOutcome::Idle,
-        })
-    }
-
-    /// Claims at most `batch_size` events; `None` when nothing was claimable.
-    async fn claim_batch(&self, batch_size: u64) -> Result<Option<Batch>, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
-            return Ok(None);
+            return Ok(StepOutcome::Idle);
         }
-        // Before the claim, so that the database's lease starts no earlier than this.
-        let started = tokio::time::Instant::now();
-        let events = self.outbox.claim(&self.owner, self.tuning.lease, batch_size).await?;
-        let claim_took = started.elapsed();
-        Ok((!events.is_empty()).then_some(Batch { events, started, claim_took }))
-    }
-
-    /// Publishes a claimed batch outside any transaction and records each outcome under the
-    /// claim's fence, all inside the budget counted from the claim's start.
-    async fn relay_batch(&self, batch: Batch) -> StepReport {
-        let Batch { events: claimed, started, claim_took } = batch;
         let tuning = &self.tuning;
         let budget = StepBudget::lenient(tuning.lease, tuning.delivery_timeout, tuning.lease_margin);
+        // Before the claim, so that the database's lease starts no earlier than this.
+        let started = tokio::time::Instant::now();
+        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, batch_size).await?;
+        let claim_took = started.elapsed();
+        if claimed.is_empty() {
+            return Ok(StepOutcome::Idle);
+        }
         // One span per event, continuing the trace of the SubmitOrder that wrote it: a batch
         // claim serves many traces, so each event gets its own record of it.
         let spans: Vec<Span> = claimed.iter().map(|event| self.event_span(event)).collect();
         let mut report = StepReport { claimed: claimed.len(), ..StepReport::default() };
         if failpoint::hit(failpoint::DURING_CONCURRENT_CLAIM).is_err() {
             // As if the worker died here: the leases run out and another worker takes over.
-            return report;
+            return Ok(StepOutcome::Worked(report));
         }
         // The budget bounds what the step waits for (claim, queue, delivery, marks); a process
         // stalled between two of them outlives any budget, and the claim fence covers that.
-        let publish_by = started + budget.publish;
+        let publish_by = tokio::time::Instant::now() + budget.publish.saturating_sub(claim_took);
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together.
         let sends = claimed.iter().zip(&spans).map(|(event, span)| {
@@ -222,7 +199,7 @@ impl<P: Publisher> Relay<P> {
             }
         }
         let recording = tokio::time::Instant::now();
-        let record_by = started + budget.whole;
+        let record_by = recording + budget.whole.saturating_sub(budget.publish);
         // Failed events go back in one statement, each row under its own claim fence.
         let failures: Vec<(&ClaimedEvent, &str, Blame)> =
             failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
@@ -257,7 +234,7 @@ impl<P: Publisher> Relay<P> {
             }
         }
         report.record_time = recording.elapsed();
-        report
+        Ok(StepOutcome::Worked(report))
     }
 
     fn event_span(&self, event: &ClaimedEvent) -> Span {
@@ -384,33 +361,10 @@ impl<P: Publisher> Relay<P> {
         let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
         let mut idle = shortest;
         let mut batch = AdaptiveBatch::new(self.tuning.batch_size);
-        // The next batch, claimed while the one before it was published and marked.
-        let mut ahead: Option<Result<Option<Batch>, DbErr>> = None;
         tracing::info!(lease_owner = %self.owner, "relay started");
         while !*stop.borrow() {
             let polled_at = tokio::time::Instant::now();
-            let claim = match ahead.take() {
-                Some(claim) => claim,
-                None => self.claim_batch(batch.size()).await,
-            };
-            let step = match claim {
-                Err(e) => Err(e),
-                Ok(None) => Ok(StepOutcome::Idle),
-                // A full claim means a backlog: the next claim's round trips overlap this batch's
-                // publishing instead of following its mark. Its own lease and fence cover it, and
-                // its budget counts from its own claim, so waiting for this batch only shortens it.
-                Ok(Some(current))
-                    if self.tuning.claim_ahead
-                        && current.events.len() as u64 >= batch.size()
-                        && !*stop.borrow() =>
-                {
-                    let (report, next) =
-                        tokio::join!(self.relay_batch(current), self.claim_batch(batch.size()));
-                    ahead = Some(next);
-                    Ok(StepOutcome::Worked(report))
-                }
-                Ok(Some(current)) => Ok(StepOutcome::Worked(self.relay_batch(current).await)),
-            };
+            let step = self.step_of(batch.size()).await;
             let claimed = match &step {
                 Ok(StepOutcome::Worked(report)) => report.claimed as u64,
                 _ => 0,
@@ -429,7 +383,6 @@ impl<P: Publisher> Relay<P> {
                 }
                 Err(reason) => {
                     tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
-                    // A batch claimed ahead is left to its lease: this publisher cannot send it.
                     return Err(PublisherFailed(reason));
                 }
             }
@@ -475,11 +428,6 @@ impl<P: Publisher> Relay<P> {
             }
         }
         tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
-        // A stop never abandons a batch claimed ahead to its lease: it is published and marked.
-        if let Some(Ok(Some(last))) = ahead {
-            let report = self.relay_batch(last).await;
-            self.vitals.stepped(&Ok(StepOutcome::Worked(report)));
-        }
         Ok(())
     }
 }

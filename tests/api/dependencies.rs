@@ -196,7 +196,6 @@ async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes
             backoff_max: Duration::from_millis(500),
         },
         max_idle_poll: Duration::from_millis(100),
-        claim_ahead: true,
     };
     let relay = Arc::new(Relay::new(Outbox::new(app.db.connect().await), publisher, tuning));
     // The producer in use turns fatal at its first send, and every later send on it fails.

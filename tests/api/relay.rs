@@ -86,7 +86,7 @@ on_every_backend!(
     callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
     one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
     a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its_size_each_counted_and_leased,
-    a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_ahead_and_leaves_no_lease,
+    a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_and_leaves_no_lease,
     two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
     four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
 );
@@ -249,7 +249,7 @@ async fn a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its
     assert_eq!(probe.state(&ids[4]).await.status, "PENDING", "a claim takes no more than its size");
 }
 
-async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_ahead_and_leaves_no_lease(
+async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_and_leaves_no_lease(
     backend: Backend,
 ) {
     const EVENTS: usize = 400;
@@ -260,9 +260,8 @@ async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_cla
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(EVENTS).await;
     let mut settings = relay_settings(&app, &broker.address(), &topic);
-    // Small full batches: every loop claims its next batch while it publishes one.
+    // Small batches: the stop finds batches in flight in both loops.
     settings.batch_size = 20;
-    assert!(settings.claim_ahead, "claiming ahead is the default");
     let relay = start_relay(settings).await;
     assert_eventually("the relay marked its first batches", WAIT, || async {
         probe.count_with_status("PUBLISHED").await >= 40
@@ -461,7 +460,6 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
             backoff_max: Duration::from_secs(1),
         },
         max_idle_poll: Duration::from_millis(100),
-        claim_ahead: true,
     };
     let old = Relay::new(outbox.clone(), publisher(), tuning.clone());
     let new = Relay::new(outbox.clone(), publisher(), tuning.clone());
@@ -640,7 +638,6 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
         lease_margin: Duration::ZERO,
         retry: quick_retry(1),
         max_idle_poll: Duration::from_millis(100),
-        claim_ahead: true,
     };
     // Loop A's publish fails only after loop B has claimed the event again.
     let (loop_a, loop_b, held_by_b) =
@@ -840,7 +837,6 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
             backoff_max: Duration::from_secs(1),
         },
         max_idle_poll: Duration::from_millis(100),
-        claim_ahead: true,
     };
     // The slow relay is held between its claim and its publish until the fast relay has taken
     // the event over. It used to sleep 3 s there on a worker of this test's runtime, which could
@@ -889,7 +885,6 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
         lease_margin: Duration::ZERO,
         retry: quick_retry(10),
         max_idle_poll: Duration::from_millis(100),
-        claim_ahead: true,
     };
     // Loop B still holds the lease when loop A's confirm arrives.
     let (loop_a, loop_b, held_by_b) =
