@@ -327,8 +327,8 @@ pub(crate) struct ClaimMark {
 /// COMMITTED transaction reading the database clock, expired leases on `idx_outbox_claim` then
 /// due events on `idx_outbox_due` with `FOR UPDATE SKIP LOCKED`, and one `UPDATE … IN (…)` to
 /// lease them. Then one set-based mark of the whole batch stamped with the server's clock, every
-/// row fenced by status and claim token and given its own partition and offset (an `unnest` of
-/// one array per column on PostgreSQL, a `UNION ALL` derived table in a READ COMMITTED transaction on MariaDB/MySQL).
+/// row fenced by status and claim token and given its own partition and offset (a `VALUES` join
+/// on PostgreSQL, a `UNION ALL` derived table in a READ COMMITTED transaction on MariaDB/MySQL).
 /// One worker, nothing published. Stops when nothing is claimable or `duration` passed.
 pub(crate) async fn claim_and_mark(
     url: &str,
@@ -469,25 +469,14 @@ async fn mark_all(
         values.extend([id.clone().into(), token.into(), "bench-raw".into(), 0i32.into(), (*offset).into()]);
     }
     if backend == DbBackend::Postgres {
-        // The relay's PostgreSQL shape: one array-literal parameter per column, joined with
-        // `unnest` (ids and tokens need no quoting: UUIDs and `bench-raw/<pid>/<hex>`).
-        let list = |f: &dyn Fn(&(String, i64)) -> String| {
-            format!("{{{}}}", marks.iter().map(f).collect::<Vec<_>>().join(","))
-        };
-        let arrays: Vec<Value> = vec![
-            list(&|(id, _)| id.clone()).into(),
-            list(&|_| token.to_owned()).into(),
-            list(&|_| "bench-raw".to_owned()).into(),
-            list(&|_| "0".to_owned()).into(),
-            list(&|(_, offset)| offset.to_string()).into(),
-        ];
+        let tuples = vec!["(?::char(36), ?::text, ?::text, ?::integer, ?::bigint)"; marks.len()];
         let sql = format!(
-            "UPDATE outbox_event AS o SET {assignments} FROM unnest(?::text::char(36)[], ?::text::text[], \
-             ?::text::text[], ?::text::integer[], ?::text::bigint[]) \
+            "UPDATE outbox_event AS o SET {assignments} FROM (VALUES {}) \
              AS v(v_id, v_token, v_topic, v_partition, v_offset) \
-             WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id"
+             WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id",
+            tuples.join(", ")
         );
-        return Ok(db.query_all_raw(statement(backend, &sql, arrays)).await?.len() as u64);
+        return Ok(db.query_all_raw(statement(backend, &sql, values)).await?.len() as u64);
     }
     let first = "SELECT CONVERT(? USING ascii) COLLATE ascii_bin AS v_id, ? AS v_token, \
                  ? AS v_topic, ? AS v_partition, ? AS v_offset";
