@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::extension::mysql::{IndexHintScope, IndexName, MySqlSelectStatementExt as _};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    QueryTrait, TransactionTrait, Value,
+    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, QueryTrait, Statement, TransactionTrait, Value,
 };
 
 use super::{LeaseToken, WorkerId};
@@ -145,8 +145,12 @@ impl Outbox {
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
         let token = LeaseToken::new(worker);
-        if !db::has_skip_locked(&self.db) {
-            return self.claim_single_writer(&token, lease, batch_size).await;
+        match self.db.get_database_backend() {
+            DbBackend::Postgres => return self.claim_in_one_statement(&token, lease, batch_size).await,
+            _ if !db::has_skip_locked(&self.db) => {
+                return self.claim_single_writer(&token, lease, batch_size).await;
+            }
+            _ => {}
         }
         let txn = self.db.begin_with_config(db::relay_isolation(&self.db), None).await?;
         let now = db::now(&txn).await?;
@@ -169,6 +173,59 @@ impl Outbox {
             .await?;
         txn.commit().await?;
         Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, &token)).collect())
+    }
+
+    /// PostgreSQL's claim: the clock read, both candidate queries (each on its own index, in its
+    /// order, `FOR UPDATE SKIP LOCKED`) and the lease update in one statement, so one round trip
+    /// and one implicit transaction instead of six round trips (begin, clock, two selects, the
+    /// update, commit). Under a loaded two-core machine each round trip waits for the server
+    /// process to be scheduled, and that wait, not the statements, was most of a 57 ms claim.
+    ///
+    /// The lease ends `lease` after the database clock (`clock_timestamp()`, read once in a
+    /// materialized CTE): PostgreSQL stores a `timestamptz`, so a clock function writes the same
+    /// value a bound timestamp would (only SQLite needs every timestamp bound as text). The due
+    /// query takes only what the expired one left of `batch_size`, as the two queries of the
+    /// transaction did.
+    async fn claim_in_one_statement(
+        &self,
+        token: &LeaseToken,
+        lease: Duration,
+        batch_size: u64,
+    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let lease_micros = i64::try_from(lease.as_micros())
+            .map_err(|_| DbErr::Custom(format!("a lease of {lease:?} is out of range")))?;
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let sql = format!(
+            "WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now), \
+             expired AS MATERIALIZED (SELECT event_id FROM outbox_event \
+               WHERE status = '{publishing}' AND lease_until < (SELECT now FROM clock) \
+               ORDER BY lease_until, created_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             due AS MATERIALIZED (SELECT event_id FROM outbox_event \
+               WHERE status = '{pending}' AND (lease_until IS NULL OR lease_until <= (SELECT now FROM clock)) \
+               ORDER BY created_at, event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED) \
+             UPDATE outbox_event AS o SET status = '{publishing}', lease_owner = $1, \
+               lease_until = (SELECT now FROM clock) + $3 * interval '1 microsecond', attempts = o.attempts + 1 \
+             WHERE o.event_id IN (SELECT event_id FROM expired UNION ALL SELECT event_id FROM due) \
+             RETURNING o.*",
+            publishing = OutboxStatus::Publishing.as_str(),
+            pending = OutboxStatus::Pending.as_str(),
+        );
+        let statement = Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            [token.as_str().into(), limit.into(), lease_micros.into()],
+        );
+        let mut rows = outbox_event::Entity::find().from_raw_sql(statement).all(&self.db).await?;
+        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+        rows.into_iter()
+            .map(|row| {
+                let lease_until = row.lease_until.ok_or_else(|| {
+                    DbErr::Custom(format!("claimed event {} came back without a lease", row.event_id))
+                })?;
+                // RETURNING shows the row after the update: its attempts already count this claim.
+                Ok(claimed(row, 0, lease_until, token))
+            })
+            .collect()
     }
 
     async fn claim_single_writer(
@@ -223,38 +280,45 @@ impl Outbox {
         if marks.is_empty() {
             return Ok(Vec::new());
         }
-        const COLUMNS: [ValueColumn; 6] = [
-            FENCE_COLUMNS[0],
-            FENCE_COLUMNS[1],
-            ValueColumn { name: "v_published_at", pg_type: "timestamptz" },
+        const PUBLISHED_AT: ValueColumn = ValueColumn { name: "v_published_at", pg_type: "timestamptz" };
+        const DELIVERY: [ValueColumn; 3] = [
             ValueColumn { name: "v_topic", pg_type: "text" },
             ValueColumn { name: "v_partition", pg_type: "integer" },
             ValueColumn { name: "v_offset", pg_type: "bigint" },
         ];
-        let now = db::now(&self.db).await?;
+        // The server stamps `published_at` with its own clock in the mark statement itself: the
+        // clock read before it was a round trip of its own. The column holds what a bound value
+        // from [`db::now`] would (a `timestamptz` on PostgreSQL, a UTC `DATETIME(6)` on
+        // MariaDB/MySQL); only SQLite needs every timestamp bound, as text of one format.
+        let (published_at, now) = match self.db.get_database_backend() {
+            DbBackend::Postgres => ("statement_timestamp()", None),
+            DbBackend::MySql => ("UTC_TIMESTAMP(6)", None),
+            _ => ("v.v_published_at", Some(db::now(&self.db).await?)),
+        };
+        let columns: Vec<ValueColumn> =
+            FENCE_COLUMNS.iter().copied().chain(now.map(|_| PUBLISHED_AT)).chain(DELIVERY).collect();
         let mut rows: Vec<(usize, Vec<Value>)> = marks
             .iter()
             .enumerate()
             .map(|(i, (event_id, token, delivery))| {
-                let row = vec![
-                    (*event_id).into(),
-                    token.as_str().into(),
-                    now.into(),
+                let mut row: Vec<Value> = vec![(*event_id).into(), token.as_str().into()];
+                row.extend(now.map(Value::from));
+                row.extend([
                     delivery.topic.as_str().into(),
                     delivery.partition.into(),
                     delivery.offset.into(),
-                ];
+                ]);
                 (i, row)
             })
             .collect();
         let assignments = format!(
-            "status = '{}', published_at = v.v_published_at, published_topic = v.v_topic, \
+            "status = '{}', published_at = {published_at}, published_topic = v.v_topic, \
              published_partition = v.v_partition, published_offset = v.v_offset, \
              lease_owner = NULL, lease_until = NULL",
             OutboxStatus::Published.as_str()
         );
         let update = FencedUpdate {
-            columns: &COLUMNS,
+            columns: &columns,
             rows: in_lock_order(&mut rows),
             assignments: &assignments,
             fenced: !failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION),

@@ -85,6 +85,8 @@ on_every_backend!(
     a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
     callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
     one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
+    a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its_size_each_counted_and_leased,
+    a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_and_leaves_no_lease,
     two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
     four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
 );
@@ -198,6 +200,89 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
         );
     }
     assert_eq!(probe.state(&ids[4]).await, taken_over_states[1], "the stale release changed nothing");
+}
+
+async fn a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its_size_each_counted_and_leased(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let mut ids = probe.seed(3).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let (relay_a, relay_b) = (WorkerId::generate(), WorkerId::generate());
+    let brief = outbox.claim(&relay_a, Duration::from_millis(300), 2).await.unwrap();
+    assert_eq!(brief.iter().map(|e| &e.event_id).collect::<Vec<_>>(), ids[..2].iter().collect::<Vec<_>>());
+    // Two newer events: a claim that took due events first would take these and the third.
+    ids.extend(probe.seed(2).await);
+    let expired_at = brief.iter().map(|e| e.lease_until).max().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while outpost::db::now(&app.conn).await.unwrap() <= expired_at {
+        assert!(tokio::time::Instant::now() < deadline, "the database clock never passed the lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let claimed = outbox.claim(&relay_b, Duration::from_secs(30), 3).await.unwrap();
+    let claimed_at = outpost::db::now(&app.conn).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(),
+        [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()],
+        "both expired leases, then the oldest due event, oldest first"
+    );
+    assert_eq!(claimed.iter().map(|e| e.attempts).collect::<Vec<_>>(), [2, 2, 1], "every claim counts");
+    let token = &claimed[0].lease_token;
+    assert!(token.as_str().starts_with(relay_b.as_str()), "{token} is relay B's");
+    for event in &claimed {
+        assert_eq!(&event.lease_token, token, "one claim, one fence");
+        let lease_left = (event.lease_until - claimed_at).to_std().unwrap_or_default();
+        assert!(
+            lease_left > Duration::from_secs(25),
+            "leased for 30 s by the database clock: {lease_left:?}"
+        );
+        let state = probe.state(&event.event_id).await;
+        assert_eq!(
+            (state.status.as_str(), state.attempts, state.lease_owner.as_deref()),
+            ("PUBLISHING", event.attempts, Some(token.as_str()))
+        );
+    }
+    let next = outbox.claim(&relay_b, Duration::from_secs(30), 1).await.unwrap();
+    assert_eq!(next.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), [ids[3].as_str()]);
+    assert_eq!(probe.state(&ids[4]).await.status, "PENDING", "a claim takes no more than its size");
+}
+
+async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_and_leaves_no_lease(
+    backend: Backend,
+) {
+    const EVENTS: usize = 400;
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(EVENTS).await;
+    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    // Small batches: the stop finds batches in flight in both loops.
+    settings.batch_size = 20;
+    let relay = start_relay(settings).await;
+    assert_eventually("the relay marked its first batches", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await >= 40
+    })
+    .await;
+    relay.stop().await;
+
+    assert_eq!(probe.count_with_status("PUBLISHING").await, 0, "no claim was left to its lease");
+    let published = probe.count_with_status("PUBLISHED").await;
+    assert_eq!(published + probe.count_with_status("PENDING").await, EVENTS as i64);
+    let records = read_topic(&broker.address(), &topic, published as usize, WAIT, SETTLE).await;
+    assert_eq!(records.len() as i64, published, "each claimed event was published once and marked");
+    let seen: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    for id in &ids {
+        let state = probe.state(id).await;
+        if state.status == "PUBLISHED" {
+            assert!(seen.contains(id.as_str()) && state.attempts == 1, "{id}: {state:?}");
+        } else {
+            assert_eq!(state.attempts, 0, "{id} was claimed but not published: {state:?}");
+        }
+    }
 }
 
 /// A relay process whose log goes to a file the test reads afterwards.

@@ -323,13 +323,13 @@ pub(crate) struct ClaimMark {
 }
 
 /// The relay's database work in plain SQL on the pre-filled outbox, in the relay's statement
-/// shapes: a claim transaction (READ COMMITTED on MariaDB/MySQL) reading the database clock,
-/// expired leases on `idx_outbox_claim` then due events on `idx_outbox_due` with
-/// `FOR UPDATE SKIP LOCKED`, and one `UPDATE … IN (…)` to lease them; then the clock again and
-/// one set-based mark of the whole batch, every row fenced by status and claim token and given
-/// its own partition and offset (a `VALUES` join on PostgreSQL, a `UNION ALL` derived table in
-/// a READ COMMITTED transaction on MariaDB/MySQL). One worker, nothing published.
-/// Stops when nothing is claimable or `duration` passed.
+/// shapes. The claim: on PostgreSQL one statement ([`PG_CLAIM`]); on MariaDB/MySQL a READ
+/// COMMITTED transaction reading the database clock, expired leases on `idx_outbox_claim` then
+/// due events on `idx_outbox_due` with `FOR UPDATE SKIP LOCKED`, and one `UPDATE … IN (…)` to
+/// lease them. Then one set-based mark of the whole batch stamped with the server's clock, every
+/// row fenced by status and claim token and given its own partition and offset (a `VALUES` join
+/// on PostgreSQL, a `UNION ALL` derived table in a READ COMMITTED transaction on MariaDB/MySQL).
+/// One worker, nothing published. Stops when nothing is claimable or `duration` passed.
 pub(crate) async fn claim_and_mark(
     url: &str,
     batch: u64,
@@ -350,6 +350,35 @@ pub(crate) async fn claim_and_mark(
     while started.elapsed() < duration {
         let claiming = Instant::now();
         let token = format!("bench-raw/{}/{:016x}", std::process::id(), rand_u64());
+        if backend == DbBackend::Postgres {
+            let mut ids: Vec<String> = db
+                .query_all_raw(statement(
+                    backend,
+                    PG_CLAIM,
+                    vec![token.clone().into(), (batch as i64).into()],
+                ))
+                .await?
+                .iter()
+                .filter_map(|r| r.try_get::<String>("", "event_id").ok())
+                .collect();
+            if ids.is_empty() {
+                break;
+            }
+            result.claim.push(claiming.elapsed());
+            result.batches += 1;
+            let marking = Instant::now();
+            ids.sort();
+            let marks: Vec<(String, i64)> = ids
+                .into_iter()
+                .map(|id| {
+                    offset += 1;
+                    (id, offset)
+                })
+                .collect();
+            result.marked += mark_all(&db, read_committed, &marks, &token).await?;
+            result.mark.push(marking.elapsed());
+            continue;
+        }
         let txn = db.begin_with_config(read_committed, None).await?;
         let now = clock(&txn).await?;
         let lease_until = now + chrono::Duration::seconds(30);
@@ -401,7 +430,6 @@ pub(crate) async fn claim_and_mark(
         result.batches += 1;
 
         let marking = Instant::now();
-        let now = clock(&db).await?;
         // The relay marks in event id order, the order every set-based update locks rows in.
         ids.sort();
         let marks: Vec<(String, i64)> = ids
@@ -411,7 +439,7 @@ pub(crate) async fn claim_and_mark(
                 (id, offset)
             })
             .collect();
-        let marked = mark_all(&db, read_committed, &marks, &token, now).await?;
+        let marked = mark_all(&db, read_committed, &marks, &token).await?;
         result.mark.push(marking.elapsed());
         result.marked += marked;
     }
@@ -426,38 +454,33 @@ async fn mark_all(
     isolation: Option<IsolationLevel>,
     marks: &[(String, i64)],
     token: &str,
-    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<u64, DbErr> {
     let backend = db.get_database_backend();
-    let assignments = "status = 'PUBLISHED', published_at = v.v_published_at, published_topic = v.v_topic, \
-                       published_partition = v.v_partition, published_offset = v.v_offset, \
-                       lease_owner = NULL, lease_until = NULL";
+    // The server's clock in the statement, as the relay stamps it (no clock read before it).
+    let clock = if backend == DbBackend::Postgres { "statement_timestamp()" } else { "UTC_TIMESTAMP(6)" };
+    let assignments = format!(
+        "status = 'PUBLISHED', published_at = {clock}, published_topic = v.v_topic, \
+         published_partition = v.v_partition, published_offset = v.v_offset, \
+         lease_owner = NULL, lease_until = NULL"
+    );
     let fence = "o.status = 'PUBLISHING' AND o.lease_owner = v.v_token";
-    let mut values: Vec<Value> = Vec::with_capacity(marks.len() * 6);
+    let mut values: Vec<Value> = Vec::with_capacity(marks.len() * 5);
     for (id, offset) in marks {
-        values.extend([
-            id.clone().into(),
-            token.into(),
-            now.into(),
-            "bench-raw".into(),
-            0i32.into(),
-            (*offset).into(),
-        ]);
+        values.extend([id.clone().into(), token.into(), "bench-raw".into(), 0i32.into(), (*offset).into()]);
     }
     if backend == DbBackend::Postgres {
-        let tuples =
-            vec!["(?::char(36), ?::text, ?::timestamptz, ?::text, ?::integer, ?::bigint)"; marks.len()];
+        let tuples = vec!["(?::char(36), ?::text, ?::text, ?::integer, ?::bigint)"; marks.len()];
         let sql = format!(
             "UPDATE outbox_event AS o SET {assignments} FROM (VALUES {}) \
-             AS v(v_id, v_token, v_published_at, v_topic, v_partition, v_offset) \
+             AS v(v_id, v_token, v_topic, v_partition, v_offset) \
              WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id",
             tuples.join(", ")
         );
         return Ok(db.query_all_raw(statement(backend, &sql, values)).await?.len() as u64);
     }
-    let first = "SELECT CONVERT(? USING ascii) COLLATE ascii_bin AS v_id, ? AS v_token, ? AS v_published_at, \
+    let first = "SELECT CONVERT(? USING ascii) COLLATE ascii_bin AS v_id, ? AS v_token, \
                  ? AS v_topic, ? AS v_partition, ? AS v_offset";
-    let rest = " UNION ALL SELECT CONVERT(? USING ascii) COLLATE ascii_bin, ?, ?, ?, ?, ?";
+    let rest = " UNION ALL SELECT CONVERT(? USING ascii) COLLATE ascii_bin, ?, ?, ?, ?";
     let sql = format!(
         "UPDATE outbox_event AS o JOIN ({first}{}) AS v ON o.event_id = v.v_id SET {assignments} WHERE TRUE AND {fence}",
         rest.repeat(marks.len() - 1)
@@ -468,7 +491,23 @@ async fn mark_all(
     Ok(changed)
 }
 
-/// The database clock, read as the relay reads it before a claim and a mark.
+/// PostgreSQL's claim in the relay's shape: the clock, expired leases on `idx_outbox_claim`,
+/// then what is left of the batch from due events on `idx_outbox_due`, both
+/// `FOR UPDATE SKIP LOCKED`, and the lease update, in one statement (`$1` is the token, `$2` the
+/// batch size; the lease is 30 s).
+const PG_CLAIM: &str = "WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now), \
+     expired AS MATERIALIZED (SELECT event_id FROM outbox_event \
+       WHERE status = 'PUBLISHING' AND lease_until < (SELECT now FROM clock) \
+       ORDER BY lease_until, created_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+     due AS MATERIALIZED (SELECT event_id FROM outbox_event \
+       WHERE status = 'PENDING' AND (lease_until IS NULL OR lease_until <= (SELECT now FROM clock)) \
+       ORDER BY created_at, event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED) \
+     UPDATE outbox_event AS o SET status = 'PUBLISHING', lease_owner = $1, \
+       lease_until = (SELECT now FROM clock) + interval '30 seconds', attempts = o.attempts + 1 \
+     WHERE o.event_id IN (SELECT event_id FROM expired UNION ALL SELECT event_id FROM due) \
+     RETURNING o.*";
+
+/// The database clock, read as the relay reads it before a claim on MariaDB/MySQL.
 async fn clock(db: &impl ConnectionTrait) -> Result<chrono::DateTime<chrono::Utc>, DbErr> {
     let backend = db.get_database_backend();
     let sql =
