@@ -351,7 +351,7 @@ pub(crate) async fn claim_and_mark(
         let claiming = Instant::now();
         let token = format!("bench-raw/{}/{:016x}", std::process::id(), rand_u64());
         if backend == DbBackend::Postgres {
-            let mut ids: Vec<String> = db
+            let ids: Vec<String> = db
                 .query_all_raw(statement(
                     backend,
                     PG_CLAIM,
@@ -367,14 +367,7 @@ pub(crate) async fn claim_and_mark(
             result.claim.push(claiming.elapsed());
             result.batches += 1;
             let marking = Instant::now();
-            ids.sort();
-            let marks: Vec<(String, i64)> = ids
-                .into_iter()
-                .map(|id| {
-                    offset += 1;
-                    (id, offset)
-                })
-                .collect();
+            let marks = with_offsets(ids, &mut offset);
             result.marked += mark_all(&db, read_committed, &marks, &token).await?;
             result.mark.push(marking.elapsed());
             continue;
@@ -411,8 +404,7 @@ pub(crate) async fn claim_and_mark(
             txn.commit().await?;
             break;
         }
-        let mut ids: Vec<String> =
-            rows.iter().filter_map(|r| r.try_get::<String>("", "event_id").ok()).collect();
+        let ids: Vec<String> = rows.iter().filter_map(|r| r.try_get::<String>("", "event_id").ok()).collect();
         let placeholders = vec!["?"; ids.len()].join(", ");
         let mut values: Vec<Value> = vec![token.clone().into(), lease_until.into()];
         values.extend(ids.iter().cloned().map(Value::from));
@@ -430,15 +422,7 @@ pub(crate) async fn claim_and_mark(
         result.batches += 1;
 
         let marking = Instant::now();
-        // The relay marks in event id order, the order every set-based update locks rows in.
-        ids.sort();
-        let marks: Vec<(String, i64)> = ids
-            .into_iter()
-            .map(|id| {
-                offset += 1;
-                (id, offset)
-            })
-            .collect();
+        let marks = with_offsets(ids, &mut offset);
         let marked = mark_all(&db, read_committed, &marks, &token).await?;
         result.mark.push(marking.elapsed());
         result.marked += marked;
@@ -521,4 +505,16 @@ async fn clock(db: &impl ConnectionTrait) -> Result<chrono::DateTime<chrono::Utc
 
 fn rand_u64() -> u64 {
     uuid::Uuid::new_v4().as_u64_pair().0
+}
+
+/// The claimed ids in event id order (the order the relay marks in, which every set-based update
+/// locks rows in), each with the next made-up offset.
+fn with_offsets(mut ids: Vec<String>, offset: &mut i64) -> Vec<(String, i64)> {
+    ids.sort();
+    ids.into_iter()
+        .map(|id| {
+            *offset += 1;
+            (id, *offset)
+        })
+        .collect()
 }
