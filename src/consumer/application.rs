@@ -168,6 +168,7 @@ impl Application {
                 // records are delivered again and deduplicated.
                 consumer = subscribed(&self.settings, &self.stats)?;
                 let old = current_tx.send_replace(Arc::clone(&consumer));
+                old.context().closing();
                 tokio::task::spawn_blocking(move || drop(old));
                 metrics().client_rebuilds.add(1, &[]);
                 tracing::warn!(%reason, "Kafka consumer rebuilt after a fatal error; it rejoins the group");
@@ -189,6 +190,7 @@ impl Application {
         let consumer = Arc::clone(&current.borrow());
         commit_stored(consumer.as_ref(), "shutdown");
         leave_group(consumer.as_ref()).await;
+        consumer.context().closing();
         let _ = stop_tx.send(true);
         let _ = watcher.await;
         purger.abort();
@@ -313,5 +315,5 @@ fn kafka_consumer(
     stats: Arc<ConsumerStats>,
 ) -> Result<StreamConsumer<CommitOnRevoke>, StartupError> {
     let config = settings.kafka_config().map_err(StartupError::Settings)?;
-    Ok(config.create_with_context(CommitOnRevoke { stats })?)
+    Ok(config.create_with_context(CommitOnRevoke::new(stats))?)
 }

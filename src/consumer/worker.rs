@@ -1,6 +1,6 @@
 //! The Kafka side: receive, handle in one transaction, store the offset only after it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt as _;
@@ -90,6 +90,23 @@ impl ConsumerStats {
 #[derive(Debug, Default)]
 pub(crate) struct CommitOnRevoke {
     pub(crate) stats: std::sync::Arc<ConsumerStats>,
+    closing: AtomicBool,
+}
+
+impl CommitOnRevoke {
+    pub(crate) fn new(stats: std::sync::Arc<ConsumerStats>) -> Self {
+        Self { stats, closing: AtomicBool::new(false) }
+    }
+
+    /// Call once the stored offsets are committed and right before the client is closed: a
+    /// revocation served by the close then commits nothing. librdkafka 2.12 aborts the process
+    /// (`rd_kafka_cgrp_terminated: assert: !rd_kafka_assignment_in_progress`) when a commit
+    /// request reaches a closing group in the same pass as the LeaveGroup answer that lets it
+    /// terminate; a commit from the revocation callback is such a request (seen on a consumer
+    /// closed while it was rejoining after a broker restart).
+    pub(crate) fn closing(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
 }
 
 impl ClientContext for CommitOnRevoke {}
@@ -97,7 +114,10 @@ impl ClientContext for CommitOnRevoke {}
 impl ConsumerContext for CommitOnRevoke {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
-            commit_stored(consumer, "revoke");
+            // Closing: the offsets were committed before the close began, nothing is stored since.
+            if !self.closing.load(Ordering::Relaxed) {
+                commit_stored(consumer, "revoke");
+            }
             self.stats.assigned_partitions.store(0, Ordering::Relaxed);
             tracing::info!(partitions = ?partition_list(partitions), "partitions revoked");
         }
