@@ -370,7 +370,17 @@ impl Drop for Held {
 }
 
 /// Polls `check` until it holds, failing the test with `what` after `timeout`.
-pub async fn assert_eventually<F, Fut>(what: &str, timeout: std::time::Duration, mut check: F)
+pub async fn assert_eventually<F, Fut>(what: &str, timeout: std::time::Duration, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    assert!(eventually(timeout, check).await, "timed out after {timeout:?} waiting until {what}");
+}
+
+/// Whether `check` holds within `timeout`, polled every 50 ms: for a test that reports what it
+/// saw when it does not.
+pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -378,9 +388,11 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if check().await {
-            return;
+            return true;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
