@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 pub use crate::contract::CONTENT_TYPE;
 pub use crate::outbox::{Backlog, Redrive, RedriveAudit};
-pub use application::{Application, StartupError, redrive};
+pub use application::{Application, StartupError, open_outbox, redrive};
 pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 pub use publisher::{KafkaPublisher, ProducerConfigError, PublishError, Publisher};

@@ -39,7 +39,16 @@ pub enum ReadyError {
 
 /// Connects to `url` and checks that every migration is applied; writes nothing.
 pub async fn open_database(url: &str, max_connections: u32) -> Result<DatabaseConnection, ReadyError> {
-    let db = db::connect(url, max_connections).await.map_err(ReadyError::Database)?;
+    open_database_planning(url, max_connections, db::Plans::Cached).await
+}
+
+/// [`open_database`], with `plans` for PostgreSQL.
+pub async fn open_database_planning(
+    url: &str,
+    max_connections: u32,
+    plans: db::Plans,
+) -> Result<DatabaseConnection, ReadyError> {
+    let db = db::connect_planning(url, max_connections, plans).await.map_err(ReadyError::Database)?;
     db::ensure_migrated(&db).await?;
     Ok(db)
 }

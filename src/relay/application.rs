@@ -11,6 +11,7 @@ use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
 use super::{Redrive, RedriveAudit, Settings};
+use crate::db;
 use crate::security::Listener;
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
@@ -54,7 +55,7 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         check(&settings)?;
         Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
-        let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
+        let outbox = open_outbox(&settings.database_url, settings.db_max_connections).await?;
         let publisher = KafkaPublisher::new(
             &settings.brokers,
             settings.topic.clone(),
@@ -69,7 +70,7 @@ impl Application {
             }
             None => None,
         };
-        let relay = Relay::new(Outbox::new(db), publisher, tuning(&settings));
+        let relay = Relay::new(outbox, publisher, tuning(&settings));
         Ok(Self { relay, listener, port, wake, settings })
     }
 
@@ -137,6 +138,13 @@ impl Application {
         tracing::info!("relay stopped");
         Ok(())
     }
+}
+
+/// The outbox at `url` (which must be migrated) as the relay uses it: on PostgreSQL each claim
+/// and mark is planned for the outbox as it is now ([`db::Plans::Fresh`]), so a plan made while
+/// the table was nearly empty never scans the grown table.
+pub async fn open_outbox(url: &str, max_connections: u32) -> Result<Outbox, ReadyError> {
+    Ok(Outbox::new(service::open_database_planning(url, max_connections, db::Plans::Fresh).await?))
 }
 
 /// The operator's redrive: returns a FAILED event to PENDING.

@@ -125,6 +125,11 @@ impl Outbox {
         Self { db }
     }
 
+    /// The database connection this outbox uses.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
     /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
     /// [`LeaseToken`] that every event of the claim carries.
     ///

@@ -937,6 +937,35 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(_: Bac
 #[cfg(not(feature = "failpoints"))]
 async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(_: Backend) {}
 
+/// A claim prepared while the outbox was nearly empty must not keep that plan (a sequential scan
+/// of the whole table behind a hash join) once the outbox has grown: PostgreSQL caches a generic
+/// plan after five runs of a prepared statement, so the relay's connections plan every run.
+#[tokio::test]
+async fn the_relays_postgresql_connections_plan_every_claim_for_the_outbox_as_it_is_now() {
+    use sea_orm::{ConnectionTrait as _, Statement};
+
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let outbox = relay::open_outbox(&app.db.url, 2).await.unwrap();
+    let shown = outbox
+        .connection()
+        .query_one_raw(Statement::from_string(sea_orm::DbBackend::Postgres, "SHOW plan_cache_mode"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(shown.try_get_by_index::<String>(0).unwrap(), "force_custom_plan");
+
+    // Claims still work on such a connection, before and after the outbox grows.
+    let probe = OutboxProbe { conn: &app.conn };
+    let worker = WorkerId::generate();
+    for _ in 0..6 {
+        assert!(outbox.claim(&worker, Duration::from_secs(30), 10).await.unwrap().is_empty());
+    }
+    let ids = probe.seed(300).await;
+    let claimed = outbox.claim(&worker, Duration::from_secs(30), 10).await.unwrap();
+    let claimed: Vec<&str> = claimed.iter().map(|event| event.event_id.as_str()).collect();
+    assert_eq!(claimed, ids[..10].iter().map(String::as_str).collect::<Vec<_>>());
+}
+
 #[tokio::test]
 async fn a_lease_not_longer_than_the_delivery_timeout_is_refused_at_start() {
     let app = TestApp::spawn(Backend::Sqlite).await;

@@ -335,7 +335,7 @@ pub(crate) async fn claim_and_mark(
     batch: u64,
     duration: Duration,
 ) -> Result<ClaimMark, BenchError> {
-    let db = crate::sql::connect(url, 2).await?;
+    let db = crate::sql::connect_planning_each_run(url, 2).await?;
     let backend = db.get_database_backend();
     let read_committed = (backend == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted);
     // The relay pins each candidate query to its index on MariaDB/MySQL (left to itself the

@@ -12,13 +12,25 @@ use crate::error::BenchError;
 
 /// Opens a pool of at most `max` connections to `url`.
 pub(crate) async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
+    Database::connect(options(url, max)).await
+}
+
+/// [`connect`], planning every run of a statement on PostgreSQL as the relay's connections do
+/// (`plan_cache_mode=force_custom_plan`), so the plain-SQL claim and mark compare like for like.
+pub(crate) async fn connect_planning_each_run(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
+    let mut options = options(url, max);
+    options.map_sqlx_postgres_opts(|o| o.options([("plan_cache_mode", "force_custom_plan")]));
+    Database::connect(options).await
+}
+
+fn options(url: &str, max: u32) -> ConnectOptions {
     let mut options = ConnectOptions::new(url);
     options
         .max_connections(max)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(30))
         .sqlx_logging(false);
-    Database::connect(options).await
+    options
 }
 
 /// `url` with its database name replaced by `name` (the query string is kept).
