@@ -942,28 +942,40 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(_:
 /// plan after five runs of a prepared statement, so the relay's connections plan every run.
 #[tokio::test]
 async fn the_relays_postgresql_connections_plan_every_claim_for_the_outbox_as_it_is_now() {
-    use sea_orm::{ConnectionTrait as _, Statement};
+    use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
 
     let app = TestApp::spawn(Backend::Postgres).await;
-    let outbox = relay::open_outbox(&app.db.url, 2).await.unwrap();
-    let shown = outbox
-        .connection()
-        .query_one_raw(Statement::from_string(sea_orm::DbBackend::Postgres, "SHOW plan_cache_mode"))
-        .await
-        .unwrap()
-        .unwrap();
+    // One connection: the claims, the flushes and the counters below are all its own.
+    let outbox = relay::open_outbox(&app.db.url, 1).await.unwrap();
+    let db = outbox.connection();
+    let sql = |text: &str| Statement::from_string(DbBackend::Postgres, text.to_owned());
+    let shown = db.query_one_raw(sql("SHOW plan_cache_mode")).await.unwrap().unwrap();
     assert_eq!(shown.try_get_by_index::<String>(0).unwrap(), "force_custom_plan");
+    // Sequential scans of the outbox so far, this connection's own counts flushed first.
+    let seq_scans = || async {
+        db.execute_raw(sql("SELECT pg_stat_force_next_flush()")).await.unwrap();
+        let row = db
+            .query_one_raw(sql("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'outbox_event'"))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    };
 
-    // Claims still work on such a connection, before and after the outbox grows.
-    let probe = OutboxProbe { conn: &app.conn };
+    // More than five claims while the outbox is empty: the runs after which a generic plan sticks.
     let worker = WorkerId::generate();
-    for _ in 0..6 {
+    for _ in 0..8 {
         assert!(outbox.claim(&worker, Duration::from_secs(30), 10).await.unwrap().is_empty());
     }
-    let ids = probe.seed(300).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(5000).await;
+    let before = seq_scans().await;
     let claimed = outbox.claim(&worker, Duration::from_secs(30), 10).await.unwrap();
+    let after = seq_scans().await;
+
     let claimed: Vec<&str> = claimed.iter().map(|event| event.event_id.as_str()).collect();
     assert_eq!(claimed, ids[..10].iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(after, before, "the claim scanned the whole outbox of 5,000 events");
 }
 
 #[tokio::test]
