@@ -10,7 +10,7 @@ mod failure;
 pub(crate) mod purge;
 
 pub use classify::{ErrorFacts, LockConflict, UniqueKey, lock_conflict, violated_unique_key};
-pub use connect::{Plans, SchemaError, connect, connect_planning, ensure_migrated};
+pub use connect::{Pool, SchemaError, connect, connect_for, ensure_migrated};
 pub use dialect::{has_skip_locked, now, relay_isolation, system_name};
 pub use failure::TxFailure;
 pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

@@ -18,6 +18,9 @@ pub const AFTER_COMMIT_BEFORE_RELAY_CLAIM: &str = "AFTER_COMMIT_BEFORE_RELAY_CLA
 /// In the relay, after the claim and before publishing: a delay here lets the lease expire while
 /// its owner still works, so another relay claims the event and the old owner confirms late.
 pub const DURING_CONCURRENT_CLAIM: &str = "DURING_CONCURRENT_CLAIM";
+/// In the relay's MariaDB/MySQL claim, with its rows locked and leased, before the commit: a
+/// hold here shows what a claim in progress keeps locked; `return` fails the claim (rolled back).
+pub const INSIDE_RELAY_CLAIM_BEFORE_COMMIT: &str = "INSIDE_RELAY_CLAIM_BEFORE_COMMIT";
 /// In the relay, after the broker confirmed and before the mark: the event is published again.
 pub const AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED: &str = "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED";
 

@@ -39,16 +39,16 @@ pub enum ReadyError {
 
 /// Connects to `url` and checks that every migration is applied; writes nothing.
 pub async fn open_database(url: &str, max_connections: u32) -> Result<DatabaseConnection, ReadyError> {
-    open_database_planning(url, max_connections, db::Plans::Cached).await
+    open_database_for(url, max_connections, db::Pool::General).await
 }
 
-/// [`open_database`], with `plans` for PostgreSQL.
-pub async fn open_database_planning(
+/// [`open_database`], with the sessions set up for `pool`.
+pub async fn open_database_for(
     url: &str,
     max_connections: u32,
-    plans: db::Plans,
+    pool: db::Pool,
 ) -> Result<DatabaseConnection, ReadyError> {
-    let db = db::connect_planning(url, max_connections, plans).await.map_err(ReadyError::Database)?;
+    let db = db::connect_for(url, max_connections, pool).await.map_err(ReadyError::Database)?;
     db::ensure_migrated(&db).await?;
     Ok(db)
 }

@@ -1,20 +1,26 @@
 use std::time::Duration;
 
 use outpost_migration::{Migrator, MigratorTrait};
+use sea_orm::sqlx::Executor as _;
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
-/// How PostgreSQL plans the statements a pool runs again and again.
+/// What a pool's sessions are set up for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plans {
-    /// PostgreSQL's default: after five runs a prepared statement may keep one generic plan for
-    /// the connection's whole life, however the tables change.
-    Cached,
-    /// Each run is planned for the tables as they are now (`plan_cache_mode=force_custom_plan`),
-    /// at a fraction of a millisecond per statement. For the relay: a claim planned while the
-    /// outbox was nearly empty kept a sequential scan of the whole table for every later claim
-    /// (40 ms for a lone event over 124,000 rows, against 0.2 ms by primary key).
-    Fresh,
+pub enum Pool {
+    /// The databases' defaults.
+    General,
+    /// The relay's short claims and marks, run again and again against a table that grows and
+    /// empties:
+    /// - on PostgreSQL each run is planned for the tables as they are now
+    ///   (`plan_cache_mode=force_custom_plan`), at a fraction of a millisecond per statement.
+    ///   Left to itself, after five runs a prepared statement may keep one generic plan for the
+    ///   connection's whole life: a claim planned while the outbox was nearly empty kept a
+    ///   sequential scan of the whole table for every later claim (40 ms for a lone event over
+    ///   124,000 rows, against 0.2 ms by primary key).
+    /// - on MariaDB/MySQL every session runs at READ COMMITTED (see [`super::relay_isolation`]),
+    ///   set once when the connection opens, so no transaction pays a round trip to set it.
+    Relay,
 }
 
 /// Opens a pool of at most `max_connections` to `url` (`mysql://`, `postgres://`, `sqlite://`).
@@ -22,18 +28,21 @@ pub enum Plans {
 /// SQLite runs in WAL mode with `synchronous=FULL`, so a commit that returned is on disk, and
 /// writers wait for each other for up to five seconds instead of failing at once.
 pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, DbErr> {
-    connect_planning(url, max_connections, Plans::Cached).await
+    connect_for(url, max_connections, Pool::General).await
 }
 
-/// [`connect`], with `plans` for PostgreSQL (the other databases ignore it).
-pub async fn connect_planning(
-    url: &str,
-    max_connections: u32,
-    plans: Plans,
-) -> Result<DatabaseConnection, DbErr> {
+/// [`connect`], with the sessions set up for `pool`.
+pub async fn connect_for(url: &str, max_connections: u32, pool: Pool) -> Result<DatabaseConnection, DbErr> {
     let mut options = ConnectOptions::new(url);
-    if plans == Plans::Fresh {
+    if pool == Pool::Relay {
         options.map_sqlx_postgres_opts(|o| o.options([("plan_cache_mode", "force_custom_plan")]));
+        options.map_sqlx_mysql_pool_opts(|o| {
+            o.after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.map(drop)
+                })
+            })
+        });
     }
     options
         .max_connections(max_connections)

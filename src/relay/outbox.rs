@@ -1,13 +1,13 @@
 //! The relay's side of the outbox table: leased claims, owner-fenced marks and releases.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sea_orm::sea_query::extension::mysql::{IndexHintScope, IndexName, MySqlSelectStatementExt as _};
-use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType, Query};
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, QueryTrait, Statement, TransactionTrait, Value,
+    ColumnTrait, Condition, ConnectionTrait as _, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    FromQueryResult as _, IsolationLevel, QueryFilter, QuerySelect, Statement, TransactionTrait, Value,
 };
 
 use super::{LeaseToken, WorkerId};
@@ -117,12 +117,23 @@ const LAST_ERROR_CHARS: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct Outbox {
     db: DatabaseConnection,
+    /// Set at the start of each locking transaction; `None` where the pool's sessions already
+    /// run at the relay's isolation level (or the backend needs none).
+    isolation: Option<IsolationLevel>,
 }
 
 impl Outbox {
-    /// The outbox in `db`.
+    /// The outbox in `db`, a pool of any kind: each locking transaction sets the relay's
+    /// isolation level ([`db::relay_isolation`]) itself, one round trip more on MariaDB/MySQL.
     pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+        let isolation = db::relay_isolation(&db);
+        Self { db, isolation }
+    }
+
+    /// The outbox in `db`, a pool opened for the relay ([`db::Pool::Relay`]), whose sessions
+    /// already run at the relay's isolation level.
+    pub fn on_relay_pool(db: DatabaseConnection) -> Self {
+        Self { db, isolation: None }
     }
 
     /// The database connection this outbox uses.
@@ -151,33 +162,114 @@ impl Outbox {
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
         let token = LeaseToken::new(worker);
         match self.db.get_database_backend() {
-            DbBackend::Postgres => return self.claim_in_one_statement(&token, lease, batch_size).await,
-            _ if !db::has_skip_locked(&self.db) => {
-                return self.claim_single_writer(&token, lease, batch_size).await;
-            }
-            _ => {}
+            DbBackend::Postgres => self.claim_in_one_statement(&token, lease, batch_size).await,
+            _ if !db::has_skip_locked(&self.db) => self.claim_single_writer(&token, lease, batch_size).await,
+            _ => self.claim_locking(&token, lease, batch_size).await,
         }
-        let txn = self.db.begin_with_config(db::relay_isolation(&self.db), None).await?;
-        let now = db::now(&txn).await?;
-        let lease_until = lease_end(now, lease)?;
-        let mut rows = expired_candidates(now, batch_size).all(&txn).await?;
-        let left = batch_size.saturating_sub(rows.len() as u64);
-        if left > 0 {
-            rows.extend(due_candidates(now, left).all(&txn).await?);
+    }
+
+    /// MariaDB/MySQL's claim: one transaction of a plain read of the expired leases, one locking
+    /// read and one lease update, so five round trips where a clock read and a locking query per
+    /// kind of candidate made seven; under a loaded two-core machine each round trip waits for
+    /// the server thread to be scheduled.
+    ///
+    /// The locking read is a `UNION ALL` of the expired leases found (locked by primary key, the
+    /// expiry checked again) and the due events (`idx_outbox_due` in its order, forced, up to
+    /// `batch_size`), both `FOR UPDATE SKIP LOCKED`, and returns the server's clock
+    /// (`UTC_TIMESTAMP(6)`, one value per statement) with every row; the leases end `lease`
+    /// after it. Expired leases come first (each row says its part, since a union's order is not
+    /// promised), and due events beyond the batch stay locked only until the commit, unleased.
+    ///
+    /// Why the expired leases are found by a plain read first: a locking read of
+    /// `idx_outbox_claim (status, lease_until, created_at)` stops at the first lease still
+    /// running, and InnoDB keeps that row's entry locked until the claim commits, even at READ
+    /// COMMITTED. That row is another loop's event in flight, so its mark waited for this claim:
+    /// 160-190 lock waits totalling 4 s in 30 s of the bench at 1,516 orders/s, marks of 90
+    /// events taking 47 ms (p50). A plain read locks nothing; only the rows it found expired are
+    /// then locked, by key.
+    ///
+    /// Why the due part is pinned to its index (`FORCE INDEX`): InnoDB locks the index entries a
+    /// locking read scans, also those of rows it then skips as locked, and keeps them until the
+    /// transaction ends. Left to itself, MariaDB sometimes read the due events through
+    /// `idx_outbox_claim` and sorted them: that claim locked every due event's
+    /// `idx_outbox_claim` entry, while a concurrent claim through `idx_outbox_due` held the
+    /// `idx_outbox_due` entries of its own rows, and their lease updates, which rewrite both
+    /// indexes' entries, waited on each other: `1213 Deadlock found` between two claims (the
+    /// bench's end-to-end run showed it, two claims of 22 and 80 rows holding 1,019 and 1,020
+    /// row locks). On its own index, in the index's order, it stops at its `LIMIT` and locks
+    /// only what it takes and what it skips.
+    async fn claim_locking(
+        &self,
+        token: &LeaseToken,
+        lease: Duration,
+        batch_size: u64,
+    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let (publishing, pending) = (OutboxStatus::Publishing.as_str(), OutboxStatus::Pending.as_str());
+        let txn = self.db.begin_with_config(self.isolation, None).await?;
+        let expired: Vec<Value> = txn
+            .query_all_raw(Statement::from_sql_and_values(
+                DbBackend::MySql,
+                format!(
+                    "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
+                     WHERE status = '{publishing}' AND lease_until < UTC_TIMESTAMP(6) \
+                     ORDER BY lease_until, created_at LIMIT ?"
+                ),
+                [limit.into()],
+            ))
+            .await?
+            .iter()
+            .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
+            .collect::<Result<_, _>>()?;
+        let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
+        let due = format!(
+            "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({DUE_INDEX}) \
+              WHERE o.status = '{pending}' AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
+              ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
+        );
+        let statement = if expired.is_empty() {
+            Statement::from_sql_and_values(DbBackend::MySql, due, [limit.into()])
+        } else {
+            let keys = vec!["?"; expired.len()].join(", ");
+            let sql = format!(
+                "(SELECT {columns}, 0 AS claim_part FROM outbox_event AS o \
+                  WHERE o.event_id IN ({keys}) AND o.status = '{publishing}' AND o.lease_until < UTC_TIMESTAMP(6) \
+                  FOR UPDATE SKIP LOCKED) UNION ALL {due}"
+            );
+            let values = expired.into_iter().chain([limit.into()]);
+            Statement::from_sql_and_values(DbBackend::MySql, sql, values)
+        };
+        let mut found = Vec::new();
+        for row in txn.query_all_raw(statement).await? {
+            let part = row.try_get::<i64>("", "claim_part")?;
+            let now = row.try_get::<NaiveDateTime>("", "claim_now")?.and_utc();
+            found.push((part, now, outbox_event::Model::from_query_result(&row, "")?));
         }
-        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
-        if rows.is_empty() {
+        // Expired leases first, longest expired first; then due events, oldest first.
+        found.sort_by(|(part_a, _, a), (part_b, _, b)| {
+            let key = |part: i64, row: &outbox_event::Model| {
+                if part == 0 { (part, row.lease_until, row.created_at) } else { (part, None, row.created_at) }
+            };
+            key(*part_a, a).cmp(&key(*part_b, b)).then_with(|| a.event_id.cmp(&b.event_id))
+        });
+        let Some((_, now, _)) = found.first() else {
             txn.commit().await?;
             return Ok(Vec::new());
-        }
+        };
+        let lease_until = lease_end(*now, lease)?;
+        found.truncate(usize::try_from(batch_size).unwrap_or(usize::MAX));
+        let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, _, row)| row).collect();
+        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         // At most `batch_size` placeholders, and never an empty `IN ()`.
         let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
-        lease_to(outbox_event::Entity::update_many(), &token, lease_until)
+        lease_to(outbox_event::Entity::update_many(), token, lease_until)
             .filter(Column::EventId.is_in(ids))
             .exec(&txn)
             .await?;
+        failpoint::hit(failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT)
+            .map_err(|e| DbErr::Custom(e.to_string()))?;
         txn.commit().await?;
-        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, &token)).collect())
+        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect())
     }
 
     /// PostgreSQL's claim: the clock read, both candidate queries (each on its own index, in its
@@ -328,12 +420,56 @@ impl Outbox {
             assignments: &assignments,
             fenced: !failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION),
         };
-        let changed = update.run(&self.db).await?;
+        // One statement on its own, no transaction: one round trip per batch instead of three
+        // or four on MariaDB/MySQL. Where it cannot say which rows it changed, it is read back.
+        let changed = match update.run_alone(&self.db).await? {
+            Some(changed) => changed,
+            None => self.published_as(&update.ids(), marks).await?,
+        };
         Ok(in_call_order(
             &rows,
             &changed,
             |changed| if changed { Fenced::Done(()) } else { Fenced::LeaseLost },
         ))
+    }
+
+    /// For each of `ids` (in lock order), whether the row is PUBLISHED at the very record its
+    /// mark in `marks` names: only that mark can have written it, since every publish of an
+    /// event is a record of its own at an offset of its own, and nothing changes a PUBLISHED
+    /// row afterwards (redrive takes FAILED rows; retention deletes rows hours later, and a row
+    /// already deleted counts as not marked, so at worst a lost lease is reported).
+    async fn published_as(
+        &self,
+        ids: &[String],
+        marks: &[(&str, &LeaseToken, &Delivery)],
+    ) -> Result<Vec<bool>, DbErr> {
+        let found: Vec<(String, String, Option<String>, Option<i32>, Option<i64>)> =
+            outbox_event::Entity::find()
+                .select_only()
+                .column(Column::EventId)
+                .column(Column::Status)
+                .column(Column::PublishedTopic)
+                .column(Column::PublishedPartition)
+                .column(Column::PublishedOffset)
+                .filter(Column::EventId.is_in(ids.iter().cloned()))
+                .into_tuple()
+                .all(&self.db)
+                .await?;
+        let asked: HashMap<&str, &Delivery> =
+            marks.iter().map(|(id, _, delivery)| (*id, *delivery)).collect();
+        let marked: HashSet<&str> = found
+            .iter()
+            .filter(|(id, status, topic, partition, offset)| {
+                status == OutboxStatus::Published.as_str()
+                    && asked.get(id.as_str()).is_some_and(|d| {
+                        topic.as_deref() == Some(d.topic.as_str())
+                            && *partition == Some(d.partition)
+                            && *offset == Some(d.offset)
+                    })
+            })
+            .map(|(id, ..)| id.as_str())
+            .collect();
+        Ok(ids.iter().map(|id| marked.contains(id.as_str())).collect())
     }
 
     /// Gives the event back after a failed publish, only if its claim (`event.lease_token`)
@@ -396,7 +532,7 @@ impl Outbox {
              attempts = attempts - v.v_refund";
         let update =
             FencedUpdate { columns: &COLUMNS, rows: in_lock_order(&mut rows), assignments, fenced: true };
-        let changed = update.run(&self.db).await?;
+        let changed = update.run(&self.db, self.isolation).await?;
         Ok(in_call_order(
             &rows,
             &changed,
@@ -440,57 +576,10 @@ fn expired(now: DateTime<Utc>) -> Condition {
     Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
 }
 
-/// Up to `limit` PENDING rows that are due, oldest first, locked unless another claim holds
-/// them. The equality on status and the order match `idx_outbox_due (status, created_at,
-/// event_id)`, so the database reads rows in the order it returns them and stops at `limit`.
-fn due_candidates(now: DateTime<Utc>, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
-    let mut select = outbox_event::Entity::find()
-        .filter(due(now))
-        .order_by_asc(Column::CreatedAt)
-        .order_by_asc(Column::EventId)
-        .limit(limit)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    force_index(&mut select, DUE_INDEX);
-    select
-}
-
-/// Up to `limit` PUBLISHING rows whose lease has run out, longest expired first, locked unless
-/// another claim holds them.
-///
-/// The order matches `idx_outbox_claim (status, lease_until, created_at)`, so the scan starts at
-/// the oldest lease and stops at the first one still running: it reads only expired rows, usually
-/// none, and needs no sort whatever plan the database picks. Ordered by creation, a plan that
-/// does not know the bound time (PostgreSQL's generic plan of a prepared statement) may read
-/// every row in flight, up to a batch per loop of every relay, on every claim.
-fn expired_candidates(now: DateTime<Utc>, limit: u64) -> sea_orm::Select<outbox_event::Entity> {
-    let mut select = outbox_event::Entity::find()
-        .filter(expired(now))
-        .order_by_asc(Column::LeaseUntil)
-        .order_by_asc(Column::CreatedAt)
-        .limit(limit)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    force_index(&mut select, CLAIM_INDEX);
-    select
-}
-
 /// The index due events are claimed through.
 const DUE_INDEX: &str = "idx_outbox_due";
 /// The index expired leases are claimed through.
 const CLAIM_INDEX: &str = "idx_outbox_claim";
-
-/// Pins a candidate query to `index` on MariaDB/MySQL (other backends ignore the hint).
-///
-/// InnoDB locks the index entries a locking read scans, also those of rows it then skips as
-/// locked, and keeps them until the transaction ends. Left to itself, MariaDB sometimes read the
-/// due events through `idx_outbox_claim` and sorted them: that claim locked every due event's
-/// `idx_outbox_claim` entry, while a concurrent claim through `idx_outbox_due` held the
-/// `idx_outbox_due` entries of its own rows, and their lease updates, which rewrite both
-/// indexes' entries, waited on each other: `1213 Deadlock found` between two claims (the bench's
-/// end-to-end run showed it, two claims of 22 and 80 rows holding 1,019 and 1,020 row locks).
-/// Each query on its own index, in the index's order, locks only what it takes and what it skips.
-fn force_index(select: &mut sea_orm::Select<outbox_event::Entity>, index: &str) {
-    QueryTrait::query(select).force_index(IndexName::new(index), IndexHintScope::All);
-}
 
 fn lease_to(
     update: sea_orm::UpdateMany<outbox_event::Entity>,
