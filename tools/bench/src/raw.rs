@@ -8,9 +8,7 @@ use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, TransactionTrait, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait, Value};
 
 use crate::error::BenchError;
 use crate::load::{LoopResult, closed_loop};
@@ -323,122 +321,91 @@ pub(crate) struct ClaimMark {
 }
 
 /// The relay's database work in plain SQL on the pre-filled outbox, in the relay's statement
-/// shapes. The claim: on PostgreSQL one statement ([`PG_CLAIM`]); on MariaDB/MySQL a READ
-/// COMMITTED transaction reading the database clock, expired leases on `idx_outbox_claim` then
-/// due events on `idx_outbox_due` with `FOR UPDATE SKIP LOCKED`, and one `UPDATE … IN (…)` to
-/// lease them. Then one set-based mark of the whole batch stamped with the server's clock, every
-/// row fenced by status and claim token and given its own partition and offset (a `VALUES` join
-/// on PostgreSQL, a `UNION ALL` derived table in a READ COMMITTED transaction on MariaDB/MySQL).
-/// One worker, nothing published. Stops when nothing is claimable or `duration` passed.
+/// shapes, on a pool set up as the relay's ([`crate::sql::connect_as_relay`]). The claim: on
+/// PostgreSQL one statement ([`PG_CLAIM`]); on MariaDB/MySQL a transaction (its sessions at
+/// READ COMMITTED) of a plain read of expired leases ([`MYSQL_EXPIRED`]), one locking read
+/// ([`MYSQL_DUE`]: the server's clock and due events on `idx_outbox_due`, `FOR UPDATE SKIP
+/// LOCKED`) and one `UPDATE … IN (…)` to lease them. Then one set-based mark of the whole batch stamped with the
+/// server's clock, every row fenced by status and claim token and given its own partition and
+/// offset (an `unnest` of one array per column on PostgreSQL, a `UNION ALL` derived table on
+/// MariaDB/MySQL), a statement of its own. One worker, nothing published. Stops when nothing is claimable or
+/// `duration` passed.
 pub(crate) async fn claim_and_mark(
     url: &str,
     batch: u64,
     duration: Duration,
 ) -> Result<ClaimMark, BenchError> {
-    let db = crate::sql::connect_planning_each_run(url, 2).await?;
+    let db = crate::sql::connect_as_relay(url, 2).await?;
     let backend = db.get_database_backend();
-    let read_committed = (backend == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted);
-    // The relay pins each candidate query to its index on MariaDB/MySQL (left to itself the
-    // optimizer may sort the whole backlog through the other index and lock all of it).
-    let hint = |index: &str| {
-        if backend == DbBackend::MySql { format!(" FORCE INDEX ({index})") } else { String::new() }
-    };
-    let (claim_index, due_index) = (hint("idx_outbox_claim"), hint("idx_outbox_due"));
     let started = Instant::now();
     let mut result = ClaimMark::default();
     let mut offset = 0i64;
     while started.elapsed() < duration {
         let claiming = Instant::now();
         let token = format!("bench-raw/{}/{:016x}", std::process::id(), rand_u64());
-        if backend == DbBackend::Postgres {
-            let ids: Vec<String> = db
-                .query_all_raw(statement(
-                    backend,
-                    PG_CLAIM,
-                    vec![token.clone().into(), (batch as i64).into()],
-                ))
+        let ids = if backend == DbBackend::Postgres {
+            db.query_all_raw(statement(backend, PG_CLAIM, vec![token.clone().into(), (batch as i64).into()]))
                 .await?
                 .iter()
                 .filter_map(|r| r.try_get::<String>("", "event_id").ok())
-                .collect();
-            if ids.is_empty() {
-                break;
-            }
-            result.claim.push(claiming.elapsed());
-            result.batches += 1;
-            let marking = Instant::now();
-            let marks = with_offsets(ids, &mut offset);
-            result.marked += mark_all(&db, read_committed, &marks, &token).await?;
-            result.mark.push(marking.elapsed());
-            continue;
-        }
-        let txn = db.begin_with_config(read_committed, None).await?;
-        let now = clock(&txn).await?;
-        let lease_until = now + chrono::Duration::seconds(30);
-        let mut rows = txn
-            .query_all_raw(statement(
-                backend,
-                &format!(
-                    "SELECT * FROM outbox_event{claim_index} WHERE status = 'PUBLISHING' AND lease_until < ? \
-                     ORDER BY lease_until, created_at LIMIT {batch} FOR UPDATE SKIP LOCKED"
-                ),
-                vec![now.into()],
-            ))
-            .await?;
-        let left = batch.saturating_sub(rows.len() as u64);
-        if left > 0 {
-            rows.extend(
-                txn.query_all_raw(statement(
-                    backend,
-                    &format!(
-                        "SELECT * FROM outbox_event{due_index} WHERE status = 'PENDING' \
-                         AND (lease_until IS NULL OR lease_until <= ?) \
-                         ORDER BY created_at, event_id LIMIT {left} FOR UPDATE SKIP LOCKED"
-                    ),
-                    vec![now.into()],
-                ))
-                .await?,
-            );
-        }
-        if rows.is_empty() {
-            txn.commit().await?;
+                .collect()
+        } else {
+            claim_mysql(&db, &token, batch).await?
+        };
+        if ids.is_empty() {
             break;
         }
-        let ids: Vec<String> = rows.iter().filter_map(|r| r.try_get::<String>("", "event_id").ok()).collect();
-        let placeholders = vec!["?"; ids.len()].join(", ");
-        let mut values: Vec<Value> = vec![token.clone().into(), lease_until.into()];
-        values.extend(ids.iter().cloned().map(Value::from));
-        txn.execute_raw(statement(
-            backend,
-            &format!(
-                "UPDATE outbox_event SET status = 'PUBLISHING', lease_owner = ?, lease_until = ?, \
-                 attempts = attempts + 1 WHERE event_id IN ({placeholders})"
-            ),
-            values,
-        ))
-        .await?;
-        txn.commit().await?;
         result.claim.push(claiming.elapsed());
         result.batches += 1;
-
         let marking = Instant::now();
         let marks = with_offsets(ids, &mut offset);
-        let marked = mark_all(&db, read_committed, &marks, &token).await?;
+        result.marked += mark_all(&db, &marks, &token).await?;
         result.mark.push(marking.elapsed());
-        result.marked += marked;
     }
     result.elapsed = started.elapsed();
     db.close().await?;
     Ok(result)
 }
 
-/// One set-based, fenced mark in the relay's shape; returns the rows it changed.
-async fn mark_all(
-    db: &DatabaseConnection,
-    isolation: Option<IsolationLevel>,
-    marks: &[(String, i64)],
-    token: &str,
-) -> Result<u64, DbErr> {
+/// MariaDB/MySQL's claim in the relay's shape: a plain read of expired leases, one locking read,
+/// then the lease of up to `batch` of the rows, in one transaction; returns the claimed ids.
+/// The bench's backlog has no expired lease, so the locking read is the due part alone, as in
+/// the relay when the plain read finds none.
+async fn claim_mysql(db: &DatabaseConnection, token: &str, batch: u64) -> Result<Vec<String>, DbErr> {
+    let backend = db.get_database_backend();
+    let txn = db.begin().await?;
+    let expired = txn.query_all_raw(statement(backend, MYSQL_EXPIRED, vec![(batch as i64).into()])).await?;
+    if !expired.is_empty() {
+        return Err(DbErr::Custom("the bench's backlog holds an expired lease".into()));
+    }
+    let rows = txn.query_all_raw(statement(backend, MYSQL_DUE, vec![(batch as i64).into()])).await?;
+    let Some(first) = rows.first() else {
+        txn.commit().await?;
+        return Ok(Vec::new());
+    };
+    let now = first.try_get::<chrono::NaiveDateTime>("", "claim_now")?.and_utc();
+    let lease_until = now + chrono::Duration::seconds(30);
+    let ids: Vec<String> =
+        rows.iter().take(batch as usize).filter_map(|r| r.try_get::<String>("", "event_id").ok()).collect();
+    let placeholders = vec!["?"; ids.len()].join(", ");
+    let mut values: Vec<Value> = vec![token.into(), lease_until.into()];
+    values.extend(ids.iter().cloned().map(Value::from));
+    txn.execute_raw(statement(
+        backend,
+        &format!(
+            "UPDATE outbox_event SET status = 'PUBLISHING', lease_owner = ?, lease_until = ?, \
+             attempts = attempts + 1 WHERE event_id IN ({placeholders})"
+        ),
+        values,
+    ))
+    .await?;
+    txn.commit().await?;
+    Ok(ids)
+}
+
+/// One set-based, fenced mark in the relay's shape, a statement of its own; returns the rows it
+/// changed.
+async fn mark_all(db: &DatabaseConnection, marks: &[(String, i64)], token: &str) -> Result<u64, DbErr> {
     let backend = db.get_database_backend();
     // The server's clock in the statement, as the relay stamps it (no clock read before it).
     let clock = if backend == DbBackend::Postgres { "statement_timestamp()" } else { "UTC_TIMESTAMP(6)" };
@@ -448,19 +415,26 @@ async fn mark_all(
          lease_owner = NULL, lease_until = NULL"
     );
     let fence = "o.status = 'PUBLISHING' AND o.lease_owner = v.v_token";
+    if backend == DbBackend::Postgres {
+        let n = marks.len();
+        let values: Vec<Value> = vec![
+            marks.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>().into(),
+            vec![token.to_owned(); n].into(),
+            vec!["bench-raw".to_owned(); n].into(),
+            vec![0i32; n].into(),
+            marks.iter().map(|(_, offset)| *offset).collect::<Vec<_>>().into(),
+        ];
+        let sql = format!(
+            "UPDATE outbox_event AS o SET {assignments} \
+             FROM unnest(?::char(36)[], ?::text[], ?::text[], ?::integer[], ?::bigint[]) \
+             AS v(v_id, v_token, v_topic, v_partition, v_offset) \
+             WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id"
+        );
+        return Ok(db.query_all_raw(statement(backend, &sql, values)).await?.len() as u64);
+    }
     let mut values: Vec<Value> = Vec::with_capacity(marks.len() * 5);
     for (id, offset) in marks {
         values.extend([id.clone().into(), token.into(), "bench-raw".into(), 0i32.into(), (*offset).into()]);
-    }
-    if backend == DbBackend::Postgres {
-        let tuples = vec!["(?::char(36), ?::text, ?::text, ?::integer, ?::bigint)"; marks.len()];
-        let sql = format!(
-            "UPDATE outbox_event AS o SET {assignments} FROM (VALUES {}) \
-             AS v(v_id, v_token, v_topic, v_partition, v_offset) \
-             WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id",
-            tuples.join(", ")
-        );
-        return Ok(db.query_all_raw(statement(backend, &sql, values)).await?.len() as u64);
     }
     let first = "SELECT CONVERT(? USING ascii) COLLATE ascii_bin AS v_id, ? AS v_token, \
                  ? AS v_topic, ? AS v_partition, ? AS v_offset";
@@ -469,11 +443,20 @@ async fn mark_all(
         "UPDATE outbox_event AS o JOIN ({first}{}) AS v ON o.event_id = v.v_id SET {assignments} WHERE TRUE AND {fence}",
         rest.repeat(marks.len() - 1)
     );
-    let txn = db.begin_with_config(isolation, None).await?;
-    let changed = txn.execute_raw(statement(backend, &sql, values)).await?.rows_affected();
-    txn.commit().await?;
-    Ok(changed)
+    Ok(db.execute_raw(statement(backend, &sql, values)).await?.rows_affected())
 }
+
+/// MariaDB/MySQL's plain read of expired leases in the relay's shape (no lock).
+const MYSQL_EXPIRED: &str = "SELECT event_id FROM outbox_event FORCE INDEX (idx_outbox_claim) \
+     WHERE status = 'PUBLISHING' AND lease_until < UTC_TIMESTAMP(6) ORDER BY lease_until, created_at LIMIT ?";
+
+/// MariaDB/MySQL's locking read of due events in the relay's shape: the server's clock
+/// (`claim_now`) with the due events on `idx_outbox_due`, `FOR UPDATE SKIP LOCKED`, up to the
+/// batch (`?`).
+const MYSQL_DUE: &str = "(SELECT o.*, UTC_TIMESTAMP(6) AS claim_now, 1 AS claim_part FROM outbox_event AS o \
+       FORCE INDEX (idx_outbox_due) WHERE o.status = 'PENDING' \
+       AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
+       ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)";
 
 /// PostgreSQL's claim in the relay's shape: the clock, expired leases on `idx_outbox_claim`,
 /// then what is left of the batch from due events on `idx_outbox_due`, both
@@ -490,18 +473,6 @@ const PG_CLAIM: &str = "WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS 
        lease_until = (SELECT now FROM clock) + interval '30 seconds', attempts = o.attempts + 1 \
      WHERE o.event_id IN (SELECT event_id FROM expired UNION ALL SELECT event_id FROM due) \
      RETURNING o.*";
-
-/// The database clock, read as the relay reads it before a claim on MariaDB/MySQL.
-async fn clock(db: &impl ConnectionTrait) -> Result<chrono::DateTime<chrono::Utc>, DbErr> {
-    let backend = db.get_database_backend();
-    let sql =
-        if backend == DbBackend::Postgres { "SELECT clock_timestamp()" } else { "SELECT UTC_TIMESTAMP(6)" };
-    let row = db
-        .query_one_raw(sea_orm::Statement::from_string(backend, sql))
-        .await?
-        .ok_or_else(|| DbErr::RecordNotFound("the database clock".into()))?;
-    crate::sql::time_at(&row, 0)
-}
 
 fn rand_u64() -> u64 {
     uuid::Uuid::new_v4().as_u64_pair().0

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
+use sea_orm::sqlx::Executor as _;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, Statement, Value,
 };
@@ -15,11 +16,20 @@ pub(crate) async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, D
     Database::connect(options(url, max)).await
 }
 
-/// [`connect`], planning every run of a statement on PostgreSQL as the relay's connections do
-/// (`plan_cache_mode=force_custom_plan`), so the plain-SQL claim and mark compare like for like.
-pub(crate) async fn connect_planning_each_run(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
+/// [`connect`], with the sessions set up as the relay's pool sets them up
+/// (`outpost::db::Pool::Relay`), so the plain-SQL claim and mark compare like for like:
+/// PostgreSQL plans every run of a statement (`plan_cache_mode=force_custom_plan`), MariaDB/MySQL
+/// sessions run at READ COMMITTED.
+pub(crate) async fn connect_as_relay(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
     let mut options = options(url, max);
     options.map_sqlx_postgres_opts(|o| o.options([("plan_cache_mode", "force_custom_plan")]));
+    options.map_sqlx_mysql_pool_opts(|o| {
+        o.after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.map(drop)
+            })
+        })
+    });
     Database::connect(options).await
 }
 
