@@ -443,18 +443,17 @@ impl Outbox {
         ids: &[String],
         marks: &[(&str, &LeaseToken, &Delivery)],
     ) -> Result<Vec<bool>, DbErr> {
-        let found: Vec<(String, String, Option<String>, Option<i32>, Option<i64>)> =
-            outbox_event::Entity::find()
-                .select_only()
-                .column(Column::EventId)
-                .column(Column::Status)
-                .column(Column::PublishedTopic)
-                .column(Column::PublishedPartition)
-                .column(Column::PublishedOffset)
-                .filter(Column::EventId.is_in(ids.iter().cloned()))
-                .into_tuple()
-                .all(&self.db)
-                .await?;
+        let found: Vec<PublishedRow> = outbox_event::Entity::find()
+            .select_only()
+            .column(Column::EventId)
+            .column(Column::Status)
+            .column(Column::PublishedTopic)
+            .column(Column::PublishedPartition)
+            .column(Column::PublishedOffset)
+            .filter(Column::EventId.is_in(ids.iter().cloned()))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
         let asked: HashMap<&str, &Delivery> =
             marks.iter().map(|(id, _, delivery)| (*id, *delivery)).collect();
         let marked: HashSet<&str> = found
@@ -575,6 +574,9 @@ fn due(now: DateTime<Utc>) -> Condition {
 fn expired(now: DateTime<Utc>) -> Condition {
     Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
 }
+
+/// A row's event id and status, and the record (topic, partition, offset) it was marked at.
+type PublishedRow = (String, String, Option<String>, Option<i32>, Option<i64>);
 
 /// The index due events are claimed through.
 const DUE_INDEX: &str = "idx_outbox_due";
