@@ -108,12 +108,27 @@ impl Inbox {
     /// transaction and answers `Err` with the index of the event that failed (`None`: the
     /// transaction itself, its commit included): nothing of the batch may be acknowledged, and
     /// the caller handles its events one by one.
+    ///
+    /// It first tries the whole batch set-based: one transaction of one insert of every dedup row
+    /// and one of every job (four round trips however many events, where each event alone costs
+    /// four: savepoint, dedup row, job, release). If that insert fails for any reason (an event
+    /// already consumed, a duplicate inside the batch, anything else), it is rolled back whole
+    /// and the batch goes through the savepoints above, which decide every event exactly as
+    /// before; a commit that fails is answered as above.
     pub async fn consume_all(
         &self,
         events: &[OrderAcceptedEvent],
     ) -> Result<Vec<Consumed>, (Option<usize>, TxFailure)> {
         let whole = |e: sea_orm::DbErr| (None, TxFailure::from(e));
         let now = Utc::now().trunc_subsecs(6);
+        if events.len() > 1 {
+            let txn = self.db.begin().await.map_err(whole)?;
+            if self.write_all(&txn, events, now).await.is_ok() {
+                txn.commit().await.map_err(whole)?;
+                return Ok(vec![Consumed::Committed; events.len()]);
+            }
+            txn.rollback().await.map_err(whole)?;
+        }
         let txn = self.db.begin().await.map_err(whole)?;
         let mut outcomes = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
@@ -138,6 +153,38 @@ impl Inbox {
         // acknowledged and the redeliveries meet the unique key.
         txn.commit().await.map_err(whole)?;
         Ok(outcomes)
+    }
+
+    /// Every event's dedup row in one statement, then every job in one, in the caller's
+    /// transaction. Any error means "not this way": the caller rolls back and decides event by
+    /// event ([`Inbox::write`]).
+    async fn write_all(
+        &self,
+        txn: &DatabaseTransaction,
+        events: &[OrderAcceptedEvent],
+        now: DateTime<Utc>,
+    ) -> Result<(), sea_orm::DbErr> {
+        let claims = events.iter().map(|event| consumed_event::ActiveModel {
+            id: NotSet,
+            consumer_name: Set(self.consumer_name.clone()),
+            event_id: Set(event.event_id.to_string()),
+            consumed_at: Set(now),
+        });
+        consumed_event::Entity::insert_many(claims).exec_without_returning(txn).await?;
+        let jobs = events.iter().map(|event| notification_job::ActiveModel {
+            consumer_name: Set(self.consumer_name.clone()),
+            event_id: Set(event.event_id.to_string()),
+            order_id: Set(event.order_id),
+            source_version: Set(event.version),
+            status: Set("PENDING".to_owned()),
+            created_at: Set(now),
+        });
+        notification_job::Entity::insert_many(jobs).exec_without_returning(txn).await?;
+        if failpoint::hit(failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING).is_err() {
+            // The failpoint's integrity error lands in the savepoints, event by event.
+            return Err(sea_orm::DbErr::Custom("failpoint: decided event by event".into()));
+        }
+        Ok(())
     }
 
     /// The dedup row, then the effect, in the caller's transaction.

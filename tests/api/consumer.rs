@@ -120,6 +120,7 @@ async fn rows(app: &TestApp, table: &str, event_id: &str) -> i64 {
 }
 
 on_every_backend!(
+    a_batch_of_new_events_takes_one_insert_per_table_and_a_batch_holding_a_consumed_one_is_decided_event_by_event,
     orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each,
     a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs,
     records_fetched_together_commit_together_with_one_job_each_and_a_copy_among_them_is_absorbed,
@@ -816,4 +817,42 @@ async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_
     assert_eq!(stats.assigned_partitions, 2, "it holds both partitions: {stats:?}");
     assert_eq!(app.count("notification_job").await, 5);
     second.stop().await;
+}
+
+/// The consumer writes a batch of new events with one insert per table; a batch that holds an
+/// event already consumed falls back to deciding each event in a savepoint of its own, so the
+/// consumed one is absorbed and the others still commit.
+async fn a_batch_of_new_events_takes_one_insert_per_table_and_a_batch_holding_a_consumed_one_is_decided_event_by_event(
+    backend: Backend,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use outpost::consumer::{Consumed, Inbox, OrderAcceptedEvent, decode};
+
+    let app = TestApp::spawn(backend).await;
+    let mut db = app.db.connect().await;
+    let inserts = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&inserts);
+    db.set_metric_callback(move |info| {
+        if info.statement.sql.trim_start().to_uppercase().starts_with("INSERT") {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let inbox = Inbox::new(db, "planner");
+    let event = |order_id: i64| -> OrderAcceptedEvent {
+        let (event_id, payload) = event_record(order_id);
+        decode(Some(&payload), |name| (name == "event_id").then(|| event_id.clone())).unwrap()
+    };
+
+    let first: Vec<OrderAcceptedEvent> = (1..=3).map(event).collect();
+    assert_eq!(inbox.consume_all(&first).await.unwrap(), [Consumed::Committed; 3]);
+    assert_eq!(inserts.swap(0, Ordering::SeqCst), 2, "one insert of the dedup rows, one of the jobs");
+
+    let again = vec![event(4), first[1].clone(), event(5)];
+    let outcomes = inbox.consume_all(&again).await.unwrap();
+    assert_eq!(outcomes, [Consumed::Committed, Consumed::AlreadyConsumed, Consumed::Committed]);
+    assert!(inserts.load(Ordering::SeqCst) > 2, "the batch was decided event by event");
+    assert_eq!(app.count("notification_job").await, 5, "one job per event, the copy absorbed");
+    assert_eq!(app.count("consumed_event").await, 5);
 }
