@@ -434,7 +434,21 @@ async fn inserts_into_outbox(app: &TestApp) -> bool {
 }
 
 async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backend: Backend) {
-    let app = one_writer(backend, 64).await;
+    // PostgreSQL aborts the first waiter whose check runs while the cycle exists, and each waiter
+    // checks once, `deadlock_timeout` after it began to wait. With the server's 1 s, a loaded
+    // machine that took longer than that to start the rival's insert let the batch's only check
+    // find no cycle yet, and the rival's own check then aborted the rival. So the batch checks
+    // after 5 s and the rival never within the test: the batch is the one to lose.
+    let app = TestApp::spawn_with(backend, |s| {
+        s.group_commit.writers = 1;
+        s.group_commit.max_batch = 64;
+        s.security.listeners.max_concurrent_calls = Some(256);
+        if backend == Backend::Postgres {
+            let separator = if s.database_url.contains('?') { '&' } else { '?' };
+            s.database_url = format!("{}{separator}options=-c%20deadlock_timeout%3D5s", s.database_url);
+        }
+    })
+    .await;
     let requests: Vec<_> = (0..16)
         .map(|i| pb::SubmitOrderRequest {
             event_id: uuid::Uuid::now_v7().to_string(),
@@ -447,6 +461,9 @@ async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backen
     // PostgreSQL the batch, waiting first, is the first to run the deadlock check, and it
     // aborts itself.
     let rival = app.conn.begin().await.unwrap();
+    if backend == Backend::Postgres {
+        rival.execute_unprepared("SET LOCAL deadlock_timeout = '60s'").await.unwrap();
+    }
     let mut rows: Vec<String> = (0..300).map(|_| uuid::Uuid::now_v7().to_string()).collect();
     rows.push(contested.event_id.clone());
     insert_outbox_rows(&rival, &rows).await;
