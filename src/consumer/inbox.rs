@@ -121,7 +121,8 @@ impl Inbox {
     ) -> Result<Vec<Consumed>, (Option<usize>, TxFailure)> {
         let whole = |e: sea_orm::DbErr| (None, TxFailure::from(e));
         let now = Utc::now().trunc_subsecs(6);
-        if events.len() > 1 {
+        // A multi-row insert needs at least one row.
+        if !events.is_empty() {
             let txn = self.db.begin().await.map_err(whole)?;
             if self.write_all(&txn, events, now).await.is_ok() {
                 txn.commit().await.map_err(whole)?;

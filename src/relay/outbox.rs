@@ -239,26 +239,29 @@ impl Outbox {
             let values = expired.into_iter().chain([limit.into()]);
             Statement::from_sql_and_values(DbBackend::MySql, sql, values)
         };
-        let mut found = Vec::new();
-        for row in txn.query_all_raw(statement).await? {
-            let part = row.try_get::<i64>("", "claim_part")?;
-            let now = row.try_get::<NaiveDateTime>("", "claim_now")?.and_utc();
-            found.push((part, now, outbox_event::Model::from_query_result(&row, "")?));
+        let result = txn.query_all_raw(statement).await?;
+        // One clock value per statement: the first row's is every row's.
+        let Some(first) = result.first() else {
+            txn.commit().await?;
+            return Ok(Vec::new());
+        };
+        let lease_until = lease_end(first.try_get::<NaiveDateTime>("", "claim_now")?.and_utc(), lease)?;
+        let mut found = Vec::with_capacity(result.len());
+        for row in &result {
+            found.push((
+                row.try_get::<i64>("", "claim_part")?,
+                outbox_event::Model::from_query_result(row, "")?,
+            ));
         }
         // Expired leases first, longest expired first; then due events, oldest first.
-        found.sort_by(|(part_a, _, a), (part_b, _, b)| {
+        found.sort_by(|(part_a, a), (part_b, b)| {
             let key = |part: i64, row: &outbox_event::Model| {
                 if part == 0 { (part, row.lease_until, row.created_at) } else { (part, None, row.created_at) }
             };
             key(*part_a, a).cmp(&key(*part_b, b)).then_with(|| a.event_id.cmp(&b.event_id))
         });
-        let Some((_, now, _)) = found.first() else {
-            txn.commit().await?;
-            return Ok(Vec::new());
-        };
-        let lease_until = lease_end(*now, lease)?;
         found.truncate(usize::try_from(batch_size).unwrap_or(usize::MAX));
-        let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, _, row)| row).collect();
+        let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, row)| row).collect();
         rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
         // At most `batch_size` placeholders, and never an empty `IN ()`.
         let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
