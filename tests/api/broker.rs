@@ -54,13 +54,13 @@ impl TestBroker {
             .current_dir(self.dir.path())
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
+            .stderr(self.log_sink())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start `{}` (scripts/test installs it): {e}", tansu()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "broker did not listen on {}", self.port);
+            assert!(Instant::now() < deadline, "broker did not listen on {}{}", self.port, self.log());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // The index Tansu 0.6 lacks: without it every fetched record scans all stored headers.
@@ -73,6 +73,25 @@ impl TestBroker {
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     }
 
+    /// Where the broker writes what it says: the terminal under `TEST_LOG`, otherwise a file
+    /// in its directory (appended across restarts) that a failed assertion prints.
+    fn log_sink(&self) -> Stdio {
+        if std::env::var_os("TEST_LOG").is_some() {
+            return Stdio::inherit();
+        }
+        let file =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("broker.log"));
+        file.map_or_else(|_| Stdio::null(), Stdio::from)
+    }
+
+    /// The end of the broker's log, for a failure message.
+    fn log(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(40)..];
+        format!("\n--- the broker's log, last {} lines ---\n{}", tail.len(), tail.join("\n"))
+    }
+
     /// Kills the broker with SIGKILL; its storage stays for a restart.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -82,14 +101,18 @@ impl TestBroker {
     }
 
     pub async fn create_topic(&self, name: &str, partitions: u32) {
-        let status = tokio::process::Command::new(tansu())
+        let output = tokio::process::Command::new(tansu())
             .args(["topic", "create", name, "--partitions", &partitions.to_string()])
             .args(["--broker", &format!("tcp://127.0.0.1:{}", self.port)])
-            .stdout(Stdio::null())
-            .status()
+            .output()
             .await
             .unwrap();
-        assert!(status.success(), "tansu topic create {name} failed");
+        assert!(
+            output.status.success(),
+            "tansu topic create {name} failed: {}{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.log()
+        );
     }
 }
 
