@@ -14,6 +14,7 @@ mod raw;
 mod report;
 mod run;
 mod sql;
+mod sustain;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -62,8 +63,9 @@ struct Cli {
     /// relay published); `e2e` without `submit`, `relay` and `consumer` needs `--max-offered`.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<run::Phase>,
-    /// The end-to-end phase's max offered load (orders/s) instead of the least of the measured
-    /// stages: its levels are 25/50/75 % of this.
+    /// The end-to-end phase's max offered load (orders/s) instead of the one the bench finds
+    /// (the whole pipeline's sustained rate, never above the least of the measured stages): its
+    /// levels are 25/50/75 % of this.
     #[arg(long)]
     max_offered: Option<f64>,
 }

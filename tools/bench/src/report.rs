@@ -80,6 +80,11 @@ pub(crate) struct Figures {
     /// Each drain's batches, from the relays' logs.
     pub(crate) relay_phases: Vec<(usize, RelayPhases)>,
     pub(crate) consumer: Drain,
+    /// The least of SubmitOrder, relay x1 and consumer, each measured alone.
+    pub(crate) stages_max: f64,
+    /// The search for the rate the whole pipeline sustains (empty when given `--max-offered`).
+    pub(crate) pipeline: Vec<crate::sustain::Probe>,
+    /// The end-to-end levels' 100 %: the least of `stages_max` and the pipeline's sustained rate.
     pub(crate) max_offered: f64,
     pub(crate) e2e: Vec<EndToEnd>,
     pub(crate) services: Vec<ServiceUse>,
@@ -306,6 +311,24 @@ impl Figures {
             "\nend to end: SubmitOrder sent -> notification_job written (max offered load {:.0}/s)",
             self.max_offered
         );
+        if !self.pipeline.is_empty() {
+            let _ = writeln!(
+                t,
+                "  the whole pipeline's sustained rate (least stage alone {:.0}/s; probes of an open loop each):",
+                self.stages_max
+            );
+        }
+        for p in &self.pipeline {
+            let _ = writeln!(
+                t,
+                "  probe    {:>7.1}/s offered  {:>7.1}/s consumed meanwhile  ({} accepted, {} failed): {}",
+                p.offered,
+                p.delivered_per_second(),
+                p.sent,
+                p.failed,
+                if p.kept_up() { "kept up" } else { "fell behind" }
+            );
+        }
         for e in &self.e2e {
             let _ = writeln!(
                 t,
@@ -426,6 +449,10 @@ impl Figures {
             "relayBatches": self.relay_phases.iter().map(|(n, p)| json!({"processes": n, "batches": phases(p)})).collect::<Vec<_>>(),
             "consumer": drain(&self.consumer),
             "maxOfferedPerSecond": self.max_offered,
+            "leastStageAlonePerSecond": self.stages_max,
+            "pipelineProbes": self.pipeline.iter().map(|p| json!({
+                "offeredPerSecond": p.offered, "accepted": p.sent, "failed": p.failed,
+                "consumedMeanwhilePerSecond": p.delivered_per_second(), "keptUp": p.kept_up()})).collect::<Vec<_>>(),
             "endToEnd": self.e2e.iter().map(|e| json!({
                 "label": e.label, "offeredPerSecond": e.offered_per_second, "accepted": e.accepted,
                 "failed": e.failed, "notConsumed": e.missing,

@@ -14,7 +14,7 @@ use crate::observe::{Observer, Waits};
 use crate::phases::{RELAY_STEP_LOG, RelayPhases, Stages};
 use crate::report::{Drain, EndToEnd, Figures, Point, ServiceUse};
 use crate::sql::{self, BenchDatabase};
-use crate::{machine, raw};
+use crate::{machine, raw, sustain};
 
 /// How one run is shaped.
 #[derive(Debug, Clone)]
@@ -414,19 +414,19 @@ impl Run<'_> {
         sql::truncate_all(&self.db).await?;
         let best_submit = self.figures.submit.iter().map(|p| p.per_second).fold(0.0, f64::max);
         let relay_one = self.figures.relay.first().map_or(0.0, |(_, d)| d.per_second);
-        let max = if let Some(given) = self.plan.max_offered {
+        let stages = if let Some(given) = self.plan.max_offered {
             self.figures.notes.push(format!("max offered load = {given:.0}/s, as given (--max-offered)"));
             given
         } else {
-            let max = best_submit.min(relay_one).min(self.figures.consumer.per_second);
+            let least = best_submit.min(relay_one).min(self.figures.consumer.per_second);
             self.figures.notes.push(format!(
-                "max offered load = min(best SubmitOrder {best_submit:.0}/s, relay x1 {relay_one:.0}/s, consumer {:.0}/s) = {max:.0}/s",
+                "least stage alone = min(best SubmitOrder {best_submit:.0}/s, relay x1 {relay_one:.0}/s, consumer {:.0}/s) = {least:.0}/s",
                 self.figures.consumer.per_second
             ));
-            max
+            least
         };
-        self.figures.max_offered = max;
-        if max < 1.0 {
+        self.figures.stages_max = stages;
+        if stages < 1.0 {
             self.figures
                 .notes
                 .push("end to end skipped: a stage measured no throughput (see its log)".into());
@@ -467,8 +467,19 @@ impl Run<'_> {
         step("end to end: warm-up order (consumer group join)");
         clients.submit(0).await?;
         self.wait_for("SELECT COUNT(*) FROM notification_job", 1, &mut services).await?;
-        let before: Vec<Usage> = services.iter().map(Service::usage).collect();
         let mut events = 1;
+        let max = if self.plan.max_offered.is_some() {
+            stages
+        } else {
+            let sustained = self.sustained(&clients, stages, &mut events, &mut services).await?;
+            self.figures.notes.push(format!(
+                "max offered load = min(least stage alone {stages:.0}/s, whole pipeline sustained {sustained:.0}/s) = {:.0}/s",
+                stages.min(sustained)
+            ));
+            stages.min(sustained)
+        };
+        self.figures.max_offered = max;
+        let before: Vec<Usage> = services.iter().map(Service::usage).collect();
 
         let levels = [
             ("25%", max * 0.25, self.plan.e2e),
@@ -536,6 +547,50 @@ impl Run<'_> {
         }
         self.figures.services.sort_by(|a, b| a.service.cmp(&b.service));
         Ok(())
+    }
+
+    /// Searches the highest rate the three services keep up with together (see [`sustain`]),
+    /// each probe an open loop of one throughput point's length, the backlog drained after it.
+    async fn sustained(
+        &mut self,
+        clients: &OrderClients,
+        upper: f64,
+        events: &mut u64,
+        services: &mut [Service],
+    ) -> Result<f64, BenchError> {
+        const JOBS: &str = "SELECT COUNT(*) FROM notification_job";
+        let mut probes = Vec::new();
+        while let Some(rate) = sustain::next(upper, &probes) {
+            let observer = self.observe(&format!("pipeline {rate:.0}/s")).await;
+            let jobs_before = sql::count(&self.db, JOBS).await?;
+            let started = Instant::now();
+            let (sent, failed, first_error) = load::open_loop(clients, rate, self.plan.point).await;
+            let jobs_after = sql::count(&self.db, JOBS).await?;
+            let probe = sustain::Probe {
+                offered: rate,
+                sent: sent.len() as u64,
+                failed,
+                delivered: u64::try_from(jobs_after - jobs_before).unwrap_or(0),
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            *events += probe.sent;
+            let drained = self.wait_for(JOBS, *events, services).await?;
+            self.waited(observer.finish().await);
+            self.figures.notes.push(format!(
+                "whole pipeline at {rate:.0}/s: {} accepted, {failed} failed{}, {:.0}/s consumed while it ran: {}",
+                probe.sent,
+                first_error.map(|e| format!(" (first: {e})")).unwrap_or_default(),
+                probe.delivered_per_second(),
+                if probe.kept_up() { "kept up" } else { "fell behind" }
+            ));
+            probes.push(probe);
+            if !drained {
+                self.figures.notes.push(format!("the pipeline did not drain after the probe at {rate:.0}/s"));
+                break;
+            }
+        }
+        self.figures.pipeline = probes.clone();
+        Ok(sustain::sustained(&probes))
     }
 
     /// Every notification job's event id with, in microseconds since the epoch, its outbox
