@@ -32,6 +32,10 @@ pub(super) struct ValueColumn {
 pub(super) const FENCE_COLUMNS: [ValueColumn; 2] =
     [ValueColumn { name: "v_id", pg_type: "char(36)" }, ValueColumn { name: "v_token", pg_type: "text" }];
 
+/// PostgreSQL's `unnest` statement binds the status a fenced row must still have (see
+/// [`FencedUpdate::pg_unnest`]).
+const FENCED_STATUS: ValueColumn = ValueColumn { name: "v_fenced_status", pg_type: "text" };
+
 /// One set-based update: `assignments` (SQL over `v.<column>`) applied to every row of `rows`
 /// still fenced by its own token.
 pub(super) struct FencedUpdate<'a> {
@@ -141,8 +145,15 @@ impl FencedUpdate<'_> {
     /// `VALUES` list of 500 rows (2,500 parameters) took 12 ms to plan for each mark, the
     /// `unnest` under 1 ms. `None` (use [`Self::statement`]) if a value is NULL or of a type with
     /// no array here: the arrays are bound as they are, and an array of one type has no NULLs.
+    ///
+    /// The fence's status is bound as one more array rather than written as a constant: with
+    /// `o.status = 'PUBLISHING'` the planner scans `idx_outbox_retention`'s PUBLISHING range and
+    /// hash-joins, and between vacuums that range holds an entry for every row ever claimed
+    /// (a bitmap scan never prunes dead entries): 18-26 ms for 351 rows among 295,000 dead
+    /// entries, against 4 ms by primary key, which is what it takes when the only constant-free
+    /// path to a row is its event id.
     fn pg_unnest(&self) -> Option<Statement> {
-        let arrays = (0..self.columns.len())
+        let mut arrays = (0..self.columns.len())
             .map(|col| {
                 let values: Vec<Value> =
                     self.rows.iter().map(|row| row.get(col).cloned()).collect::<Option<_>>()?;
@@ -161,9 +172,17 @@ impl FencedUpdate<'_> {
                 uniform.then(|| Value::Array(kind, Some(Box::new(values))))
             })
             .collect::<Option<Vec<Value>>>()?;
-        let names = self.columns.iter().map(|c| c.name).collect::<Vec<_>>().join(", ");
-        let parameters = self
-            .columns
+        let mut columns = self.columns.to_vec();
+        let fence = if self.fenced {
+            let status = Value::from(OutboxStatus::Publishing.as_str());
+            arrays.push(Value::Array(ArrayType::String, Some(Box::new(vec![status; self.rows.len()]))));
+            columns.push(FENCED_STATUS);
+            format!(" AND o.status = v.{} AND o.lease_owner = v.v_token", FENCED_STATUS.name)
+        } else {
+            String::new()
+        };
+        let names = columns.iter().map(|c| c.name).collect::<Vec<_>>().join(", ");
+        let parameters = columns
             .iter()
             .enumerate()
             .map(|(i, column)| format!("${}::{}[]", i + 1, column.pg_type))
@@ -171,9 +190,8 @@ impl FencedUpdate<'_> {
             .join(", ");
         let sql = format!(
             "UPDATE outbox_event AS o SET {} FROM unnest({parameters}) AS v({names}) \
-             WHERE o.event_id = v.v_id{} RETURNING o.event_id",
+             WHERE o.event_id = v.v_id{fence} RETURNING o.event_id",
             self.assignments,
-            self.fence()
         );
         Some(Statement::from_sql_and_values(DbBackend::Postgres, sql, arrays))
     }
@@ -272,12 +290,18 @@ mod tests {
         let large =
             update((0..500).map(row).collect()).pg_unnest().map(|s| (s.sql, s.values.map(|v| v.0.len())));
         let (sql, parameters) = large.clone().unwrap_or_default();
-        assert_eq!(parameters, Some(3));
+        assert_eq!(parameters, Some(4));
         assert!(
-            sql.contains("unnest($1::char(36)[], $2::text[], $3::bigint[]) AS v(v_id, v_token, v_offset)"),
+            sql.contains(
+                "unnest($1::char(36)[], $2::text[], $3::bigint[], $4::text[]) AS v(v_id, v_token, v_offset, v_fenced_status)"
+            ),
             "{sql}"
         );
-        assert!(sql.contains("o.lease_owner = v.v_token"), "{sql}");
+        assert!(sql.contains("o.status = v.v_fenced_status AND o.lease_owner = v.v_token"), "{sql}");
+        assert!(
+            !sql.contains("'PUBLISHING'"),
+            "no status constant for the planner to scan an index by: {sql}"
+        );
         assert_eq!(small, large, "one statement text for every batch size");
     }
 

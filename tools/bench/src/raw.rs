@@ -416,6 +416,8 @@ async fn mark_all(db: &DatabaseConnection, marks: &[(String, i64)], token: &str)
     );
     let fence = "o.status = 'PUBLISHING' AND o.lease_owner = v.v_token";
     if backend == DbBackend::Postgres {
+        // The status the fence wants is an array too, as in the relay: no constant for the
+        // planner to scan idx_outbox_retention by, so it finds each row by its event id.
         let n = marks.len();
         let values: Vec<Value> = vec![
             marks.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>().into(),
@@ -423,12 +425,14 @@ async fn mark_all(db: &DatabaseConnection, marks: &[(String, i64)], token: &str)
             vec!["bench-raw".to_owned(); n].into(),
             vec![0i32; n].into(),
             marks.iter().map(|(_, offset)| *offset).collect::<Vec<_>>().into(),
+            vec!["PUBLISHING".to_owned(); n].into(),
         ];
         let sql = format!(
             "UPDATE outbox_event AS o SET {assignments} \
-             FROM unnest(?::char(36)[], ?::text[], ?::text[], ?::integer[], ?::bigint[]) \
-             AS v(v_id, v_token, v_topic, v_partition, v_offset) \
-             WHERE o.event_id = v.v_id AND {fence} RETURNING o.event_id"
+             FROM unnest(?::char(36)[], ?::text[], ?::text[], ?::integer[], ?::bigint[], ?::text[]) \
+             AS v(v_id, v_token, v_topic, v_partition, v_offset, v_fenced_status) \
+             WHERE o.event_id = v.v_id AND o.status = v.v_fenced_status AND o.lease_owner = v.v_token \
+             RETURNING o.event_id"
         );
         return Ok(db.query_all_raw(statement(backend, &sql, values)).await?.len() as u64);
     }
