@@ -951,6 +951,9 @@ async fn the_relays_postgresql_connections_plan_every_claim_for_the_outbox_as_it
     let sql = |text: &str| Statement::from_string(DbBackend::Postgres, text.to_owned());
     let shown = db.query_one_raw(sql("SHOW plan_cache_mode")).await.unwrap().unwrap();
     assert_eq!(shown.try_get_by_index::<String>(0).unwrap(), "force_custom_plan");
+    // Nor bitmap scans, which never prune the dead entries of leases long expired.
+    let shown = db.query_one_raw(sql("SHOW enable_bitmapscan")).await.unwrap().unwrap();
+    assert_eq!(shown.try_get_by_index::<String>(0).unwrap(), "off");
     // Sequential scans of the outbox so far, this connection's own counts flushed first.
     let seq_scans = || async {
         db.execute_raw(sql("SELECT pg_stat_force_next_flush()")).await.unwrap();

@@ -18,11 +18,13 @@ pub(crate) async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, D
 
 /// [`connect`], with the sessions set up as the relay's pool sets them up
 /// (`outpost::db::Pool::Relay`), so the plain-SQL claim and mark compare like for like:
-/// PostgreSQL plans every run of a statement (`plan_cache_mode=force_custom_plan`), MariaDB/MySQL
-/// sessions run at READ COMMITTED.
+/// PostgreSQL plans every run of a statement (`plan_cache_mode=force_custom_plan`) without bitmap
+/// scans, MariaDB/MySQL sessions run at READ COMMITTED.
 pub(crate) async fn connect_as_relay(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
     let mut options = options(url, max);
-    options.map_sqlx_postgres_opts(|o| o.options([("plan_cache_mode", "force_custom_plan")]));
+    options.map_sqlx_postgres_opts(|o| {
+        o.options([("plan_cache_mode", "force_custom_plan"), ("enable_bitmapscan", "off")])
+    });
     options.map_sqlx_mysql_pool_opts(|o| {
         o.after_connect(|conn, _| {
             Box::pin(async move {
