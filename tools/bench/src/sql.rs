@@ -1,10 +1,10 @@
 //! Plain SQL for the bench: its own database, placeholders per backend, and the server's view of
-//! lock waits and busy connections. No Outpost code runs here.
+//! lock waits and busy connections. No Outpost code runs here, apart from the relay's session
+//! setup (see [`connect_as_relay`]).
 
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sea_orm::sqlx::Executor as _;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, Statement, Value,
 };
@@ -16,23 +16,12 @@ pub(crate) async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, D
     Database::connect(options(url, max)).await
 }
 
-/// [`connect`], with the sessions set up as the relay's pool sets them up
-/// (`outpost::db::Pool::Relay`), so the plain-SQL claim and mark compare like for like:
-/// PostgreSQL plans every run of a statement (`plan_cache_mode=force_custom_plan`) without bitmap
-/// scans, MariaDB/MySQL sessions run at READ COMMITTED.
+/// A pool whose sessions are set up exactly as the relay's (`outpost::db::Pool::Relay`: on
+/// PostgreSQL every run planned afresh and no bitmap scans, on MariaDB/MySQL READ COMMITTED), so
+/// the plain-SQL claim and mark compare like for like. Only the session setup is Outpost's; the
+/// statements run on it are the bench's own.
 pub(crate) async fn connect_as_relay(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
-    let mut options = options(url, max);
-    options.map_sqlx_postgres_opts(|o| {
-        o.options([("plan_cache_mode", "force_custom_plan"), ("enable_bitmapscan", "off")])
-    });
-    options.map_sqlx_mysql_pool_opts(|o| {
-        o.after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.map(drop)
-            })
-        })
-    });
-    Database::connect(options).await
+    outpost::db::connect_for(url, max, outpost::db::Pool::Relay).await
 }
 
 fn options(url: &str, max: u32) -> ConnectOptions {
