@@ -177,7 +177,7 @@ impl FencedUpdate<'_> {
             let status = Value::from(OutboxStatus::Publishing.as_str());
             arrays.push(Value::Array(ArrayType::String, Some(Box::new(vec![status; self.rows.len()]))));
             columns.push(FENCED_STATUS);
-            format!(" AND o.status = v.{} AND o.lease_owner = v.v_token", FENCED_STATUS.name)
+            self.fence(&format!("v.{}", FENCED_STATUS.name))
         } else {
             String::new()
         };
@@ -196,10 +196,11 @@ impl FencedUpdate<'_> {
         Some(Statement::from_sql_and_values(DbBackend::Postgres, sql, arrays))
     }
 
-    /// The condition that keeps every row to its own claim (empty if a failpoint broke it).
-    fn fence(&self) -> String {
+    /// The condition that keeps every row to its own claim, the row's status being compared with
+    /// `status` (SQL); empty if a failpoint broke the fence.
+    fn fence(&self, status: &str) -> String {
         if self.fenced {
-            format!(" AND o.status = '{}' AND o.lease_owner = v.v_token", OutboxStatus::Publishing.as_str())
+            format!(" AND o.status = {status} AND o.lease_owner = v.v_token")
         } else {
             String::new()
         }
@@ -210,7 +211,7 @@ impl FencedUpdate<'_> {
         let placeholder =
             |n: usize| if backend == DbBackend::Postgres { format!("${n}") } else { "?".into() };
         let assignments = self.assignments;
-        let fence = self.fence();
+        let fence = self.fence(&format!("'{}'", OutboxStatus::Publishing.as_str()));
         let names = self.columns.iter().map(|c| c.name).collect::<Vec<_>>().join(", ");
         let value = |row: usize, col: usize| {
             let p = placeholder(row * width + col + 1);
