@@ -10,6 +10,7 @@ mod health;
 mod outbox;
 mod publisher;
 mod settings;
+mod step;
 mod worker;
 
 use std::fmt;
@@ -22,7 +23,8 @@ pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 pub use publisher::{KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
-pub use worker::{PublisherFailed, Relay, StepOutcome, StepReport, Tuning};
+pub use step::{StepOutcome, StepReport};
+pub use worker::{PublisherFailed, Relay, Tuning};
 
 pub use crate::contract::DEFAULT_TOPIC;
 

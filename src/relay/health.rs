@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::DbErr;
 use tokio::time::Instant;
 
-use super::worker::StepOutcome;
+use super::step::StepOutcome;
 use crate::service::Verdict;
 
 /// Progress shared by a relay's step loops.

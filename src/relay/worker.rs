@@ -14,6 +14,7 @@ use super::budget::{AdaptiveBatch, StepBudget};
 use super::health::Vitals;
 use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
+use super::step::{StepOutcome, StepReport};
 use crate::db;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};
@@ -33,38 +34,6 @@ pub struct Tuning {
     pub retry: RetryPolicy,
     /// Longest wait between polls of an empty outbox.
     pub max_idle_poll: Duration,
-}
-
-/// What one step did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StepReport {
-    /// Events claimed.
-    pub claimed: usize,
-    /// Confirmed by the broker and marked PUBLISHED.
-    pub published: usize,
-    /// Confirmed (or failed) after another worker took the lease: left alone.
-    pub lease_lost: usize,
-    /// Failed to publish and released for a later retry.
-    pub released: usize,
-    /// Failed to publish for the last allowed time: now FAILED.
-    pub failed: usize,
-    /// Outcomes that could not be written (the database failed); their leases will expire.
-    pub unrecorded: usize,
-    /// Time spent claiming (the claim transaction).
-    pub claim_time: Duration,
-    /// Time from the end of the claim until every record of the batch was confirmed or failed.
-    pub publish_time: Duration,
-    /// Time spent recording the outcomes (the release and the mark statements).
-    pub record_time: Duration,
-}
-
-/// What a step found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepOutcome {
-    /// Nothing was claimable.
-    Idle,
-    /// A batch was claimed and handled.
-    Worked(StepReport),
 }
 
 /// A relay worker: one worker id, one publisher; every claim gets its own lease token, so any
