@@ -13,8 +13,8 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 use crate::backoff::Backoff;
+use crate::contract::ERROR_DOMAIN;
 use crate::domain::EventId;
-use crate::edge::ERROR_DOMAIN;
 use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 /// How hard the submitter tries.

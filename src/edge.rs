@@ -1,5 +1,5 @@
 //! Helpers every gRPC edge shares (the OrderService's, the AdminService's and the consumer's
-//! ConsumerAdminService): the error domain, server spans that continue the caller's trace,
+//! ConsumerAdminService): server spans that continue the caller's trace,
 //! authenticated calls, error statuses, and timestamps as the proto carries them.
 
 use std::collections::HashMap;
@@ -10,12 +10,10 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::Instrument as _;
 
+use crate::contract::ERROR_DOMAIN;
 use crate::domain::{EventId, FieldViolation, InvalidInput};
 use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
-
-/// `ErrorInfo.domain` of every error Outpost's services return.
-pub const ERROR_DOMAIN: &str = "outpost.v1";
 
 /// A server span for one call, continuing the caller's trace from its request metadata.
 pub(crate) fn rpc_span(

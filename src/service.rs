@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use sea_orm::{DatabaseConnection, DbErr};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic_health::server::HealthReporter;
@@ -51,14 +50,6 @@ pub async fn open_database_for(
     let db = db::connect_for(url, max_connections, pool).await.map_err(ReadyError::Database)?;
     db::ensure_migrated(&db).await?;
     Ok(db)
-}
-
-/// Binds `addr` (port 0 picks a free port) and returns the listener with its port.
-pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, u16), ReadyError> {
-    let listen = |source| ReadyError::Listen { addr, source };
-    let listener = TcpListener::bind(addr).await.map_err(listen)?;
-    let port = listener.local_addr().map_err(listen)?.port();
-    Ok((listener, port))
 }
 
 /// How often each service re-checks what its health depends on.

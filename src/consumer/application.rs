@@ -83,7 +83,7 @@ impl Application {
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: the health port names the instance when --instance-name does not, and
         // no two processes on one host hold the same port.
-        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
         settings.instance_name = settings.static_instance_name(port);
         if settings.instance_name.is_none() {

@@ -62,7 +62,7 @@ impl Application {
             settings.delivery_timeout,
             &settings.kafka_options,
         )?;
-        let listener = Listener::bind(settings.listen, &settings.security).await?;
+        let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
         let wake = match settings.wake_listen {
             Some(addr) => {

@@ -41,7 +41,7 @@ impl CallLimits {
         let limit = self.limit;
         tracing::debug!(limit, "call refused: the listener is at its concurrency limit");
         let mut details = ErrorDetails::new();
-        details.set_error_info("OVERLOADED", crate::edge::ERROR_DOMAIN, std::collections::HashMap::new());
+        details.set_error_info("OVERLOADED", crate::contract::ERROR_DOMAIN, std::collections::HashMap::new());
         tonic::Status::with_error_details(
             tonic::Code::ResourceExhausted,
             format!(

@@ -40,6 +40,14 @@ pub enum ListenerError {
     /// The TLS files could not be used.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address from the settings.
+        addr: SocketAddr,
+        /// Why binding failed.
+        source: std::io::Error,
+    },
 }
 
 /// The tonic server every listener is built from: shed past the limit, bounded per call.
@@ -71,26 +79,22 @@ impl Listener {
 
     /// Checks the plaintext policy, loads the TLS files and binds `addr` (port 0 picks a free
     /// port).
-    pub async fn bind(
-        addr: SocketAddr,
-        settings: &ListenerSettings,
-    ) -> Result<Self, crate::service::ReadyError> {
+    pub async fn bind(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
         Self::check_plaintext(addr, settings)?;
         let tls = match (&settings.tls_cert, &settings.tls_key) {
-            (Some(cert), Some(key)) => Some(
-                ReloadingTls::load(TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: settings.tls_client_ca.clone(),
-                })
-                .map_err(ListenerError::from)?,
-            ),
+            (Some(cert), Some(key)) => Some(ReloadingTls::load(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: settings.tls_client_ca.clone(),
+            })?),
             _ => None,
         };
         if tls.is_none() && !addr.ip().is_loopback() {
             tracing::warn!(%addr, "serving gRPC WITHOUT TLS on a non-loopback address (--allow-plaintext)");
         }
-        let (tcp, port) = crate::service::bind(addr).await?;
+        let bind = |source| ListenerError::Bind { addr, source };
+        let tcp = TcpListener::bind(addr).await.map_err(bind)?;
+        let port = tcp.local_addr().map_err(bind)?.port();
         Ok(Self {
             tcp,
             addr,
