@@ -1,7 +1,9 @@
 //! The order service: accepts orders over gRPC and writes each with its outbox event in one
 //! local transaction, answering with the exact transaction outcome.
 
+mod accepting;
 mod admin;
+mod alone;
 mod application;
 mod event;
 mod group;
@@ -10,9 +12,9 @@ mod settings;
 mod store;
 
 pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
-pub use crate::edge::ERROR_DOMAIN;
+pub use accepting::{AcceptedOrder, SubmitError, Submitted};
 pub use admin::{PurgeReport, Retention};
 pub use application::{Application, StartupError};
 pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
-pub use store::{AcceptedOrder, OrderStore, SubmitError, Submitted};
+pub use store::OrderStore;

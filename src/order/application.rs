@@ -79,8 +79,9 @@ impl Application {
         let limited = security
             .listeners
             .limited_by_default(settings.db_max_connections.saturating_mul(CALLS_PER_CONNECTION));
-        let listener = Listener::bind(settings.listen, &limited).await?;
-        let admin_listener = Listener::bind(settings.admin_listen, &limited).await?;
+        let listener = Listener::bind(settings.listen, &limited).await.map_err(ReadyError::from)?;
+        let admin_listener =
+            Listener::bind(settings.admin_listen, &limited).await.map_err(ReadyError::from)?;
         let (port, admin_port) = (listener.port(), admin_listener.port());
         let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {

@@ -18,7 +18,8 @@ use tokio::sync::{Mutex, Semaphore, SemaphorePermit, mpsc, oneshot};
 
 pub use batch::{BatchSizes, BatchStats};
 
-use super::store::{Accepting, OrderStore, SubmitError, Submitted, unknown};
+use super::accepting::{Accepting, SubmitError, Submitted, unknown};
+use super::alone::Alone;
 
 use crate::db::TxFailure;
 
@@ -113,7 +114,7 @@ impl GroupCommit {
         for _ in 0..settings.writers {
             let writer = writer::Writer {
                 db: db.clone(),
-                alone: OrderStore::new(db.clone()),
+                alone: Alone::new(db.clone()),
                 max_batch: usize::from(settings.max_batch),
                 stats: stats.clone(),
                 ids_back: ids_back.clone(),

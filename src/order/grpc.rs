@@ -7,9 +7,11 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::Instrument as _;
 
-use super::store::{AcceptedOrder, OrderStore, SubmitError, Submitted};
+use super::accepting::{AcceptedOrder, SubmitError, Submitted};
+use super::store::OrderStore;
+use crate::contract::ERROR_DOMAIN;
 use crate::domain::{InvalidInput, LineItem, OrderStatus, RequestId, SubmitOrder, TenantId};
-use crate::edge::{ERROR_DOMAIN, record_status, rpc_span, timestamp};
+use crate::edge::{record_status, rpc_span, timestamp};
 use crate::proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::domain::EventId;
-use crate::order::store::{Accepting, SubmitError, Submitted};
+use crate::order::accepting::{Accepting, SubmitError, Submitted};
 
 /// Where one order of a batch stands in the current run of its transaction.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use tokio::sync::OnceCell;
 
 use crate::db::TxFailure;
 use crate::entity::{order_line, orders, outbox_event};
-use crate::order::store::{Accepting, line_rows, order_row, outbox_row};
+use crate::order::accepting::{Accepting, line_rows, order_row, outbox_row};
 
 /// Bound parameters per statement: far below the smallest limit of the three backends
 /// (SQLite's 32,766), so that a large batch of long orders splits into a few statements

@@ -37,10 +37,11 @@ use super::set::{self, IdsBack};
 use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::EventId;
 use crate::failpoint;
-use crate::order::store::{
-    Accepting, LOCK_CONFLICT_RETRIES, OrderStore, SubmitError, Submitted, decide_clash, find, insert_order,
-    rolled_back, unknown,
+use crate::order::accepting::{
+    Accepting, LOCK_CONFLICT_RETRIES, SubmitError, Submitted, decide_clash, find, insert_order, rolled_back,
+    unknown,
 };
+use crate::order::alone::Alone;
 use crate::telemetry::metrics;
 
 /// The savepoint around each order. One name serves every order: each is released (or rolled
@@ -50,7 +51,7 @@ const SAVEPOINT: &str = "outpost_order";
 pub(super) struct Writer {
     pub(super) db: DatabaseConnection,
     /// The same database, for a batch of one order: written exactly as with group commit off.
-    pub(super) alone: OrderStore,
+    pub(super) alone: Alone,
     pub(super) max_batch: usize,
     pub(super) stats: BatchStats,
     /// How inserted order ids come back from this server; shared by the writers.
