@@ -7,7 +7,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 
 use crate::error::BenchError;
-use crate::report::Figures;
+use crate::figures::Figures;
 
 const FONTS: [&str; 2] =
     ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];

@@ -13,26 +13,11 @@ use sea_orm::DatabaseConnection;
 use serde_json::{Value, json};
 
 use crate::error::BenchError;
+use crate::figures::{GroupPoint, Point};
 use crate::load::{self, OrderClients};
 use crate::measure;
-use crate::report::Point;
-use crate::run::Plan;
+use crate::plan::Plan;
 use crate::sql;
-
-/// SubmitOrder at one concurrency with group commit on or off.
-#[derive(Debug, Clone)]
-pub(crate) struct GroupPoint {
-    pub(crate) on: bool,
-    pub(crate) point: Point,
-    /// Transactions the service wrote in the point, and their mean and p99 sizes (on only).
-    pub(crate) batches: u64,
-    pub(crate) batch_mean: f64,
-    pub(crate) batch_p99: usize,
-    /// Runs of a batch written with one INSERT per table, and those that fell back to one order
-    /// at a time.
-    pub(crate) set_written: u64,
-    pub(crate) set_fell_back: u64,
-}
 
 /// Measures SubmitOrder at each of the plan's concurrencies, group commit on then off, on a
 /// truncated database each time. `--order-arg` flags apply (e.g. `--group-commit-writers=8`).

@@ -2,7 +2,7 @@
 
 use sea_orm::DatabaseConnection;
 
-use crate::run::Plan;
+use crate::plan::Plan;
 
 fn first_line(path: &str, prefix: &str) -> Option<String> {
     std::fs::read_to_string(path).ok()?.lines().find_map(|l| {

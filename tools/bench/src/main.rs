@@ -3,6 +3,7 @@
 mod chart;
 mod child;
 mod error;
+mod figures;
 mod group;
 mod load;
 mod machine;
@@ -10,6 +11,7 @@ mod measure;
 mod observe;
 mod payload;
 mod phases;
+mod plan;
 mod raw;
 mod report;
 mod run;
@@ -62,7 +64,7 @@ struct Cli {
     /// tuning one stage. Default: every phase. `consumer` needs `relay` (it reads what the
     /// relay published); `e2e` without `submit`, `relay` and `consumer` needs `--max-offered`.
     #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<run::Phase>,
+    only: Vec<plan::Phase>,
     /// The end-to-end phase's max offered load (orders/s) instead of the one the bench finds
     /// (the whole pipeline's sustained rate, never above the least of the measured stages): its
     /// levels are 25/50/75 % of this.
@@ -90,10 +92,10 @@ async fn main() -> ExitCode {
             Duration::from_secs(600),
         )
     };
-    let plan = run::Plan {
+    let plan = plan::Plan {
         database_url: cli.database_url,
         brokers: cli.brokers,
-        bin_dir: cli.bin_dir.unwrap_or_else(run::default_bin_dir),
+        bin_dir: cli.bin_dir.unwrap_or_else(plan::default_bin_dir),
         out_dir: cli.out_dir,
         backlog: cli.backlog.unwrap_or(backlog).max(2),
         partitions: cli.partitions,

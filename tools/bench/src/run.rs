@@ -8,60 +8,14 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
 use crate::child::{Service, Usage};
 use crate::error::BenchError;
+use crate::figures::{Drain, EndToEnd, Figures, Point, ServiceUse};
 use crate::load::{self, OrderClients};
 use crate::measure::{self, Latencies};
 use crate::observe::{Observer, Waits};
 use crate::phases::{RELAY_STEP_LOG, RelayPhases, Stages};
-use crate::report::{Drain, EndToEnd, Figures, Point, ServiceUse};
+use crate::plan::{Phase, Plan};
 use crate::sql::{self, BenchDatabase};
 use crate::{machine, raw, sustain};
-
-/// How one run is shaped.
-#[derive(Debug, Clone)]
-pub(crate) struct Plan {
-    pub(crate) database_url: String,
-    pub(crate) brokers: String,
-    pub(crate) bin_dir: PathBuf,
-    pub(crate) out_dir: PathBuf,
-    pub(crate) backlog: u64,
-    pub(crate) partitions: i32,
-    /// Length of each throughput point.
-    pub(crate) point: Duration,
-    /// Length of each end-to-end load level.
-    pub(crate) e2e: Duration,
-    /// Length of the trickle.
-    pub(crate) trickle: Duration,
-    /// Longest a drain may take.
-    pub(crate) drain_limit: Duration,
-    pub(crate) concurrencies: Vec<usize>,
-    pub(crate) order_args: Vec<String>,
-    pub(crate) relay_args: Vec<String>,
-    pub(crate) consumer_args: Vec<String>,
-    /// The phases to run; empty: all of them.
-    pub(crate) only: Vec<Phase>,
-    /// The end-to-end levels' 100 %, instead of the least of the measured stages.
-    pub(crate) max_offered: Option<f64>,
-}
-
-/// One phase of a run, as `--only` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Phase {
-    RawCommit,
-    Submit,
-    Group,
-    RawInsert,
-    RawProduce,
-    RawClaimMark,
-    Relay,
-    Consumer,
-    E2e,
-}
-
-impl Plan {
-    fn runs(&self, phase: Phase) -> bool {
-        self.only.is_empty() || self.only.contains(&phase)
-    }
-}
 
 struct Run<'a> {
     plan: &'a Plan,
@@ -657,9 +611,4 @@ async fn span_rate(db: &DatabaseConnection, sql: &str) -> Result<(u64, f64), Ben
 
 fn free_port() -> Result<u16, BenchError> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Where the services are: `--bin-dir`, or beside this binary.
-pub(crate) fn default_bin_dir() -> PathBuf {
-    std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf)).unwrap_or_default()
 }
