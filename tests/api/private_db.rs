@@ -8,7 +8,26 @@ use std::time::Duration;
 use crate::broker::free_port;
 use crate::helpers::{Backend, TestDb, assert_eventually};
 
-const POSTGRES_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Where PostgreSQL's server programs (initdb, pg_ctl) are: `OUTPOST_TEST_POSTGRES_BIN`, or the
+/// newest major version Debian's packages installed under /usr/lib/postgresql.
+fn postgres_bin() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("OUTPOST_TEST_POSTGRES_BIN") {
+        return dir.into();
+    }
+    let mut installed: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect(
+            "PostgreSQL's server is installed under /usr/lib/postgresql (or set OUTPOST_TEST_POSTGRES_BIN)",
+        )
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let major = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").exists().then_some((major, bin))
+        })
+        .collect();
+    installed.sort();
+    installed.pop().map(|(_, bin)| bin).expect("no initdb under /usr/lib/postgresql/*/bin")
+}
 
 /// A private MariaDB or PostgreSQL server, stopped for good when dropped.
 pub struct PrivateServer {
@@ -159,7 +178,7 @@ impl Drop for PrivateServer {
 
 fn as_postgres(program: &str) -> Command {
     let mut command = Command::new("runuser");
-    command.args(["-u", "postgres", "--"]).arg(format!("{POSTGRES_BIN}/{program}"));
+    command.args(["-u", "postgres", "--"]).arg(postgres_bin().join(program));
     command
 }
 
