@@ -100,7 +100,11 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
             }
         }
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let committed_so_far = || answers.lock().unwrap().iter().filter(|(_, code, _)| *code == Code::Ok).count();
+    assert_eventually("the load has committed orders before the outage", WAIT_DRAIN, || async {
+        committed_so_far() >= 20
+    })
+    .await;
 
     server.stop().await;
     let stopped_at = tokio::time::Instant::now();
@@ -124,7 +128,11 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
         assert_health("every service is SERVING again", port, service, ServingStatus::Serving).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = committed_so_far();
+    assert_eventually("the load commits orders again after the outage", WAIT_DRAIN, || async {
+        committed_so_far() >= before + 20
+    })
+    .await;
     stop_load.send(true).unwrap();
     load.await.unwrap();
 
