@@ -81,7 +81,12 @@ async fn hold_first_batch(app: &TestApp) -> Hold {
         let answer = client.submit_order(order(1, "holder")).await.unwrap().into_inner();
         assert_eq!(answer.outcome(), pb::TransactionOutcome::Committed);
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The holder's transaction counts as a batch once it holds the one writer's slot (whether
+    // it took a free slot or the writer took it from the queue): from then on every order waits.
+    assert_eventually("the holder's order holds the writer", Duration::from_secs(10), || async {
+        app.batches.snapshot().batches() >= 1
+    })
+    .await;
     Hold { lock, holder }
 }
 
