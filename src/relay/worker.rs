@@ -438,3 +438,6 @@ where
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the Kafka producer failed for good: {0}")]
 pub struct PublisherFailed(pub String);
+
+#[cfg(test)]
+mod tests;
