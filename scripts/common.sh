@@ -71,6 +71,29 @@ ensure_python_clients() {
   export OUTPOST_PYTHON="$PYTHON_VENV/bin/python"
 }
 
+# The TypeScript client (clients/typescript): `npm ci` of its package-lock.json into its own
+# node_modules (gitignored), again only when the lockfile changes. Its stubs in src/gen are
+# committed (the console builds on them); `check_typescript_client` fails when they are stale.
+# The tests find the directory through OUTPOST_TS_CLIENT.
+TS_CLIENT="$repo_root/clients/typescript"
+ensure_typescript_client() {
+  local stamp="$TS_CLIENT/node_modules/.package-lock.sha256"
+  local want
+  want="$(sha256sum "$TS_CLIENT/package-lock.json" | cut -d' ' -f1)"
+  if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+    log "installing the TypeScript client's packages (npm ci in $TS_CLIENT)"
+    (cd "$TS_CLIENT" && npm ci --no-audit --no-fund --silent)
+    printf '%s\n' "$want" >"$stamp"
+  fi
+  export OUTPOST_TS_CLIENT="$TS_CLIENT"
+}
+
+# The generated stubs match proto/ (regenerated into a temporary directory and compared) and the
+# client type-checks.
+check_typescript_client() {
+  (cd "$TS_CLIENT" && node scripts/generate.mjs --check && npx --no-install tsc --noEmit -p .)
+}
+
 # buf (lint and breaking-change checks of proto/) from the npm registry, which ships the binary.
 BUF_VERSION=1.75.0
 BUF_PREFIX="$HOME/.cache/outpost/node"
