@@ -225,6 +225,7 @@ impl From<dead_letter::Model> for pb::DeadLetterRecord {
             error: d.error,
             created_at: Some(timestamp(d.created_at)),
             event_id: d.event_id.unwrap_or_default(),
+            payload: d.payload,
         }
     }
 }

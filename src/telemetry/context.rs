@@ -41,6 +41,14 @@ pub fn context_from(traceparent: Option<&str>, tracestate: Option<&str>) -> Cont
     opentelemetry::global::get_text_map_propagator(|p| p.extract(&headers))
 }
 
+/// The trace id of a stored `traceparent` (`<version>-<trace id>-<span id>-<flags>`) as 32
+/// lower-case hex digits; `None` when it holds none (malformed, or the all-zero invalid id).
+pub fn trace_id_of(traceparent: &str) -> Option<String> {
+    let trace = traceparent.split('-').nth(1).filter(|t| t.len() == 32)?;
+    let id = opentelemetry::trace::TraceId::from_hex(trace).ok()?;
+    (id != opentelemetry::trace::TraceId::INVALID).then(|| id.to_string())
+}
+
 /// Makes `span` continue `parent`, if `parent` holds a span context.
 pub fn follow(span: &Span, parent: Context) {
     if parent.span().span_context().is_valid() {
@@ -89,4 +97,18 @@ pub fn inject_into(span: &Span, mut set: impl FnMut(&str, String)) {
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&span.context(), &mut Setter(&mut set))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trace_id_of;
+
+    #[test]
+    fn a_stored_traceparent_gives_its_trace_id_and_anything_else_none() {
+        let traceparent = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
+        assert_eq!(trace_id_of(traceparent).as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(trace_id_of("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id_of("00-4bf92f35-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id_of("garbage"), None);
+    }
 }

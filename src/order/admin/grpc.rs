@@ -16,6 +16,7 @@ use crate::proto::v1::{
     admin_service_server::{AdminService, AdminServiceServer},
 };
 use crate::security::{Authenticator, Caller};
+use crate::telemetry;
 
 const SERVICE: &str = "outpost.v1.AdminService";
 
@@ -327,6 +328,9 @@ impl From<outbox_event::Model> for pb::OutboxRecord {
             last_redriven_at: r.last_redriven_at.map(timestamp),
             last_redriven_by: r.last_redriven_by.unwrap_or_default(),
             last_redrive_reason: r.last_redrive_reason.unwrap_or_default(),
+            trace_id: r.traceparent.as_deref().and_then(telemetry::trace_id_of).unwrap_or_default(),
+            event_type: r.event_type,
+            payload: r.payload,
         }
     }
 }

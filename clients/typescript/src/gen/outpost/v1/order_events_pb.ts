@@ -6,7 +6,7 @@ import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { LineItem } from "./order_pb.js";
+import type { CancelReason, LineItem } from "./order_pb.js";
 import { file_outpost_v1_order } from "./order_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file outpost/v1/order_events.proto.
  */
 export const file_outpost_v1_order_events: GenFile = /*@__PURE__*/
-  fileDesc("Ch1vdXRwb3N0L3YxL29yZGVyX2V2ZW50cy5wcm90bxIKb3V0cG9zdC52MSKIAgoNT3JkZXJBY2NlcHRlZBIQCghldmVudF9pZBgBIAEoCRIVCg1ldmVudF92ZXJzaW9uGAIgASgDEhAKCG9yZGVyX2lkGAMgASgDEhEKCXRlbmFudF9pZBgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJEhMKC2N1c3RvbWVyX2lkGAYgASgJEhAKCGN1cnJlbmN5GAcgASgJEigKCmxpbmVfaXRlbXMYCCADKAsyFC5vdXRwb3N0LnYxLkxpbmVJdGVtEhMKC3RvdGFsX21pbm9yGAkgASgDEi8KC2FjY2VwdGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcGIGcHJvdG8z", [file_google_protobuf_timestamp, file_outpost_v1_order]);
+  fileDesc("Ch1vdXRwb3N0L3YxL29yZGVyX2V2ZW50cy5wcm90bxIKb3V0cG9zdC52MSKIAgoNT3JkZXJBY2NlcHRlZBIQCghldmVudF9pZBgBIAEoCRIVCg1ldmVudF92ZXJzaW9uGAIgASgDEhAKCG9yZGVyX2lkGAMgASgDEhEKCXRlbmFudF9pZBgEIAEoAxISCgpyZXF1ZXN0X2lkGAUgASgJEhMKC2N1c3RvbWVyX2lkGAYgASgJEhAKCGN1cnJlbmN5GAcgASgJEigKCmxpbmVfaXRlbXMYCCADKAsyFC5vdXRwb3N0LnYxLkxpbmVJdGVtEhMKC3RvdGFsX21pbm9yGAkgASgDEi8KC2FjY2VwdGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKGAgoMT3JkZXJBbWVuZGVkEhAKCGV2ZW50X2lkGAEgASgJEhUKDWV2ZW50X3ZlcnNpb24YAiABKAMSEAoIb3JkZXJfaWQYAyABKAMSEQoJdGVuYW50X2lkGAQgASgDEhIKCnJlcXVlc3RfaWQYBSABKAkSEwoLY3VzdG9tZXJfaWQYBiABKAkSEAoIY3VycmVuY3kYByABKAkSKAoKbGluZV9pdGVtcxgIIAMoCzIULm91dHBvc3QudjEuTGluZUl0ZW0SEwoLdG90YWxfbWlub3IYCSABKAMSLgoKYW1lbmRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi8QEKDk9yZGVyQ2FuY2VsbGVkEhAKCGV2ZW50X2lkGAEgASgJEhUKDWV2ZW50X3ZlcnNpb24YAiABKAMSEAoIb3JkZXJfaWQYAyABKAMSEQoJdGVuYW50X2lkGAQgASgDEhIKCnJlcXVlc3RfaWQYBSABKAkSKAoGcmVhc29uGAYgASgOMhgub3V0cG9zdC52MS5DYW5jZWxSZWFzb24SDAoEbm90ZRgHIAEoCRITCgt0b3RhbF9taW5vchgIIAEoAxIwCgxjYW5jZWxsZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wYgZwcm90bzM", [file_google_protobuf_timestamp, file_outpost_v1_order]);
 
 /**
  * The fact that an order was accepted, as it was at that moment: a snapshot, never a view of the
@@ -24,6 +24,11 @@ export const file_outpost_v1_order_events: GenFile = /*@__PURE__*/
  * binary encoding, and the headers repeat event_id, event_type ("outpost.v1.OrderAccepted"),
  * event_version, aggregate_type ("order") and aggregate_id. Delivery is at least once: a consumer
  * must treat event_id as the identity of the fact and expect to see it more than once.
+ *
+ * An order's events (OrderAccepted, OrderAmended, OrderCancelled) share its key, so they share a
+ * partition, and reach it in event_version order: version n + 1 is never published before
+ * version n was confirmed by the broker. A re-sent earlier version may repeat only before the
+ * next version appears.
  *
  * @generated from message outpost.v1.OrderAccepted
  */
@@ -106,4 +111,169 @@ export type OrderAccepted = Message<"outpost.v1.OrderAccepted"> & {
  */
 export const OrderAcceptedSchema: GenMessage<OrderAccepted> = /*@__PURE__*/
   messageDesc(file_outpost_v1_order_events, 0);
+
+/**
+ * The fact that an order was changed by AmendOrder, as it is after the change (a snapshot of the
+ * whole order, not a diff): version n + 1 of the order whose version n the caller expected.
+ * event_type header "outpost.v1.OrderAmended"; key and other headers as for OrderAccepted.
+ *
+ * @generated from message outpost.v1.OrderAmended
+ */
+export type OrderAmended = Message<"outpost.v1.OrderAmended"> & {
+  /**
+   * The event's stable identity (canonical lower-case UUID), made before the change's
+   * transaction and the same on every delivery.
+   *
+   * @generated from field: string event_id = 1;
+   */
+  eventId: string;
+
+  /**
+   * The order's version after this change: previous version + 1.
+   *
+   * @generated from field: int64 event_version = 2;
+   */
+  eventVersion: bigint;
+
+  /**
+   * The order's id.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * The tenant that owns the order.
+   *
+   * @generated from field: int64 tenant_id = 4;
+   */
+  tenantId: bigint;
+
+  /**
+   * The caller's idempotency key of this change (not of the order's submission).
+   *
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+
+  /**
+   * The ordering customer after the change.
+   *
+   * @generated from field: string customer_id = 6;
+   */
+  customerId: string;
+
+  /**
+   * ISO 4217 alphabetic currency code (never changed by an amendment).
+   *
+   * @generated from field: string currency = 7;
+   */
+  currency: string;
+
+  /**
+   * The lines after the change, in the order given.
+   *
+   * @generated from field: repeated outpost.v1.LineItem line_items = 8;
+   */
+  lineItems: LineItem[];
+
+  /**
+   * The sum of quantity * unit_price_minor over all lines after the change, in minor units.
+   *
+   * @generated from field: int64 total_minor = 9;
+   */
+  totalMinor: bigint;
+
+  /**
+   * When the change committed.
+   *
+   * @generated from field: google.protobuf.Timestamp amended_at = 10;
+   */
+  amendedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message outpost.v1.OrderAmended.
+ * Use `create(OrderAmendedSchema)` to create a new message.
+ */
+export const OrderAmendedSchema: GenMessage<OrderAmended> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_order_events, 1);
+
+/**
+ * The fact that an order was cancelled by CancelOrder: version n + 1 of the order whose version n
+ * the caller expected, and its last. event_type header "outpost.v1.OrderCancelled".
+ *
+ * @generated from message outpost.v1.OrderCancelled
+ */
+export type OrderCancelled = Message<"outpost.v1.OrderCancelled"> & {
+  /**
+   * The event's stable identity (canonical lower-case UUID).
+   *
+   * @generated from field: string event_id = 1;
+   */
+  eventId: string;
+
+  /**
+   * The order's version after the cancellation: previous version + 1.
+   *
+   * @generated from field: int64 event_version = 2;
+   */
+  eventVersion: bigint;
+
+  /**
+   * The order's id.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * The tenant that owns the order.
+   *
+   * @generated from field: int64 tenant_id = 4;
+   */
+  tenantId: bigint;
+
+  /**
+   * The caller's idempotency key of this cancellation.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+
+  /**
+   * Why it was cancelled.
+   *
+   * @generated from field: outpost.v1.CancelReason reason = 6;
+   */
+  reason: CancelReason;
+
+  /**
+   * Free text from the caller, 0 to 512 characters.
+   *
+   * @generated from field: string note = 7;
+   */
+  note: string;
+
+  /**
+   * The order's total at cancellation, in minor units (what is no longer owed).
+   *
+   * @generated from field: int64 total_minor = 8;
+   */
+  totalMinor: bigint;
+
+  /**
+   * When the cancellation committed.
+   *
+   * @generated from field: google.protobuf.Timestamp cancelled_at = 9;
+   */
+  cancelledAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message outpost.v1.OrderCancelled.
+ * Use `create(OrderCancelledSchema)` to create a new message.
+ */
+export const OrderCancelledSchema: GenMessage<OrderCancelled> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_order_events, 2);
 

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file outpost/v1/order.proto.
  */
 export const file_outpost_v1_order: GenFile = /*@__PURE__*/
-  fileDesc("ChZvdXRwb3N0L3YxL29yZGVyLnByb3RvEgpvdXRwb3N0LnYxIkMKCExpbmVJdGVtEgsKA3NrdRgBIAEoCRIQCghxdWFudGl0eRgCIAEoDRIYChB1bml0X3ByaWNlX21pbm9yGAMgASgDKkYKC09yZGVyU3RhdHVzEhwKGE9SREVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFU9SREVSX1NUQVRVU19BQ0NFUFRFRBABYgZwcm90bzM");
+  fileDesc("ChZvdXRwb3N0L3YxL29yZGVyLnByb3RvEgpvdXRwb3N0LnYxIkMKCExpbmVJdGVtEgsKA3NrdRgBIAEoCRIQCghxdWFudGl0eRgCIAEoDRIYChB1bml0X3ByaWNlX21pbm9yGAMgASgDKmIKC09yZGVyU3RhdHVzEhwKGE9SREVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFU9SREVSX1NUQVRVU19BQ0NFUFRFRBABEhoKFk9SREVSX1NUQVRVU19DQU5DRUxMRUQQAirPAQoMQ2FuY2VsUmVhc29uEh0KGUNBTkNFTF9SRUFTT05fVU5TUEVDSUZJRUQQABIiCh5DQU5DRUxfUkVBU09OX0NVU1RPTUVSX1JFUVVFU1QQARIeChpDQU5DRUxfUkVBU09OX09VVF9PRl9TVE9DSxACEiAKHENBTkNFTF9SRUFTT05fUEFZTUVOVF9GQUlMRUQQAxIhCh1DQU5DRUxfUkVBU09OX0ZSQVVEX1NVU1BFQ1RFRBAEEhcKE0NBTkNFTF9SRUFTT05fT1RIRVIQBWIGcHJvdG8z");
 
 /**
  * One priced line of an order.
@@ -50,7 +50,7 @@ export const LineItemSchema: GenMessage<LineItem> = /*@__PURE__*/
   messageDesc(file_outpost_v1_order, 0);
 
 /**
- * Where an order is in its life. Only ACCEPTED exists today; new states are added, never renumbered.
+ * Where an order is in its life. New states are added, never renumbered.
  *
  * @generated from enum outpost.v1.OrderStatus
  */
@@ -64,11 +64,19 @@ export enum OrderStatus {
   UNSPECIFIED = 0,
 
   /**
-   * The order and its OrderAccepted event committed together.
+   * The order and its OrderAccepted event committed together; amendments keep it ACCEPTED.
    *
    * @generated from enum value: ORDER_STATUS_ACCEPTED = 1;
    */
   ACCEPTED = 1,
+
+  /**
+   * The order was cancelled (its OrderCancelled event committed with the change). Final: no
+   * change is accepted after it.
+   *
+   * @generated from enum value: ORDER_STATUS_CANCELLED = 2;
+   */
+  CANCELLED = 2,
 }
 
 /**
@@ -76,4 +84,60 @@ export enum OrderStatus {
  */
 export const OrderStatusSchema: GenEnum<OrderStatus> = /*@__PURE__*/
   enumDesc(file_outpost_v1_order, 0);
+
+/**
+ * Why an order was cancelled.
+ *
+ * @generated from enum outpost.v1.CancelReason
+ */
+export enum CancelReason {
+  /**
+   * Never valid in a request (INVALID_ARGUMENT); a client that reads it from a newer server
+   * should treat the reason as unknown to it.
+   *
+   * @generated from enum value: CANCEL_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The customer asked for it.
+   *
+   * @generated from enum value: CANCEL_REASON_CUSTOMER_REQUEST = 1;
+   */
+  CUSTOMER_REQUEST = 1,
+
+  /**
+   * The goods cannot be supplied.
+   *
+   * @generated from enum value: CANCEL_REASON_OUT_OF_STOCK = 2;
+   */
+  OUT_OF_STOCK = 2,
+
+  /**
+   * Payment failed or was refused.
+   *
+   * @generated from enum value: CANCEL_REASON_PAYMENT_FAILED = 3;
+   */
+  PAYMENT_FAILED = 3,
+
+  /**
+   * Suspected fraud.
+   *
+   * @generated from enum value: CANCEL_REASON_FRAUD_SUSPECTED = 4;
+   */
+  FRAUD_SUSPECTED = 4,
+
+  /**
+   * Anything else; say what in the note.
+   *
+   * @generated from enum value: CANCEL_REASON_OTHER = 5;
+   */
+  OTHER = 5,
+}
+
+/**
+ * Describes the enum outpost.v1.CancelReason.
+ */
+export const CancelReasonSchema: GenEnum<CancelReason> = /*@__PURE__*/
+  enumDesc(file_outpost_v1_order, 1);
 
