@@ -12,7 +12,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
 
-use crate::{join, render};
+use crate::{console, join, render};
 
 /// Inspects and operates an Outpost deployment through the order service's AdminService and the
 /// consumer's ConsumerAdminService.
@@ -106,6 +106,10 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// The console in a browser: backlog, timelines, dead letters, redrive and purge. Listens on
+    /// loopback, prints the URL to open, and calls the services with this command's flags and
+    /// token until Ctrl-C.
+    Console(console::ConsoleArgs),
 }
 
 /// A call that did not succeed, as one line for people.
@@ -117,6 +121,8 @@ pub(crate) enum CtlError {
     Call(#[from] tonic::Status),
     #[error("{0} is too long")]
     Duration(String),
+    #[error(transparent)]
+    Console(#[from] console::ConsoleError),
     #[error("the order side answered, the consumer side did not: {error}\n{done}")]
     ConsumerSide { done: String, error: Box<CtlError> },
 }
@@ -149,6 +155,14 @@ type Authorized = InterceptedService<
 pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
     let json = cli.json;
     Ok(match &cli.command {
+        Command::Console(args) => {
+            let tls = cli.tls();
+            let token = BearerToken::from_file_or_env(cli.token_file.as_deref(), "OUTPOST_TOKEN")?;
+            let admin = console::Upstream::new(&cli.admin_url, tls.clone(), token.clone());
+            let consumer = console::Upstream::new(&cli.consumer_admin_url, tls, token);
+            console::serve(args, admin, consumer).await?;
+            String::new()
+        }
         Command::Timeline { event_id } => {
             let mut admin = cli.admin().await?;
             let order = admin.get_event_timeline(pb::GetEventTimelineRequest { event_id: event_id.clone() });
@@ -262,12 +276,15 @@ async fn joined(cli: &Cli, event_id: &str, order: Option<pb::EventTimeline>) -> 
 }
 
 impl Cli {
-    async fn channel(&self, url: &str) -> Result<(Channel, Option<BearerToken>), client::ClientError> {
-        let tls = ClientTls {
+    fn tls(&self) -> ClientTls {
+        ClientTls {
             ca_file: self.ca_file.clone(),
             identity: self.client_cert.clone().zip(self.client_key.clone()),
-        };
-        let channel = client::connect(url, &tls).await?;
+        }
+    }
+
+    async fn channel(&self, url: &str) -> Result<(Channel, Option<BearerToken>), client::ClientError> {
+        let channel = client::connect(url, &self.tls()).await?;
         let token = BearerToken::from_file_or_env(self.token_file.as_deref(), "OUTPOST_TOKEN")?;
         Ok((channel, token))
     }

@@ -2,6 +2,7 @@
 //! consumer's ConsumerAdminService; tables for people, `--json` for scripts.
 
 mod command;
+mod console;
 mod join;
 mod render;
 
@@ -14,7 +15,9 @@ async fn main() -> ExitCode {
     let cli = command::Cli::parse();
     match command::run(&cli).await {
         Ok(output) => {
-            println!("{output}");
+            if !output.is_empty() {
+                println!("{output}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
