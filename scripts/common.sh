@@ -77,15 +77,40 @@ ensure_python_clients() {
 # The tests find the directory through OUTPOST_TS_CLIENT.
 TS_CLIENT="$repo_root/clients/typescript"
 ensure_typescript_client() {
-  local stamp="$TS_CLIENT/node_modules/.package-lock.sha256"
+  npm_ci_when_changed "$TS_CLIENT" "the TypeScript client's packages"
+  export OUTPOST_TS_CLIENT="$TS_CLIENT"
+}
+
+# `npm ci` in the package directory $1 (what it holds: $2), skipped while its package-lock.json is
+# the one installed last (its hash is kept in node_modules).
+npm_ci_when_changed() {
+  local dir="$1" what="$2"
+  local stamp="$dir/node_modules/.package-lock.sha256"
   local want
-  want="$(sha256sum "$TS_CLIENT/package-lock.json" | cut -d' ' -f1)"
+  want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
   if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-    log "installing the TypeScript client's packages (npm ci in $TS_CLIENT)"
-    (cd "$TS_CLIENT" && npm ci --no-audit --no-fund --silent)
+    log "installing $what (npm ci in $dir)"
+    (cd "$dir" && npm ci --no-audit --no-fund --silent)
     printf '%s\n' "$want" >"$stamp"
   fi
-  export OUTPOST_TS_CLIENT="$TS_CLIENT"
+}
+
+# The operators' console (tools/outpostctl/console): esbuild, the runtime it bundles and
+# playwright-core for its browser test. Its bundle (dist/) is committed and embedded in outpostctl,
+# so building outpostctl needs none of this; a test fails when the bundle is stale.
+ensure_console() {
+  npm_ci_when_changed "$repo_root/tools/outpostctl/console" "the console's packages"
+}
+
+# Debian's Chromium, which the console's browser test drives through playwright-core (no browser
+# is ever downloaded: playwright-core ships none).
+ensure_chromium() {
+  if [[ -x /usr/bin/chromium ]]; then
+    return 0
+  fi
+  log "installing chromium with apt-get"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 }
 
 # The generated stubs match proto/ (regenerated into a temporary directory and compared) and the

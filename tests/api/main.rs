@@ -14,6 +14,7 @@ mod admin;
 mod chaos;
 mod classify;
 mod client;
+mod console;
 mod consumer;
 mod dependencies;
 mod group_commit;

@@ -69,13 +69,13 @@ fn relayed(status: Status) -> Status {
     Status::with_details(status.code(), status.message().to_owned(), status.details().to_vec().into())
 }
 
-/// Makes the call `$method` of `$client` on `$upstream` with the message of `$request`.
+/// Makes the call `$method` of `$client` on `$upstream` with `$message`.
 macro_rules! forward {
-    ($upstream:expr, $client:ident, $method:ident, $request:expr) => {{
+    ($upstream:expr, $client:ident, $method:ident, $message:expr) => {{
         let upstream = &$upstream;
         let mut client = $client::new(upstream.channel().await?);
         client
-            .$method(upstream.request($request.into_inner()))
+            .$method(upstream.request($message))
             .await
             .map(|reply| Response::new(reply.into_inner()))
             .map_err(relayed)
@@ -92,32 +92,38 @@ impl AdminService for AdminProxy {
         &self,
         request: Request<pb::GetEventTimelineRequest>,
     ) -> Result<Response<pb::GetEventTimelineResponse>, Status> {
-        forward!(self.0, AdminServiceClient, get_event_timeline, request)
+        forward!(self.0, AdminServiceClient, get_event_timeline, request.into_inner())
     }
 
     async fn find_by_business_key(
         &self,
         request: Request<pb::FindByBusinessKeyRequest>,
     ) -> Result<Response<pb::FindByBusinessKeyResponse>, Status> {
-        forward!(self.0, AdminServiceClient, find_by_business_key, request)
+        forward!(self.0, AdminServiceClient, find_by_business_key, request.into_inner())
     }
 
     async fn list_backlog(
         &self,
         request: Request<pb::ListBacklogRequest>,
     ) -> Result<Response<pb::ListBacklogResponse>, Status> {
-        forward!(self.0, AdminServiceClient, list_backlog, request)
+        forward!(self.0, AdminServiceClient, list_backlog, request.into_inner())
     }
 
     async fn redrive(
         &self,
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
-        forward!(self.0, AdminServiceClient, redrive, request)
+        let mut ask = request.into_inner();
+        // With a token the service records its subject as who redrove. Without one (`--auth none`,
+        // loopback) it needs a name, as `outpostctl redrive --by` gives it: the same default.
+        if self.0.token.is_none() && ask.requested_by.trim().is_empty() {
+            ask.requested_by = std::env::var("USER").unwrap_or_else(|_| "operator".to_owned());
+        }
+        forward!(self.0, AdminServiceClient, redrive, ask)
     }
 
     async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
-        forward!(self.0, AdminServiceClient, purge, request)
+        forward!(self.0, AdminServiceClient, purge, request.into_inner())
     }
 }
 
@@ -131,21 +137,21 @@ impl ConsumerAdminService for ConsumerAdminProxy {
         &self,
         request: Request<pb::GetConsumerTimelineRequest>,
     ) -> Result<Response<pb::GetConsumerTimelineResponse>, Status> {
-        forward!(self.0, ConsumerAdminServiceClient, get_consumer_timeline, request)
+        forward!(self.0, ConsumerAdminServiceClient, get_consumer_timeline, request.into_inner())
     }
 
     async fn list_dead_letters(
         &self,
         request: Request<pb::ListDeadLettersRequest>,
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
-        forward!(self.0, ConsumerAdminServiceClient, list_dead_letters, request)
+        forward!(self.0, ConsumerAdminServiceClient, list_dead_letters, request.into_inner())
     }
 
     async fn purge_consumed(
         &self,
         request: Request<pb::PurgeConsumedRequest>,
     ) -> Result<Response<pb::PurgeConsumedResponse>, Status> {
-        forward!(self.0, ConsumerAdminServiceClient, purge_consumed, request)
+        forward!(self.0, ConsumerAdminServiceClient, purge_consumed, request.into_inner())
     }
 }
 

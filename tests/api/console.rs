@@ -1,0 +1,328 @@
+//! The operators' console (`outpostctl console`) in a real browser: Debian's Chromium driven by
+//! playwright-core (tools/outpostctl/console/test/browser.mjs, run by node) against a real order
+//! service (TLS, JWT, traced), relay and consumer on MariaDB with a broker. The operator finds an
+//! event's timeline, sees a FAILED event, redrives it with a reason and sees it PUBLISHED; a
+//! console whose token the services refuse says so. Screenshots of every page land in
+//! `<target>/debug/test-output/console/`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use outpost::client::{self, BearerToken, ClientTls};
+use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost::security::AuthSettings;
+use sea_orm::{ConnectionTrait as _, Statement};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::broker::{TestBroker, free_port};
+use crate::helpers::{
+    Backend, InProcess, OutboxProbe, ServiceProcess, TestDb, assert_eventually, order, service_binary,
+};
+use crate::otlp::start_receiver;
+use crate::pki::{AUDIENCE, ISSUER, Pki, token_from_unknown_key};
+
+const WAIT: Duration = Duration::from_secs(60);
+const OPERATOR: &str = "alice@ops";
+const REASON: &str = "producer limit raised to 1 MB";
+
+/// The console's package: its node_modules (scripts/common.sh, ensure_console) and browser script.
+fn console_package() -> PathBuf {
+    let package = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/outpostctl/console");
+    assert!(
+        package.join("node_modules/playwright-core").exists(),
+        "{} has no node_modules: scripts/test installs them (ensure_console in scripts/common.sh: npm ci there, \
+         and Debian's chromium with apt-get)",
+        package.display()
+    );
+    package
+}
+
+/// Where the screenshots go: beside the test binaries, so every run leaves the latest.
+fn output_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    let dir = profile.join("test-output/console");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A channel to `url`, once the service listening there answers the TLS handshake.
+async fn connected(url: &str, tls: &ClientTls) -> Channel {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match client::connect(url, tls).await {
+            Ok(channel) => return channel,
+            Err(e) if tokio::time::Instant::now() > deadline => panic!("{url} never answered: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// `outpostctl console` with `args` after the global flags, and the URL it printed.
+async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (ServiceProcess, String) {
+    let mut args = global.to_vec();
+    args.extend([
+        format!("--token-file={}", token_file.display()),
+        "console".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--jaeger-url=http://localhost:16686/".to_owned(),
+    ]);
+    let process = ServiceProcess::spawn_logged("outpostctl", &args, &[], log);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(line) = process.log().lines().find(|l| l.contains("open http://")) {
+            let url = line.split_once("open ").unwrap().1.trim().to_owned();
+            return (process, url);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the console printed no URL: {}", process.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs the browser script with `settings` and returns its steps by name.
+async fn browse(settings: &Value) -> serde_json::Map<String, Value> {
+    let script = console_package().join("test/browser.mjs");
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(settings.to_string())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(WAIT * 4, run).await.expect("the browser script finished").unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the browser script failed:\n{stdout}\n{stderr}");
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .map(|step| (step["step"].as_str().unwrap().to_owned(), step))
+        .collect()
+}
+
+fn texts(value: &Value) -> String {
+    value.as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect::<Vec<_>>().join("\n")
+}
+
+/// An order whose event is larger than the first relay's producer accepts (message.max.bytes
+/// 1000): the event, not the broker, is to blame, so it ends FAILED.
+fn large_order(request_id: &str) -> pb::SubmitOrderRequest {
+    let line = |i: usize| pb::LineItem { sku: format!("SKU-BULK-{i:04}"), quantity: 1, unit_price_minor: 100 };
+    pb::SubmitOrderRequest { line_items: (0..60).map(line).collect(), ..order(7, request_id) }
+}
+
+fn relay_settings(db: &TestDb, broker: &TestBroker, topic: &str) -> outpost::relay::Settings {
+    let mut settings = outpost::relay::Settings::new(&db.url, broker.address());
+    settings.topic = topic.to_owned();
+    settings.max_idle_poll = Duration::from_millis(100);
+    settings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let (endpoint, _received, _receiver) = start_receiver().await;
+    let db = TestDb::migrated(Backend::MariaDb).await;
+    let conn = db.connect().await;
+    let probe = OutboxProbe { conn: &conn };
+    let broker = TestBroker::start().await;
+    let topic = format!("outpost-console-{}", uuid::Uuid::new_v4().simple());
+    broker.create_topic(&topic, 1).await;
+
+    // The order service as an operator runs it: TLS, JWT, traces exported.
+    let (port, admin_port) = (free_port(), free_port());
+    let path = |p: &Path| p.display().to_string();
+    let _order_service = ServiceProcess::spawn(
+        "outpost-order",
+        &[
+            format!("--database-url={}", db.url),
+            format!("--listen=127.0.0.1:{port}"),
+            format!("--admin-listen=127.0.0.1:{admin_port}"),
+            format!("--tls-cert={}", path(&pki.cert)),
+            format!("--tls-key={}", path(&pki.key)),
+            format!("--auth-jwks={}", path(&pki.jwks)),
+            format!("--auth-issuer={ISSUER}"),
+            format!("--auth-audience={AUDIENCE}"),
+        ],
+        &[
+            ("OUTPOST_AUTH", "jwt".to_owned()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+        ],
+    );
+    let tls = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
+    let mut orders = OrderServiceClient::new(connected(&format!("https://localhost:{port}"), &tls).await);
+    let shop = BearerToken::new(&pki.token(json!({ "sub": "shop-7", "tenant_id": 7 })).unwrap()).unwrap();
+    let mut submit = async |request: pb::SubmitOrderRequest| {
+        let mut request = tonic::Request::new(request);
+        shop.apply(&mut request);
+        orders.submit_order(request).await.unwrap().into_inner()
+    };
+    let mut accepted = Vec::new();
+    for i in 0..3 {
+        accepted.push(submit(order(7, &format!("console-{i}"))).await);
+    }
+    let large = submit(large_order("console-large")).await;
+
+    // The consumer, on TLS with JWT too; a first relay whose producer refuses the large event.
+    let mut consumer = outpost::consumer::Settings::new(&db.url, broker.address());
+    consumer.topic = topic.clone();
+    consumer.group_id = Some(format!("console-{topic}"));
+    consumer.security.tls_cert = Some(pki.cert.clone());
+    consumer.security.tls_key = Some(pki.key.clone());
+    consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
+    let consumer = outpost::consumer::Application::build(consumer).await.unwrap();
+    let consumer_port = consumer.port();
+    let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
+    let mut refusing = relay_settings(&db, &broker, &topic);
+    refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
+    refusing.max_attempts = 2;
+    let relay = outpost::relay::Application::build(refusing).await.unwrap();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+    assert_eventually("the large event is FAILED and the others PUBLISHED", WAIT, || async {
+        probe.state(&large.event_id).await.status == "FAILED" && probe.count_with_status("PUBLISHED").await == 3
+    })
+    .await;
+    assert_eventually("the consumer made the three effects", WAIT, || async {
+        let sql = "SELECT COUNT(*) FROM notification_job";
+        let row = conn.query_one_raw(Statement::from_string(conn.get_database_backend(), sql)).await;
+        row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap() == 3
+    })
+    .await;
+    relay.stop().await;
+    // The producer limit is raised: a relay that would publish the event once it is redriven.
+    let relay = outpost::relay::Application::build(relay_settings(&db, &broker, &topic)).await.unwrap();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+
+    // Two consoles: the operator's, and one with a token from a key the services do not trust.
+    let operator = pki.token(json!({ "sub": OPERATOR, "scope": "openid outpost:admin" })).unwrap();
+    let stranger = token_from_unknown_key("stranger", json!({ "sub": OPERATOR, "scope": "outpost:admin" })).unwrap();
+    let (operator_file, stranger_file) = (dir.path().join("operator.jwt"), dir.path().join("stranger.jwt"));
+    std::fs::write(&operator_file, &operator).unwrap();
+    std::fs::write(&stranger_file, &stranger).unwrap();
+    let global = [
+        format!("--admin-url=https://localhost:{admin_port}"),
+        format!("--consumer-admin-url=https://localhost:{consumer_port}"),
+        format!("--ca-file={}", path(&pki.ca)),
+    ];
+    let (console_process, url) = console(&global, &operator_file, dir.path().join("console.log")).await;
+    let (refused_process, refused_url) = console(&global, &stranger_file, dir.path().join("refused.log")).await;
+
+    let out = output_dir();
+    let published = &accepted[0];
+    let steps = browse(&json!({
+        "url": url,
+        "refusedUrl": refused_url,
+        "outDir": out,
+        "published": { "eventId": published.event_id, "tenantId": 7, "requestId": "console-0" },
+        "failed": large.event_id,
+        "reason": REASON,
+    }))
+    .await;
+
+    let backlog = &steps["backlog"];
+    let csp = backlog["csp"].as_str().unwrap();
+    assert!(csp.contains("default-src 'self'") && csp.contains("script-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert!(!backlog["address"].as_str().unwrap().contains("key="), "the key left the address bar: {backlog}");
+    assert_eq!(backlog["failed"], "1", "{backlog}");
+
+    let timeline = &steps["timeline"];
+    assert_eq!(timeline["status"], "PUBLISHED", "{timeline}");
+    let rows = texts(&timeline["rows"]);
+    for what in ["order", "outbox", "consumed", "effect"] {
+        assert!(rows.contains(what), "the timeline has no {what} row:\n{rows}");
+    }
+    let stored = "SELECT traceparent FROM outbox_event WHERE event_id = ?";
+    let stored = conn
+        .query_one_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            stored,
+            [published.event_id.clone().into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<Option<String>>(0)
+        .unwrap()
+        .expect("the traced SubmitOrder stored its trace context");
+    let trace_id = stored.split('-').nth(1).unwrap();
+    assert_eq!(timeline["traceId"], trace_id, "{timeline}");
+    assert_eq!(timeline["traceHref"], format!("http://localhost:16686/trace/{trace_id}"));
+    assert_eq!(steps["find"]["eventId"], published.event_id.as_str(), "found by tenant and request id");
+
+    let failed = &steps["failed"];
+    assert_eq!(failed["failedRows"], 1, "{failed}");
+    let payload = failed["payload"].as_str().unwrap();
+    assert!(payload.contains("\"requestId\": \"console-large\"") && payload.contains("SKU-BULK-0059"), "{payload}");
+
+    let redriven = &steps["redriven"];
+    assert!(redriven["refusedEmpty"].as_str().unwrap().contains("reason is required"), "{redriven}");
+    let logged = texts(&redriven["logged"]);
+    assert!(logged.contains(OPERATOR) && logged.contains(REASON), "who redrove what: {logged}");
+    let republished = &steps["republished"];
+    assert_eq!(republished["status"], "PUBLISHED", "{republished}");
+    assert!(texts(&republished["rows"]).contains(&format!("#1 by {OPERATOR}: {REASON}")), "{republished}");
+    let state = probe.state(&large.event_id).await;
+    assert!(state.published && state.status == "PUBLISHED", "{state:?}");
+    let audit = "SELECT last_redriven_by, last_redrive_reason FROM outbox_event WHERE event_id = ?";
+    let audit = conn
+        .query_one_raw(Statement::from_sql_and_values(
+            conn.get_database_backend(),
+            audit,
+            [large.event_id.clone().into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(audit.try_get_by_index::<String>(0).unwrap(), OPERATOR, "the token's subject, not the page");
+    assert_eq!(audit.try_get_by_index::<String>(1).unwrap(), REASON);
+
+    let purge = &steps["purge"];
+    assert_eq!((&purge["purgeDisabledFirst"], &purge["purgeEnabledAfter"]), (&json!(true), &json!(true)));
+    let purge_rows = texts(&purge["rows"]);
+    assert!(purge_rows.contains("outbox_event") && purge_rows.contains("consumed_event"), "{purge_rows}");
+    assert_eq!(probe.count_with_status("PUBLISHED").await, 4, "a dry run deleted nothing");
+
+    let refused = steps["refused"]["banner"].as_str().unwrap();
+    assert!(refused.contains("Unauthenticated") && refused.contains("TOKEN_INVALID"), "{refused}");
+    assert!(refused.contains("--token-file"), "the banner says what to do: {refused}");
+    let keyless = steps["keyless"]["banner"].as_str().unwrap();
+    assert!(keyless.contains("CONSOLE_KEY_MISSING"), "{keyless}");
+    assert_eq!(steps["done"]["problems"], json!([]), "the browser saw errors or requests elsewhere");
+
+    for (process, token) in [(&console_process, &operator), (&refused_process, &stranger)] {
+        assert!(!process.log().contains(token.as_str()), "the console printed its token");
+    }
+    for page in ["backlog", "timeline", "failed", "redriven", "timeline-redriven", "purge", "refused"] {
+        assert!(out.join(format!("{page}.png")).exists(), "no screenshot of {page}");
+    }
+    println!("screenshots in {}", out.display());
+    relay.stop().await;
+    consumer.stop().await;
+}
+
+#[tokio::test]
+async fn the_console_refuses_to_listen_beyond_loopback() {
+    let output = tokio::process::Command::new(service_binary("outpostctl"))
+        .args(["console", "--listen=0.0.0.0:0"])
+        .env_remove("OUTPOST_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("loopback only"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_committed_console_bundle_is_built_from_the_sources_as_they_are() {
+    let package = console_package();
+    let output = tokio::process::Command::new("node")
+        .arg(package.join("build.mjs"))
+        .arg("--check")
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
