@@ -6,6 +6,7 @@
 //! `<target>/debug/test-output/console/`.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls};
@@ -81,23 +82,44 @@ async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (Service
     }
 }
 
-/// Runs the browser script with `settings` and returns its steps by name.
-async fn browse(settings: &Value) -> serde_json::Map<String, Value> {
+/// Runs the browser script with `settings`, calls `after_backlog` once it reported the backlog
+/// (then lets it go on), and returns its steps by name.
+async fn browse(settings: &Value, after_backlog: impl AsyncFnOnce()) -> serde_json::Map<String, Value> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
     let script = console_package().join("test/browser.mjs");
-    let run = tokio::process::Command::new("node")
+    let mut child = tokio::process::Command::new("node")
         .arg(&script)
         .arg(settings.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(WAIT * 4, run).await.expect("the browser script finished").unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the browser script failed:\n{stdout}\n{stderr}");
-    stdout
-        .lines()
-        .map(|line| serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-        .map(|step| (step["step"].as_str().unwrap().to_owned(), step))
-        .collect()
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut after_backlog = Some(after_backlog);
+    let mut steps = serde_json::Map::new();
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let step: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            let name = step["step"].as_str().unwrap().to_owned();
+            if name == "backlog" {
+                if let Some(after) = after_backlog.take() {
+                    after().await;
+                }
+                input.write_all(b"go\n").await.unwrap();
+            }
+            steps.insert(name, step);
+        }
+    };
+    tokio::time::timeout(WAIT * 3, read).await.expect("the browser script finished in time");
+    let status = child.wait().await.unwrap();
+    let mut errors = String::new();
+    stderr.read_to_string(&mut errors).await.unwrap();
+    assert!(status.success(), "the browser script failed: {steps:#?}\n{errors}");
+    steps
 }
 
 fn texts(value: &Value) -> String {
@@ -107,7 +129,8 @@ fn texts(value: &Value) -> String {
 /// An order whose event is larger than the first relay's producer accepts (message.max.bytes
 /// 1000): the event, not the broker, is to blame, so it ends FAILED.
 fn large_order(request_id: &str) -> pb::SubmitOrderRequest {
-    let line = |i: usize| pb::LineItem { sku: format!("SKU-BULK-{i:04}"), quantity: 1, unit_price_minor: 100 };
+    let line =
+        |i: usize| pb::LineItem { sku: format!("SKU-BULK-{i:04}"), quantity: 1, unit_price_minor: 100 };
     pb::SubmitOrderRequest { line_items: (0..60).map(line).collect(), ..order(7, request_id) }
 }
 
@@ -181,7 +204,8 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let relay = outpost::relay::Application::build(refusing).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     assert_eventually("the large event is FAILED and the others PUBLISHED", WAIT, || async {
-        probe.state(&large.event_id).await.status == "FAILED" && probe.count_with_status("PUBLISHED").await == 3
+        probe.state(&large.event_id).await.status == "FAILED"
+            && probe.count_with_status("PUBLISHED").await == 3
     })
     .await;
     assert_eventually("the consumer made the three effects", WAIT, || async {
@@ -191,13 +215,15 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     })
     .await;
     relay.stop().await;
-    // The producer limit is raised: a relay that would publish the event once it is redriven.
-    let relay = outpost::relay::Application::build(relay_settings(&db, &broker, &topic)).await.unwrap();
-    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+    // Orders keep coming while no relay runs: a backlog for the console to show.
+    for i in 0..5 {
+        submit(order(7, &format!("console-waiting-{i}"))).await;
+    }
 
     // Two consoles: the operator's, and one with a token from a key the services do not trust.
     let operator = pki.token(json!({ "sub": OPERATOR, "scope": "openid outpost:admin" })).unwrap();
-    let stranger = token_from_unknown_key("stranger", json!({ "sub": OPERATOR, "scope": "outpost:admin" })).unwrap();
+    let stranger =
+        token_from_unknown_key("stranger", json!({ "sub": OPERATOR, "scope": "outpost:admin" })).unwrap();
     let (operator_file, stranger_file) = (dir.path().join("operator.jwt"), dir.path().join("stranger.jwt"));
     std::fs::write(&operator_file, &operator).unwrap();
     std::fs::write(&stranger_file, &stranger).unwrap();
@@ -207,26 +233,42 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
         format!("--ca-file={}", path(&pki.ca)),
     ];
     let (console_process, url) = console(&global, &operator_file, dir.path().join("console.log")).await;
-    let (refused_process, refused_url) = console(&global, &stranger_file, dir.path().join("refused.log")).await;
+    let (refused_process, refused_url) =
+        console(&global, &stranger_file, dir.path().join("refused.log")).await;
 
     let out = output_dir();
     let published = &accepted[0];
-    let steps = browse(&json!({
+    let mut relay = None;
+    // Once the operator saw the backlog, the producer limit is raised: a relay that publishes the
+    // waiting events, and the FAILED one once it is redriven.
+    let start_relay = async || {
+        let settings = relay_settings(&db, &broker, &topic);
+        let started = outpost::relay::Application::build(settings).await.unwrap();
+        relay = Some(InProcess::spawn(|shutdown| started.run_until_stopped(shutdown)));
+    };
+    let steps = browse(
+        &json!({
         "url": url,
         "refusedUrl": refused_url,
         "outDir": out,
         "published": { "eventId": published.event_id, "tenantId": 7, "requestId": "console-0" },
         "failed": large.event_id,
         "reason": REASON,
-    }))
+        "waiting": 5,
+        }),
+        start_relay,
+    )
     .await;
 
     let backlog = &steps["backlog"];
     let csp = backlog["csp"].as_str().unwrap();
     assert!(csp.contains("default-src 'self'") && csp.contains("script-src 'self'"), "{csp}");
     assert!(!csp.contains("unsafe-inline"), "{csp}");
-    assert!(!backlog["address"].as_str().unwrap().contains("key="), "the key left the address bar: {backlog}");
-    assert_eq!(backlog["failed"], "1", "{backlog}");
+    assert!(
+        !backlog["address"].as_str().unwrap().contains("key="),
+        "the key left the address bar: {backlog}"
+    );
+    assert_eq!((&backlog["pending"], &backlog["failed"]), (&json!("5"), &json!("1")), "{backlog}");
 
     let timeline = &steps["timeline"];
     assert_eq!(timeline["status"], "PUBLISHED", "{timeline}");
@@ -255,7 +297,10 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let failed = &steps["failed"];
     assert_eq!(failed["failedRows"], 1, "{failed}");
     let payload = failed["payload"].as_str().unwrap();
-    assert!(payload.contains("\"requestId\": \"console-large\"") && payload.contains("SKU-BULK-0059"), "{payload}");
+    assert!(
+        payload.contains("\"requestId\": \"console-large\"") && payload.contains("SKU-BULK-0059"),
+        "{payload}"
+    );
 
     let redriven = &steps["redriven"];
     assert!(redriven["refusedEmpty"].as_str().unwrap().contains("reason is required"), "{redriven}");
@@ -283,7 +328,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!((&purge["purgeDisabledFirst"], &purge["purgeEnabledAfter"]), (&json!(true), &json!(true)));
     let purge_rows = texts(&purge["rows"]);
     assert!(purge_rows.contains("outbox_event") && purge_rows.contains("consumed_event"), "{purge_rows}");
-    assert_eq!(probe.count_with_status("PUBLISHED").await, 4, "a dry run deleted nothing");
+    assert_eq!(probe.count_with_status("PUBLISHED").await, 9, "a dry run deleted nothing");
 
     let refused = steps["refused"]["banner"].as_str().unwrap();
     assert!(refused.contains("Unauthenticated") && refused.contains("TOKEN_INVALID"), "{refused}");
@@ -295,11 +340,20 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     for (process, token) in [(&console_process, &operator), (&refused_process, &stranger)] {
         assert!(!process.log().contains(token.as_str()), "the console printed its token");
     }
-    for page in ["backlog", "timeline", "failed", "redriven", "timeline-redriven", "purge", "refused"] {
+    for page in [
+        "backlog",
+        "timeline",
+        "failed",
+        "redriven",
+        "timeline-redriven",
+        "purge",
+        "backlog-drained",
+        "refused",
+    ] {
         assert!(out.join(format!("{page}.png")).exists(), "no screenshot of {page}");
     }
     println!("screenshots in {}", out.display());
-    relay.stop().await;
+    relay.expect("the relay started after the backlog was shown").stop().await;
     consumer.stop().await;
 }
 

@@ -72,7 +72,11 @@ struct Site {
 }
 
 /// Serves the console until Ctrl-C, after printing its URL on standard output.
-pub(crate) async fn serve(args: &ConsoleArgs, admin: Upstream, consumer: Upstream) -> Result<(), ConsoleError> {
+pub(crate) async fn serve(
+    args: &ConsoleArgs,
+    admin: Upstream,
+    consumer: Upstream,
+) -> Result<(), ConsoleError> {
     if !args.listen.ip().is_loopback() {
         return Err(ConsoleError::NotLoopback(args.listen));
     }
@@ -151,7 +155,9 @@ fn admit(site: &Site, request: &Request) -> Result<(), Response> {
         details,
     );
     let mut refusal: Response = status.into_http();
-    refusal.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc-web+proto"));
+    refusal
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc-web+proto"));
     Err(refusal)
 }
 

@@ -114,16 +114,19 @@ function drawChart(points: Sample[]): SVGElement {
   const [width, height, left, right, top, bottom] = [760, 220, 56, 64, 16, 28];
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "data-testid": "backlog-chart" });
   root.appendChild(svg("title", {}, "Backlog and oldest waiting age over the last minutes"));
+  // The last 10 minutes, or since the first sample (at least a minute) while the page is young.
   const now = Date.now();
-  const x = (at: number) => left + ((at - (now - WINDOW_MS)) / WINDOW_MS) * (width - left - right);
+  const span = Math.min(WINDOW_MS, Math.max(60_000, now - (points[0]?.at ?? now)));
+  const x = (at: number) => left + ((at - (now - span)) / span) * (width - left - right);
   const maxCount = Math.max(1, ...points.map((p) => p.pending + p.publishing));
   const maxAge = Math.max(1, ...points.map((p) => p.oldest ?? 0));
   const yCount = (v: number) => top + (1 - v / maxCount) * (height - top - bottom);
   const yAge = (v: number) => top + (1 - v / maxAge) * (height - top - bottom);
   root.appendChild(svg("rect", { x: left, y: top, width: width - left - right, height: height - top - bottom, class: "plot" }));
-  for (const minutes of [10, 5, 0]) {
-    const at = now - minutes * 60 * 1000;
-    root.appendChild(svg("text", { x: x(at), y: height - 8, class: "axis", "text-anchor": "middle" }, minutes ? `-${minutes} min` : "now"));
+  for (const fraction of [1, 0.5, 0]) {
+    const ago = (span * fraction) / 1000;
+    const label = ago === 0 ? "now" : ago >= 60 ? `-${+(ago / 60).toFixed(1)} min` : `-${ago} s`;
+    root.appendChild(svg("text", { x: x(now - ago * 1000), y: height - 8, class: "axis", "text-anchor": "middle" }, label));
   }
   root.appendChild(svg("text", { x: left - 6, y: top + 10, class: "axis count", "text-anchor": "end" }, String(maxCount)));
   root.appendChild(svg("text", { x: left - 6, y: height - bottom, class: "axis count", "text-anchor": "end" }, "0"));

@@ -7,8 +7,12 @@
 //   published  {eventId, tenantId, requestId} of an event that was consumed
 //   failed     the id of a FAILED event to redrive
 //   reason     the redrive's reason
+//   waiting    how many events wait for a relay when the page opens
 // Prints one JSON line per step ({"step": ..., ...}); exits 1 after printing {"step": "error"}.
+// After the step "backlog" it waits for a line on its standard input: the test starts a relay
+// then, and the backlog drains while the operator works.
 import { chromium } from "playwright-core";
+import { createInterface } from "node:readline";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,6 +22,8 @@ const WAIT = 60_000;
 mkdirSync(settings.outDir, { recursive: true });
 const profile = mkdtempSync(join(tmpdir(), "outpost-console-chromium-"));
 const report = (step, fields = {}) => console.log(JSON.stringify({ step, ...fields }));
+const lines = createInterface({ input: process.stdin });
+const input = lines[Symbol.asyncIterator]();
 
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.OUTPOST_CHROMIUM ?? "/usr/bin/chromium",
@@ -63,12 +69,14 @@ try {
   // Backlog: the counts arrive and the chart is drawn from samples.
   const response = await page.goto(settings.url);
   const csp = response.headers()["content-security-policy"];
-  await page.getByTestId("count-pending").locator(".value").filter({ hasNotText: "…" }).waitFor({ timeout: WAIT });
-  await page.waitForFunction(
-    () => document.querySelectorAll('[data-testid="backlog-chart"] polyline')[0]?.getAttribute("points")?.split(" ").length >= 2,
-    null,
-    { timeout: WAIT },
-  );
+  const samples = (n) =>
+    page.waitForFunction(
+      (n) => document.querySelectorAll('[data-testid="backlog-chart"] polyline')[0]?.getAttribute("points")?.split(" ").length >= n,
+      n,
+      { timeout: WAIT },
+    );
+  await page.getByTestId("count-pending").locator(".value").filter({ hasText: String(settings.waiting) }).waitFor({ timeout: WAIT });
+  await samples(3);
   const count = async (id) => (await page.getByTestId(`count-${id}`).locator(".value").textContent()).trim();
   report("backlog", {
     csp,
@@ -78,6 +86,8 @@ try {
     oldest: await count("oldest"),
     screenshot: await shot(page, "backlog"),
   });
+  await input.next();
+  lines.close();
 
   // Timeline by event id, then by tenant and request id.
   await nav(page, "Event timeline");
@@ -157,6 +167,12 @@ try {
     rows: await page.getByTestId("purge-result").locator("tbody tr").allInnerTexts(),
     screenshot: await shot(page, "purge"),
   });
+
+  // Back on the backlog: the relay drained it, and the chart shows it.
+  await nav(page, "Backlog");
+  await page.getByTestId("count-pending").locator(".value").filter({ hasText: /^0$/ }).waitFor({ timeout: WAIT });
+  await page.getByTestId("count-failed").locator(".value").filter({ hasText: /^0$/ }).waitFor({ timeout: WAIT });
+  report("drained", { screenshot: await shot(page, "backlog-drained") });
 
   // A console whose token the services refuse says so.
   const refused = await context.newPage();

@@ -24,7 +24,10 @@ pub(super) fn router(jaeger_url: Option<&str>) -> Router {
         .route("/", get(|| async { page("text/html; charset=utf-8", INDEX) }))
         .route("/console.js", get(|| async { page("text/javascript; charset=utf-8", SCRIPT) }))
         .route("/console.css", get(|| async { page("text/css; charset=utf-8", STYLE) }))
-        .route("/config.json", get(move || async move { ([(header::CONTENT_TYPE, "application/json")], config) }))
+        .route(
+            "/config.json",
+            get(move || async move { ([(header::CONTENT_TYPE, "application/json")], config) }),
+        )
 }
 
 fn page(content_type: &'static str, body: &'static str) -> impl IntoResponse {
