@@ -12,6 +12,8 @@ use std::time::Duration;
 use outpost::client::{self, BearerToken, ClientTls};
 use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use outpost::security::AuthSettings;
+use rdkafka::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::{ConnectionTrait as _, Statement};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -214,6 +216,17 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
         row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap() == 3
     })
     .await;
+    // A record the consumer cannot decode: it sets it aside as a dead letter.
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", broker.address()).create().unwrap();
+    let junk = FutureRecord::to(&topic).key("junk").payload("not an event");
+    producer.send(junk, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+    assert_eventually("the consumer dead-lettered the junk", WAIT, || async {
+        let sql = "SELECT COUNT(*) FROM dead_letter";
+        let row = conn.query_one_raw(Statement::from_string(conn.get_database_backend(), sql)).await;
+        row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap() == 1
+    })
+    .await;
     relay.stop().await;
     // Orders keep coming while no relay runs: a backlog for the console to show.
     for i in 0..5 {
@@ -296,6 +309,13 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
 
     let failed = &steps["failed"];
     assert_eq!(failed["failedRows"], 1, "{failed}");
+    let letters = texts(&failed["deadLetters"]);
+    assert!(
+        letters.contains(outpost::consumer::DEFAULT_CONSUMER_NAME)
+            && letters.contains(&format!("{topic}/0/")),
+        "{letters}"
+    );
+    assert!(failed["letterPayload"].as_str().unwrap().contains("not a valid"), "{failed}");
     let payload = failed["payload"].as_str().unwrap();
     assert!(
         payload.contains("\"requestId\": \"console-large\"") && payload.contains("SKU-BULK-0059"),

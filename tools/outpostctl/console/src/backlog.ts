@@ -72,7 +72,9 @@ export function mount(root: HTMLElement, context: Context): void {
     };
     replace(
       rows,
-      oldestRows.length === 0
+      !last
+        ? h("p", { class: "quiet" }, "No answer from the order service yet.")
+        : oldestRows.length === 0
         ? h("p", { class: "quiet" }, "Nothing waits for a relay.")
         : table(
             ["event id", "order", "attempts", "created", "last error"],
