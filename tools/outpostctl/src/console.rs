@@ -112,9 +112,9 @@ async fn guard(State(site): State<Arc<Site>>, request: Request, next: Next) -> R
     let Ok(_permit) = site.permits.clone().try_acquire_owned() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "the console is busy").into_response();
     };
-    let mut response = match admit(&site, &request) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => refusal,
+    let mut response = match refusal(&site, &request) {
+        None => next.run(request).await,
+        Some(refusal) => refusal,
     };
     let headers = response.headers_mut();
     for (name, value) in [
@@ -129,23 +129,24 @@ async fn guard(State(site): State<Arc<Site>>, request: Request, next: Next) -> R
     response
 }
 
-fn admit(site: &Site, request: &Request) -> Result<(), Response> {
+/// Why `request` is not served, as the answer to it; `None` when it is admitted.
+fn refusal(site: &Site, request: &Request) -> Option<Response> {
     let headers = request.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
     if !site.hosts.iter().any(|known| known == host) {
-        return Err((StatusCode::MISDIRECTED_REQUEST, "not this console's address").into_response());
+        return Some((StatusCode::MISDIRECTED_REQUEST, "not this console's address").into_response());
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        if origin.to_str().ok() != Some(format!("http://{host}").as_str()) {
-            return Err((StatusCode::FORBIDDEN, "not this console's page").into_response());
-        }
+    if let Some(origin) = headers.get(header::ORIGIN)
+        && origin.to_str().ok() != Some(format!("http://{host}").as_str())
+    {
+        return Some((StatusCode::FORBIDDEN, "not this console's page").into_response());
     }
     if request.method() == Method::GET || request.method() == Method::HEAD {
-        return Ok(());
+        return None;
     }
     let key = headers.get(KEY_HEADER).map(HeaderValue::as_bytes).unwrap_or_default();
     if same(key, site.key.as_bytes()) {
-        return Ok(());
+        return None;
     }
     // An answer the page's gRPC-Web client reads like any refusal.
     let details = ErrorDetails::with_error_info("CONSOLE_KEY_MISSING", "outpost.v1", []);
@@ -158,7 +159,7 @@ fn admit(site: &Site, request: &Request) -> Result<(), Response> {
     refusal
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc-web+proto"));
-    Err(refusal)
+    Some(refusal)
 }
 
 /// Compares secrets in time independent of where they differ.
@@ -167,8 +168,44 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
-    use super::same;
+    use super::*;
+
+    fn site() -> Site {
+        Site {
+            hosts: vec!["127.0.0.1:8485".into(), "localhost:8485".into()],
+            key: "k3y".into(),
+            permits: Arc::new(Semaphore::new(1)),
+        }
+    }
+
+    fn request(method: Method, headers: &[(&str, &str)]) -> Request {
+        let mut request = axum::http::Request::builder().method(method).uri("/outpost.v1.AdminService/Purge");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(axum::body::Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn only_requests_for_this_console_from_its_page_with_its_key_are_served() {
+        let site = site();
+        let refused = |method, headers: &[(&str, &str)]| refusal(&site, &request(method, headers));
+        let host = ("host", "127.0.0.1:8485");
+        assert!(refused(Method::GET, &[host]).is_none(), "the page itself needs no key");
+        assert!(refused(Method::GET, &[("host", "localhost:8485")]).is_none());
+        let elsewhere = refused(Method::GET, &[("host", "rebound.example:8485")]).unwrap();
+        assert_eq!(elsewhere.status(), StatusCode::MISDIRECTED_REQUEST);
+        let other_page =
+            refused(Method::POST, &[host, ("origin", "http://evil.example"), (KEY_HEADER, "k3y")]);
+        assert_eq!(other_page.unwrap().status(), StatusCode::FORBIDDEN);
+        let keyless = refused(Method::POST, &[host, ("origin", "http://127.0.0.1:8485")]).unwrap();
+        assert_eq!(keyless.headers()["grpc-status"], "16", "refused as a gRPC call: UNAUTHENTICATED");
+        assert!(refused(Method::POST, &[host, (KEY_HEADER, "k3z")]).is_some());
+        let keyed = [host, ("origin", "http://127.0.0.1:8485"), (KEY_HEADER, "k3y")];
+        assert!(refused(Method::POST, &keyed).is_none());
+    }
 
     #[test]
     fn only_the_same_key_matches() {
