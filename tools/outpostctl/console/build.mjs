@@ -1,8 +1,8 @@
-// Bundles the console (src/main.ts and the stubs it imports from clients/typescript/src/gen) with
-// static/ into dist/, which outpostctl embeds. `node build.mjs --check` builds in memory and fails
+// Bundles the console (src/main.ts and the stubs it imports from clients/typescript/src/gen) into
+// dist/console.js, which outpostctl embeds with static/. `node build.mjs --check` builds in memory and fails
 // naming every file of dist/ that differs, so a committed bundle never lags behind its sources.
 import * as esbuild from "esbuild";
-import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -36,10 +36,8 @@ const result = await esbuild.build({
   logLevel: "warning",
 });
 
+// The page and its stylesheet need no build: outpostctl embeds them from static/ as they are.
 const files = new Map(result.outputFiles.map((f) => [f.path, Buffer.from(f.contents)]));
-for (const name of ["index.html", "console.css"]) {
-  files.set(join(dist, name), readFileSync(join(here, "static", name)));
-}
 
 if (check) {
   const stale = [...files].filter(([path, contents]) => {

@@ -1,5 +1,6 @@
-//! The page itself: the bundle esbuild made from `console/` (committed in `console/dist`, so a
-//! `cargo build` needs no Node; a test fails when it is stale) and the page's settings.
+//! The page itself: `console/static` (the HTML page and its stylesheet) and the script esbuild
+//! bundled from `console/src` (committed in `console/dist`, so a `cargo build` needs no Node; a
+//! test fails when it is stale), and the page's settings.
 
 use axum::Router;
 use axum::http::header;
@@ -12,9 +13,9 @@ pub(super) const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
-const INDEX: &str = include_str!("../../console/dist/index.html");
+const INDEX: &str = include_str!("../../console/static/index.html");
 const SCRIPT: &str = include_str!("../../console/dist/console.js");
-const STYLE: &str = include_str!("../../console/dist/console.css");
+const STYLE: &str = include_str!("../../console/static/console.css");
 
 /// The static routes: the page, its script and style, and `/config.json` (what the page cannot
 /// know by itself; nothing secret).
