@@ -24,9 +24,30 @@ impl TraceHeaders {
         opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&span.context(), &mut headers));
         Self {
             traceparent: headers.remove("traceparent"),
-            tracestate: headers.remove("tracestate").filter(|s| !s.is_empty()),
+            tracestate: headers.remove("tracestate").and_then(|s| fit_tracestate(&s, TRACESTATE_MAX)),
         }
     }
+}
+
+/// The longest `tracestate` stored with an event: the `outbox_event.tracestate` column's length,
+/// and the 512 characters W3C asks every vendor to propagate at least.
+const TRACESTATE_MAX: usize = 512;
+
+/// What of `tracestate` fits in `max` characters by the W3C rules: list members longer than 128
+/// characters go first, then members from the end, until the rest fits. `None` when nothing is
+/// left. A caller's trace context never fails its order: it is only ever shortened.
+fn fit_tracestate(tracestate: &str, max: usize) -> Option<String> {
+    const LONG_MEMBER: usize = 128;
+    let mut members: Vec<&str> =
+        tracestate.split(',').map(|m| m.trim_matches([' ', '\t'])).filter(|m| !m.is_empty()).collect();
+    let length = |members: &[&str]| members.iter().map(|m| m.len() + 1).sum::<usize>().saturating_sub(1);
+    while length(&members) > max {
+        match members.iter().rposition(|m| m.len() > LONG_MEMBER) {
+            Some(long) => members.remove(long),
+            None => members.pop().unwrap_or_default(),
+        };
+    }
+    (!members.is_empty()).then(|| members.join(","))
 }
 
 /// The context described by stored W3C headers; an empty context when there are none.
@@ -101,7 +122,7 @@ pub fn inject_into(span: &Span, mut set: impl FnMut(&str, String)) {
 
 #[cfg(test)]
 mod tests {
-    use super::trace_id_of;
+    use super::*;
 
     #[test]
     fn a_stored_traceparent_gives_its_trace_id_and_anything_else_none() {
@@ -110,5 +131,37 @@ mod tests {
         assert_eq!(trace_id_of("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
         assert_eq!(trace_id_of("00-4bf92f35-00f067aa0ba902b7-01"), None);
         assert_eq!(trace_id_of("garbage"), None);
+    }
+
+    fn member(key: usize, length: usize) -> String {
+        let key = format!("v{key}=");
+        format!("{key}{}", "x".repeat(length - key.len()))
+    }
+
+    #[test]
+    fn a_tracestate_that_fits_is_kept_as_sent_without_blank_members() {
+        assert_eq!(fit_tracestate("a=1,b=2", 512).as_deref(), Some("a=1,b=2"));
+        assert_eq!(fit_tracestate("a=1 , ,\tb=2", 512).as_deref(), Some("a=1,b=2"));
+        assert_eq!(fit_tracestate(" , ", 512), None);
+    }
+
+    #[test]
+    fn members_are_dropped_from_the_end_until_the_rest_fits() {
+        let members: Vec<String> = (0..20).map(|k| member(k, 40)).collect();
+        // Twelve members of 40 characters and their commas: 491; a thirteenth would pass 512.
+        assert_eq!(fit_tracestate(&members.join(","), TRACESTATE_MAX), Some(members[..12].join(",")));
+    }
+
+    #[test]
+    fn members_longer_than_128_characters_go_first_wherever_they_are() {
+        let (long, short) = (member(1, 300), member(2, 100));
+        let sent = [member(0, 100), long, short.clone(), member(3, 100), member(4, 100)].join(",");
+        let kept = [member(0, 100), short, member(3, 100), member(4, 100)].join(",");
+        assert_eq!(fit_tracestate(&sent, TRACESTATE_MAX), Some(kept));
+    }
+
+    #[test]
+    fn a_single_member_too_long_to_fit_leaves_nothing() {
+        assert_eq!(fit_tracestate(&member(0, 600), TRACESTATE_MAX), None);
     }
 }

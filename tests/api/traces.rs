@@ -7,6 +7,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use sea_orm::ConnectionTrait as _;
 
 use crate::broker::{TestBroker, free_port, read_topic};
 use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, connect_order_service, order};
@@ -67,7 +68,6 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     }
     let conn = db.connect().await;
     let count_jobs = || async {
-        use sea_orm::ConnectionTrait;
         let row = conn
             .query_one_raw(sea_orm::Statement::from_string(
                 conn.get_database_backend(),
@@ -205,4 +205,47 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     assert!(latest("outpost.consumer.duplicates").value >= 1.0);
     assert!(points.iter().any(|p| p.name == "outpost.relay.published" && p.value >= 5.0));
     assert!(points.iter().any(|p| p.name == "outpost.outbox.oldest_pending_age" && p.value >= 0.0));
+}
+
+crate::helpers::on_every_backend!(a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits);
+
+/// With tracing on, a caller's `tracestate` of 24 members (959 characters) is stored with the
+/// first 12 (479 characters): whole members, dropped from the end, within the 512-character
+/// column. The order commits at once, and its event still joins the caller's trace.
+async fn a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits(backend: Backend) {
+    let (endpoint, _received, _receiver) = start_receiver().await;
+    let db = TestDb::migrated(backend).await;
+    let port = free_port();
+    let args = [
+        format!("--database-url={}", db.url),
+        format!("--listen=127.0.0.1:{port}"),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+    ];
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
+    let mut service = ServiceProcess::spawn("outpost-order", &args, &env);
+    let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
+
+    let members: Vec<String> = (0..24).map(|i| format!("vendor{i:02}={}", "x".repeat(30))).collect();
+    let caller_trace = "0af7651916cd43dd8448eb211c80319c";
+    let mut request = tonic::Request::new(order(7, "long-tracestate"));
+    let metadata = request.metadata_mut();
+    metadata.insert("traceparent", format!("00-{caller_trace}-b7ad6b7169203331-01").parse().unwrap());
+    metadata.insert("tracestate", members.join(",").parse().unwrap());
+    let accepted = client.submit_order(request).await.expect("the order commits").into_inner();
+
+    let conn = db.connect().await;
+    let row = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            conn.get_database_backend(),
+            format!("SELECT traceparent, tracestate FROM outbox_event WHERE event_id = '{}'", accepted.event_id),
+        ))
+        .await
+        .unwrap()
+        .expect("the outbox row");
+    let (traceparent, tracestate): (String, String) =
+        (row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap());
+    assert!(traceparent.contains(caller_trace), "{traceparent}");
+    assert_eq!(tracestate, members[..12].join(","));
+    service.signal("TERM").await;
+    assert!(service.wait(Duration::from_secs(20)).await.success());
 }
