@@ -96,7 +96,7 @@ where
     answer
 }
 
-/// What any operators' call can fail with, whichever admin service serves it. Each admin edge's
+/// What any admin call can fail with, whichever admin service serves it. Each admin edge's
 /// error enum holds it as `Call` (see [`from_call_error`]) beside its own refusals.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
@@ -106,20 +106,18 @@ pub(crate) enum CallError {
     /// A field is invalid.
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
-    /// The database failed.
-    #[error("the database failed; nothing was changed by this call: {0}")]
+    /// The database failed. Its text stays in the log: the caller gets [`incident`]'s id.
+    #[error("the database failed; nothing was changed by this call")]
     Database(#[from] DbErr),
 }
 
 impl CallError {
     /// The caller's refusal as its own status, INVALID_REQUEST naming the fields, or
-    /// DATABASE_UNAVAILABLE.
+    /// DATABASE_UNAVAILABLE with a correlation id and no database text.
     pub(crate) fn into_status(self) -> Status {
         let message = self.to_string();
         match self {
-            Self::Denied(refused) => {
-                error_status(refused.code(), refused.reason(), message, HashMap::new(), None)
-            }
+            Self::Denied(refused) => refusal_status(refused, HashMap::new()),
             Self::Invalid(invalid) => error_status(
                 Code::InvalidArgument,
                 "INVALID_REQUEST",
@@ -128,11 +126,35 @@ impl CallError {
                 Some(&invalid),
             ),
             Self::Database(e) => {
-                tracing::warn!(error = %e, "admin call failed on the database");
-                error_status(Code::Unavailable, "DATABASE_UNAVAILABLE", message, HashMap::new(), None)
+                let id = incident("admin call failed on the database", &e);
+                error_status(
+                    Code::Unavailable,
+                    "DATABASE_UNAVAILABLE",
+                    format!("{message}: retry later (correlation_id {id})"),
+                    HashMap::from([(CORRELATION_ID.to_owned(), id)]),
+                    None,
+                )
             }
         }
     }
+}
+
+/// The `ErrorInfo.metadata` key of the id that ties an error a caller got to its log record.
+pub(crate) const CORRELATION_ID: &str = "correlation_id";
+
+/// Logs an internal failure (database or broker text, constraint names, values) at WARN under a
+/// new correlation id, and answers the id: callers get the id, never the text.
+pub(crate) fn incident(what: &str, error: &dyn std::fmt::Display) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    tracing::warn!(correlation_id = %id, error = %error, "{what}");
+    id
+}
+
+/// The status of a refused caller: its code and reason, counted and logged by
+/// [`crate::security::note_refusal`].
+pub(crate) fn refusal_status(refused: AuthError, metadata: HashMap<String, String>) -> Status {
+    crate::security::note_refusal(refused);
+    error_status(refused.code(), refused.reason(), refused.to_string(), metadata, None)
 }
 
 /// `From` every [`CallError`] cause for an admin edge's error enum with a `Call(CallError)`
@@ -199,20 +221,38 @@ pub(crate) fn limit(value: u32, violations: &mut Vec<FieldViolation>) -> u32 {
     }
 }
 
-/// A window given as a proto duration: absent means `default`; a negative one is a violation of
-/// `field`, recorded in `violations` (and `default` stands in).
+/// The longest window a request may give: a cut-off further back than this is no retention at
+/// all, and would reach past what the databases' timestamps hold.
+pub(crate) const MAX_WINDOW: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A window given as a proto duration: absent means `default`; a negative one or one longer than
+/// [`MAX_WINDOW`] is a violation of `field`, recorded in `violations` (and `default` stands in).
 pub(crate) fn window(
     field: &str,
     value: Option<prost_types::Duration>,
     default: std::time::Duration,
     violations: &mut Vec<FieldViolation>,
 ) -> std::time::Duration {
-    match value {
-        None => default,
-        Some(d) => std::time::Duration::try_from(d).unwrap_or_else(|_| {
+    optional_window(field, value, violations).unwrap_or(default)
+}
+
+/// A window that may be absent ([`window`] without a default).
+pub(crate) fn optional_window(
+    field: &str,
+    value: Option<prost_types::Duration>,
+    violations: &mut Vec<FieldViolation>,
+) -> Option<std::time::Duration> {
+    let parsed = std::time::Duration::try_from(value?);
+    match parsed {
+        Ok(window) if window <= MAX_WINDOW => Some(window),
+        Ok(_) => {
+            violations.push(FieldViolation::new(field, "must be at most 100 years (3153600000s)"));
+            None
+        }
+        Err(_) => {
             violations.push(FieldViolation::new(field, "must not be negative"));
-            default
-        }),
+            None
+        }
     }
 }
 
@@ -240,5 +280,17 @@ mod tests {
         let negative = prost_types::Duration { seconds: -1, nanos: 0 };
         assert_eq!(window("w", Some(negative), default, &mut violations), default);
         assert_eq!(violations.iter().map(|v| v.field.as_str()).collect::<Vec<_>>(), ["w"]);
+    }
+
+    #[test]
+    fn a_window_past_a_hundred_years_is_a_violation_not_a_database_error() {
+        let mut violations = Vec::new();
+        let longest = prost_types::Duration::try_from(MAX_WINDOW).unwrap();
+        assert_eq!(optional_window("w", Some(longest), &mut violations), Some(MAX_WINDOW));
+        assert!(violations.is_empty());
+        let huge = prost_types::Duration { seconds: 10_000_000_000_000, nanos: 0 };
+        assert_eq!(optional_window("older_than", Some(huge), &mut violations), None);
+        assert_eq!(optional_window("older_than", None, &mut violations), None);
+        assert_eq!(violations.iter().map(|v| v.field.as_str()).collect::<Vec<_>>(), ["older_than"]);
     }
 }

@@ -11,7 +11,7 @@ use super::accepting::{AcceptedOrder, SubmitError, Submitted};
 use super::store::OrderStore;
 use crate::contract::ERROR_DOMAIN;
 use crate::domain::{InvalidInput, LineItem, OrderStatus, RequestId, SubmitOrder, TenantId};
-use crate::edge::{record_status, rpc_span, timestamp};
+use crate::edge::{CORRELATION_ID, incident, record_status, refusal_status, rpc_span, timestamp};
 use crate::proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},
@@ -105,10 +105,8 @@ impl OrderGrpc {
         match self.store.reconcile(tenant_id, &request_id).await {
             Ok(Some(order)) => Ok(Response::new(order.into())),
             Ok(None) => Err(ReconcileError::NotFound.into_status(key)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reconcile failed");
-                Err(ReconcileError::Database.into_status(key))
-            }
+            Err(e) => Err(ReconcileError::Database(incident("Reconcile failed on the database", &e))
+                .into_status(key)),
         }
     }
 }
@@ -220,7 +218,7 @@ impl SubmitOrderError {
     /// `order_service.proto` documents it.
     fn into_status(self, key: ErrorKey) -> Status {
         let (code, reason, event_id) = match &self {
-            Self::Denied(e) => (e.code(), e.reason(), None),
+            Self::Denied(e) => return refusal_status(*e, metadata(key, None)),
             Self::Invalid(_) => (Code::InvalidArgument, "INVALID_ORDER", None),
             Self::Store(SubmitError::RequestIdReused { existing_event_id }) => {
                 (Code::AlreadyExists, "REQUEST_ID_REUSED", Some(existing_event_id))
@@ -242,8 +240,18 @@ impl SubmitOrderError {
                 (Code::ResourceExhausted, "OVERLOADED", Some(event_id))
             }
         };
+        let mut metadata = metadata(key, event_id.map(ToString::to_string));
+        // What failed inside goes to the log under a correlation id; the caller gets the id.
+        if let Self::Store(
+            SubmitError::RolledBack { cause, .. }
+            | SubmitError::Unavailable { cause, .. }
+            | SubmitError::OutcomeUnknown { cause, .. },
+        ) = &self
+        {
+            metadata.insert(CORRELATION_ID.to_owned(), incident("SubmitOrder failed on the database", cause));
+        }
         let mut details = ErrorDetails::new();
-        details.set_error_info(reason, ERROR_DOMAIN, metadata(key, event_id.map(ToString::to_string)));
+        details.set_error_info(reason, ERROR_DOMAIN, metadata);
         let message = match self {
             Self::Invalid(invalid) => {
                 for v in &invalid.violations {
@@ -263,7 +271,13 @@ impl SubmitOrderError {
             Self::Store(SubmitError::OutcomeUnknown { .. }) => {
                 "the commit outcome is unknown: call Reconcile with the same tenant_id and request_id before retrying".to_owned()
             }
-            Self::Store(e) => e.to_string(),
+            Self::Store(SubmitError::RequestIdReused { existing_event_id }) => {
+                format!("request_id already holds a different order (event {existing_event_id}): make a new request_id for a new order")
+            }
+            // The same words whichever order, of whichever tenant, holds the event id.
+            Self::Store(SubmitError::EventIdInUse { .. }) => {
+                "this event_id cannot be used: make a new one, or send none and the service makes one".to_owned()
+            }
             Self::Denied(e) => e.to_string(),
         };
         Status::with_error_details(code, message, details)
@@ -276,14 +290,15 @@ enum ReconcileError {
     Denied(AuthError),
     Invalid(InvalidInput),
     NotFound,
-    Database,
+    /// The database failed; the correlation id of the log record that says how.
+    Database(String),
 }
 
 impl ReconcileError {
     fn into_status(self, key: ErrorKey) -> Status {
         let mut details = ErrorDetails::new();
         let (code, reason, message) = match self {
-            Self::Denied(e) => (e.code(), e.reason(), e.to_string()),
+            Self::Denied(e) => return refusal_status(e, metadata(key, None)),
             Self::Invalid(invalid) => {
                 for v in &invalid.violations {
                     details.add_bad_request_violation(v.field.clone(), v.description.clone());
@@ -295,11 +310,13 @@ impl ReconcileError {
                 "ORDER_NOT_FOUND",
                 "no committed order has this tenant_id and request_id: resubmit with the same ids".to_owned(),
             ),
-            Self::Database => (
-                Code::Unavailable,
-                "DATABASE_UNAVAILABLE",
-                "the database could not be read; retry Reconcile".to_owned(),
-            ),
+            Self::Database(id) => {
+                let message = format!("the database could not be read; retry Reconcile (correlation_id {id})");
+                let mut metadata = metadata(key, None);
+                metadata.insert(CORRELATION_ID.to_owned(), id);
+                details.set_error_info("DATABASE_UNAVAILABLE", ERROR_DOMAIN, metadata);
+                return Status::with_error_details(Code::Unavailable, message, details);
+            }
         };
         details.set_error_info(reason, ERROR_DOMAIN, metadata(key, None));
         Status::with_error_details(code, message, details)

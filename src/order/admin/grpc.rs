@@ -67,7 +67,7 @@ impl AdminService for AdminGrpc {
             if timeline.is_empty() || !visible {
                 return Err(AdminError::EventNotFound(event_id));
             }
-            Ok(pb::GetEventTimelineResponse { timeline: Some(timeline.into()) })
+            Ok(pb::GetEventTimelineResponse { timeline: Some(seen_by(timeline.into(), &caller)) })
         })
         .await
     }
@@ -83,7 +83,7 @@ impl AdminService for AdminGrpc {
             match self.inspector.find(tenant_id.get(), request_id.as_str()).await? {
                 Some(timeline) => {
                     tracing::Span::current().record("outpost.event_id", timeline.event_id.as_str());
-                    Ok(pb::FindByBusinessKeyResponse { timeline: Some(timeline.into()) })
+                    Ok(pb::FindByBusinessKeyResponse { timeline: Some(seen_by(timeline.into(), &caller)) })
                 }
                 None => Err(AdminError::OrderNotFound {
                     tenant_id: tenant_id.get(),
@@ -197,11 +197,7 @@ fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<
             None
         })
     };
-    let older_than = query.older_than.and_then(|d| {
-        Duration::try_from(d)
-            .map_err(|_| violations.push(FieldViolation::new("older_than", "must not be negative")))
-            .ok()
-    });
+    let older_than = edge::optional_window("older_than", query.older_than, &mut violations);
     let limit = edge::limit(query.limit, &mut violations);
     InvalidInput::check(violations)?;
     Ok((status.unwrap_or(OutboxStatus::Pending), older_than, limit))
@@ -279,6 +275,27 @@ impl AdminError {
         error_status(code, reason, message, metadata, None)
     }
 }
+
+/// What the operators' side of an outbox row says (which relay holds the lease, the broker's
+/// error text, who redrove it and why) is for operators: a tenant reading its own event sees
+/// the row's state without it. A publish error stays visible as the fact that one happened.
+fn seen_by(mut timeline: pb::EventTimeline, caller: &Caller) -> pb::EventTimeline {
+    if caller.operator {
+        return timeline;
+    }
+    if let Some(outbox) = timeline.outbox.as_mut() {
+        outbox.lease_owner.clear();
+        outbox.last_redriven_by.clear();
+        outbox.last_redrive_reason.clear();
+        if !outbox.last_error.is_empty() {
+            outbox.last_error = TENANT_PUBLISH_ERROR.to_owned();
+        }
+    }
+    timeline
+}
+
+/// `last_error` as a tenant sees it when the relay recorded one.
+const TENANT_PUBLISH_ERROR: &str = "publishing failed and will be retried or redriven; an operator can see why";
 
 impl From<Timeline> for pb::EventTimeline {
     /// The order side only: the consumer's parts stay empty (ConsumerAdminService has them).
