@@ -5,10 +5,12 @@
 mod admission;
 mod auth;
 mod listener;
+mod refusals;
 mod settings;
 mod tls;
 
 pub use auth::{AuthConfigError, AuthError, Authenticator, Caller};
 pub use listener::{Listener, ListenerError};
+pub(crate) use refusals::note_refusal;
 pub use settings::{AuthMode, AuthSettings, ListenerSettings, MAX_LEEWAY, SecuritySettings};
 pub use tls::{TlsError, TlsFiles};

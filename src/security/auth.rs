@@ -215,12 +215,9 @@ impl Authenticator {
         let Some(jwt) = &self.jwt else {
             return Ok(Caller::unauthenticated());
         };
-        let caller = jwt.check(metadata);
-        if let Err(refused) = &caller {
-            // The reason only: never the token.
-            tracing::info!(reason = refused.reason(), "call refused");
-        }
-        caller
+        // A refusal is counted and logged where it becomes a status (`super::note_refusal`),
+        // with the reason only: never the token.
+        jwt.check(metadata)
     }
 
     /// Re-reads the JWKS every `every` and on SIGHUP until `stop` turns true. A document that

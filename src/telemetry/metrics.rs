@@ -37,6 +37,8 @@ pub(crate) struct Metrics {
     pub(crate) order_batch_size: Histogram<u64>,
     /// Set-based writes of a group-commit batch (attribute `outcome`: `written` or `fell_back`).
     pub(crate) order_batch_set_writes: Counter<u64>,
+    /// Calls refused for their credentials or scope (attribute `reason`, the ErrorInfo reason).
+    pub(crate) calls_refused: Counter<u64>,
     /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `outpost.service`).
     pub(crate) health_serving: Gauge<u64>,
     /// 1 while a health check fails, 0 while it passes (attributes `outpost.service`,
@@ -111,6 +113,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         order_batch_set_writes: meter
             .u64_counter("outpost.order.batch.set_writes")
             .with_description("Group-commit batches written with one INSERT per table, or fallen back")
+            .build(),
+        calls_refused: meter
+            .u64_counter("outpost.calls.refused")
+            .with_description("Calls refused for their credentials or scope, per reason")
             .build(),
         health_serving: meter
             .u64_gauge("outpost.health.serving")

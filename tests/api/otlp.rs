@@ -51,6 +51,7 @@ pub struct ReceivedPoint {
     pub name: String,
     pub value: f64,
     pub count: u64,
+    pub attributes: HashMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -146,12 +147,13 @@ impl MetricsService for Received {
         for resource_metrics in request.into_inner().resource_metrics {
             let service = service_name(resource_metrics.resource.as_ref());
             for metric in resource_metrics.scope_metrics.into_iter().flat_map(|s| s.metrics) {
-                let mut push = |value: f64, count: u64| {
+                let mut push = |value: f64, count: u64, labels: &[KeyValue]| {
                     points.push(ReceivedPoint {
                         service: service.clone(),
                         name: metric.name.clone(),
                         value,
                         count,
+                        attributes: attributes(labels),
                     });
                 };
                 use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as N;
@@ -161,12 +163,14 @@ impl MetricsService for Received {
                     None => 0.0,
                 };
                 match &metric.data {
-                    Some(Data::Sum(sum)) => sum.data_points.iter().for_each(|p| push(number(&p.value), 1)),
+                    Some(Data::Sum(sum)) => {
+                        sum.data_points.iter().for_each(|p| push(number(&p.value), 1, &p.attributes))
+                    }
                     Some(Data::Gauge(gauge)) => {
-                        gauge.data_points.iter().for_each(|p| push(number(&p.value), 1))
+                        gauge.data_points.iter().for_each(|p| push(number(&p.value), 1, &p.attributes))
                     }
                     Some(Data::Histogram(h)) => {
-                        h.data_points.iter().for_each(|p| push(p.sum.unwrap_or(0.0), p.count))
+                        h.data_points.iter().for_each(|p| push(p.sum.unwrap_or(0.0), p.count, &p.attributes))
                     }
                     _ => {}
                 }
