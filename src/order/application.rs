@@ -49,6 +49,7 @@ pub struct Application {
     admin_port: u16,
     auth: Authenticator,
     public_reflection: bool,
+    admin_reflection: bool,
     reload_every: Duration,
     db: DatabaseConnection,
     retention: Retention,
@@ -91,6 +92,7 @@ impl Application {
             admin_port,
             auth,
             public_reflection: security.auth.reflection_on(settings.listen),
+            admin_reflection: security.auth.reflection_on(settings.admin_listen),
             reload_every: security.listeners.reload_every,
             db,
             retention,
@@ -160,7 +162,7 @@ impl Application {
         let admin = self
             .admin_listener
             .server()
-            .add_service(reflection)
+            .add_optional_service(self.admin_reflection.then_some(reflection))
             .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth))
             .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
         let (db, retention, every, until) = (self.db, self.retention, self.purge_every, stopped.clone());

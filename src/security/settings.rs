@@ -89,8 +89,10 @@ pub struct AuthSettings {
     #[arg(long, env = "OUTPOST_AUTH_TENANT_CLAIM", default_value = "tenant_id")]
     pub auth_tenant_claim: String,
 
-    /// The scope (in `scope` or `scp`) that makes a caller an operator: every AdminService and
-    /// ConsumerAdminService call, and reads across tenants.
+    /// The scope (in `scope` or `scp`) that makes a caller an operator: needed for ListBacklog,
+    /// Redrive, Purge and every ConsumerAdminService call, and to read another tenant's orders
+    /// (a tenant's token reads its own with Reconcile, FindByBusinessKey and GetEventTimeline,
+    /// without the relay's lease owner and error text).
     #[arg(long, env = "OUTPOST_AUTH_ADMIN_SCOPE", default_value = "outpost:admin")]
     pub auth_admin_scope: String,
 
@@ -98,8 +100,8 @@ pub struct AuthSettings {
     #[arg(long, env = "OUTPOST_AUTH_LEEWAY", default_value = "30s", value_parser = parse_leeway)]
     pub auth_leeway: Duration,
 
-    /// Serve gRPC reflection on the public (OrderService) listener too; the AdminService
-    /// listener always serves it. Default: on when the public listener is loopback, else off.
+    /// Serve gRPC reflection (unauthenticated, like health) on every gRPC listener. Default, for
+    /// each listener alike: on when it is loopback, off otherwise.
     #[arg(long, env = "OUTPOST_REFLECTION")]
     pub reflection: Option<bool>,
 }
@@ -150,9 +152,9 @@ impl AuthSettings {
         }
     }
 
-    /// Whether the listener at `public` serves reflection.
-    pub fn reflection_on(&self, public: SocketAddr) -> bool {
-        self.reflection.unwrap_or_else(|| public.ip().is_loopback())
+    /// Whether the listener at `addr` serves reflection.
+    pub fn reflection_on(&self, addr: SocketAddr) -> bool {
+        self.reflection.unwrap_or_else(|| addr.ip().is_loopback())
     }
 }
 
