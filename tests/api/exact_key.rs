@@ -66,8 +66,9 @@ async fn a_request_id_with_a_trailing_blank_is_refused_at_the_edge_and_writes_no
 async fn identifiers_compared_in_sql_match_only_their_exact_bytes(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let accepted = app.submit(order(1, "req-1")).await.unwrap();
+    let conn = &app.conn;
     let run = |sql: String| async move {
-        app.conn.execute_raw(Statement::from_string(app.conn.get_database_backend(), sql)).await.unwrap();
+        conn.execute_raw(Statement::from_string(conn.get_database_backend(), sql)).await.unwrap();
     };
     run(format!(
         "UPDATE outbox_event SET lease_owner = 'relay-a/1/00000000/0123456789abcdef', \

@@ -10,6 +10,7 @@ mod pki;
 mod private_db;
 
 mod admin;
+mod callers;
 #[cfg(feature = "failpoints")]
 mod chaos;
 mod classify;
@@ -17,6 +18,7 @@ mod client;
 mod console;
 mod consumer;
 mod dependencies;
+mod exact_key;
 mod group_commit;
 mod outage;
 mod python;

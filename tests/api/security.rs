@@ -27,7 +27,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const ADMIN: &str = "outpost:admin";
 
 /// An order service with JWT authentication on plaintext loopback, and the keys to sign for it.
-async fn authenticated(
+pub(crate) async fn authenticated(
     backend: Backend,
     adjust: impl FnOnce(&mut Settings),
 ) -> (TestApp, Pki, tempfile::TempDir) {
@@ -42,22 +42,22 @@ async fn authenticated(
     (app, pki, dir)
 }
 
-fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+pub(crate) fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     BearerToken::new(token).unwrap().apply(&mut request);
     request
 }
 
-fn tenant(pki: &Pki, tenant_id: i64) -> String {
+pub(crate) fn tenant(pki: &Pki, tenant_id: i64) -> String {
     pki.token(json!({ "sub": format!("svc-tenant-{tenant_id}"), "tenant_id": tenant_id })).unwrap()
 }
 
-fn operator(pki: &Pki, subject: &str) -> String {
+pub(crate) fn operator(pki: &Pki, subject: &str) -> String {
     pki.token(json!({ "sub": subject, "scope": format!("openid {ADMIN}") })).unwrap()
 }
 
 /// `(code, ErrorInfo.reason)` of a refused call, checking the token is nowhere in the answer.
-fn refusal<T: std::fmt::Debug>(
+pub(crate) fn refusal<T: std::fmt::Debug>(
     answer: Result<tonic::Response<T>, tonic::Status>,
     token: &str,
 ) -> (Code, String) {
@@ -597,34 +597,32 @@ async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_onl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reflection_switched_off_on_the_public_listener_stays_on_the_admin_listener() {
+async fn reflection_switched_off_is_off_on_the_admin_listener_too_and_on_by_default_on_loopback() {
     use tonic_reflection::pb::v1::{
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest,
     };
-    let app =
-        TestApp::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = Some(false))
-            .await;
     let list = || ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
     };
-    let public = ServerReflectionClient::new(app.channel().await)
-        .server_reflection_info(futures::stream::iter([list()]))
-        .await;
-    assert_eq!(public.unwrap_err().code(), Code::Unimplemented);
-    let admin = Channel::from_shared(format!("http://127.0.0.1:{}", app.admin_port))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut answers = ServerReflectionClient::new(admin)
-        .server_reflection_info(futures::stream::iter([list()]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(answers.message().await.unwrap().is_some(), "the admin listener serves reflection");
-    app.stop().await;
+    let reflect = |port: u16| async move {
+        let channel =
+            Channel::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await.unwrap();
+        match ServerReflectionClient::new(channel).server_reflection_info(futures::stream::iter([list()])).await
+        {
+            Ok(answers) => answers.into_inner().message().await.unwrap().map(|_| Code::Ok),
+            Err(status) => Some(status.code()),
+        }
+    };
+    for (reflection, expected) in [(Some(false), Code::Unimplemented), (None, Code::Ok)] {
+        let app =
+            TestApp::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = reflection)
+                .await;
+        assert_eq!(reflect(app.port).await, Some(expected), "public listener, --reflection {reflection:?}");
+        assert_eq!(reflect(app.admin_port).await, Some(expected), "admin listener, --reflection {reflection:?}");
+        app.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
