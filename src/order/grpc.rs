@@ -105,8 +105,10 @@ impl OrderGrpc {
         match self.store.reconcile(tenant_id, &request_id).await {
             Ok(Some(order)) => Ok(Response::new(order.into())),
             Ok(None) => Err(ReconcileError::NotFound.into_status(key)),
-            Err(e) => Err(ReconcileError::Database(incident("Reconcile failed on the database", &e))
-                .into_status(key)),
+            Err(e) => {
+                Err(ReconcileError::Database(incident("Reconcile failed on the database", &e))
+                    .into_status(key))
+            }
         }
     }
 }
@@ -311,7 +313,8 @@ impl ReconcileError {
                 "no committed order has this tenant_id and request_id: resubmit with the same ids".to_owned(),
             ),
             Self::Database(id) => {
-                let message = format!("the database could not be read; retry Reconcile (correlation_id {id})");
+                let message =
+                    format!("the database could not be read; retry Reconcile (correlation_id {id})");
                 let mut metadata = metadata(key, None);
                 metadata.insert(CORRELATION_ID.to_owned(), id);
                 details.set_error_info("DATABASE_UNAVAILABLE", ERROR_DOMAIN, metadata);

@@ -122,7 +122,8 @@ async fn an_event_id_in_use_is_refused_in_the_same_words_whichever_tenant_holds_
     let (app, pki, _dir) = authenticated(Backend::Sqlite, |_| {}).await;
     let (seven, eight) = (tenant(&pki, 7), tenant(&pki, 8));
     let event_id = uuid::Uuid::now_v7().to_string();
-    let with_event = |request_id: &str| pb::SubmitOrderRequest { event_id: event_id.clone(), ..order(0, request_id) };
+    let with_event =
+        |request_id: &str| pb::SubmitOrderRequest { event_id: event_id.clone(), ..order(0, request_id) };
     let mut orders = app.client.clone();
     orders.submit_order(with_token(with_event("first"), &seven)).await.unwrap();
 
@@ -164,9 +165,10 @@ async fn refused_calls_are_counted_per_reason() {
         orders.submit_order(order(7, &format!("no-token-{i}"))).await.unwrap_err();
     }
     orders.submit_order(with_token(order(8, "not-mine"), &seven)).await.unwrap_err();
-    let mut admin = pb::admin_service_client::AdminServiceClient::connect(format!("http://127.0.0.1:{admin_port}"))
-        .await
-        .unwrap();
+    let mut admin =
+        pb::admin_service_client::AdminServiceClient::connect(format!("http://127.0.0.1:{admin_port}"))
+            .await
+            .unwrap();
     for _ in 0..2 {
         admin.list_backlog(with_token(pb::ListBacklogRequest::default(), &seven)).await.unwrap_err();
     }

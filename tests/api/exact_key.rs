@@ -103,10 +103,16 @@ async fn identifiers_compared_in_sql_match_only_their_exact_bytes(backend: Backe
              ('RELAY-A/1/00000000/0123456789ABCDEF', 'relay-a/1/00000000/0123456789abcdef ')",
         ),
         ("topic", "SELECT COUNT(*) FROM outbox_event WHERE published_topic IN ('ORDERS.V1', 'orders.v1 ')"),
-        ("consumer name", "SELECT COUNT(*) FROM consumed_event WHERE consumer_name IN ('PLANNER', 'planner ')"),
+        (
+            "consumer name",
+            "SELECT COUNT(*) FROM consumed_event WHERE consumer_name IN ('PLANNER', 'planner ')",
+        ),
         ("dead letter topic", "SELECT COUNT(*) FROM dead_letter WHERE topic IN ('ORDERS.V1', 'orders.v1 ')"),
     ] {
         assert_eq!(app.scalar_i64(sql).await, 0, "{what} matched another spelling: {sql}");
     }
-    assert_eq!(app.scalar_i64("SELECT COUNT(*) FROM consumed_event WHERE consumer_name = 'Planner'").await, 1);
+    assert_eq!(
+        app.scalar_i64("SELECT COUNT(*) FROM consumed_event WHERE consumer_name = 'Planner'").await,
+        1
+    );
 }

@@ -609,7 +609,9 @@ async fn reflection_switched_off_is_off_on_the_admin_listener_too_and_on_by_defa
     let reflect = |port: u16| async move {
         let channel =
             Channel::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await.unwrap();
-        match ServerReflectionClient::new(channel).server_reflection_info(futures::stream::iter([list()])).await
+        match ServerReflectionClient::new(channel)
+            .server_reflection_info(futures::stream::iter([list()]))
+            .await
         {
             Ok(answers) => answers.into_inner().message().await.unwrap().map(|_| Code::Ok),
             Err(status) => Some(status.code()),
@@ -620,7 +622,11 @@ async fn reflection_switched_off_is_off_on_the_admin_listener_too_and_on_by_defa
             TestApp::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = reflection)
                 .await;
         assert_eq!(reflect(app.port).await, Some(expected), "public listener, --reflection {reflection:?}");
-        assert_eq!(reflect(app.admin_port).await, Some(expected), "admin listener, --reflection {reflection:?}");
+        assert_eq!(
+            reflect(app.admin_port).await,
+            Some(expected),
+            "admin listener, --reflection {reflection:?}"
+        );
         app.stop().await;
     }
 }

@@ -237,7 +237,10 @@ async fn a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits(
     let row = conn
         .query_one_raw(sea_orm::Statement::from_string(
             conn.get_database_backend(),
-            format!("SELECT traceparent, tracestate FROM outbox_event WHERE event_id = '{}'", accepted.event_id),
+            format!(
+                "SELECT traceparent, tracestate FROM outbox_event WHERE event_id = '{}'",
+                accepted.event_id
+            ),
         ))
         .await
         .unwrap()

@@ -295,7 +295,8 @@ fn seen_by(mut timeline: pb::EventTimeline, caller: &Caller) -> pb::EventTimelin
 }
 
 /// `last_error` as a tenant sees it when the relay recorded one.
-const TENANT_PUBLISH_ERROR: &str = "publishing failed and will be retried or redriven; an operator can see why";
+const TENANT_PUBLISH_ERROR: &str =
+    "publishing failed and will be retried or redriven; an operator can see why";
 
 impl From<Timeline> for pb::EventTimeline {
     /// The order side only: the consumer's parts stay empty (ConsumerAdminService has them).
