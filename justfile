@@ -23,10 +23,12 @@ migrate-status url:
 order url listen="127.0.0.1:50051":
     OUTPOST_AUTH=none OUTPOST_DATABASE_URL='{{url}}' OUTPOST_ORDER_LISTEN='{{listen}}' cargo run --bin outpost-order
 
-# Run the fault-injection verifier against DATABASE_URL and BROKERS (migrate first).
+# Run the fault-injection verifier against DATABASE_URL and BROKERS (migrate first). Failpoint
+# builds go to target/failpoints, never beside production builds; the services refuse to start
+# without OUTPOST_ALLOW_FAILPOINTS=1, which the verifier sets for the processes it starts.
 verify url brokers="127.0.0.1:9092":
-    cargo build --workspace --all-features --bins
-    target/debug/outpost-verify --database-url '{{url}}' --brokers '{{brokers}}'
+    cargo build --workspace --all-features --bins --target-dir target/failpoints
+    target/failpoints/debug/outpost-verify --database-url '{{url}}' --brokers '{{brokers}}'
 
 # Format and lint as CI does.
 lint:

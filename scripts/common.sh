@@ -8,6 +8,10 @@ cd "$repo_root"
 
 # A build cache outside the clone keeps warm runs fast; a fresh machine simply starts it empty.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/outpost/target}"
+# Failpoint builds (`--all-features`) obey FAILPOINTS and start only with OUTPOST_ALLOW_FAILPOINTS=1:
+# they get a target directory of their own, so no failpoint binary ever lands where scripts/demo,
+# scripts/bench or a release build put theirs. Point it elsewhere with OUTPOST_FAILPOINTS_TARGET_DIR.
+export FAILPOINTS_TARGET_DIR="${OUTPOST_FAILPOINTS_TARGET_DIR:-$CARGO_TARGET_DIR/failpoints}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export PATH="$HOME/.cargo/bin:$PATH"
 

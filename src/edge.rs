@@ -81,7 +81,7 @@ where
     if let Some(event_id) = event_id {
         span.record("outpost.event_id", event_id);
     }
-    let caller = span.in_scope(|| auth.authenticate(metadata));
+    let caller = span.in_scope(|| auth.caller(request));
     let answer = async {
         match caller {
             Ok(caller) => call(caller).await,

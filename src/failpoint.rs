@@ -55,16 +55,42 @@ pub(crate) fn broken(switch: &'static str) -> bool {
 #[error("failure injected at {0}")]
 pub struct Injected(pub &'static str);
 
+/// The environment variable a binary with failpoints compiled in needs before it starts
+/// (`OUTPOST_ALLOW_FAILPOINTS=1`): such a binary obeys `FAILPOINTS`, whose switches can break the
+/// guarantees (remove the relay's claim fence, for one), so it must never run by mistake. The
+/// test kit and the verifier set it.
+pub const ALLOW_FAILPOINTS: &str = "OUTPOST_ALLOW_FAILPOINTS";
+
+/// A binary built with the `failpoints` feature was started without [`ALLOW_FAILPOINTS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this binary was built with the test-only `failpoints` feature (cargo --all-features): it obeys FAILPOINTS, which can break its guarantees, so it refuses to start. Build without the feature for any real use, or set {ALLOW_FAILPOINTS}=1 in a test"
+)]
+pub struct FailpointsNotAllowed;
+
+/// Whether this binary was built with the `failpoints` feature.
+pub const COMPILED_IN: bool = cfg!(feature = "failpoints");
+
 /// Arms failpoints from the `FAILPOINTS` environment variable (`NAME=ACTION;NAME=ACTION`), so
-/// that tests and the verifier can inject faults into real service processes. Does nothing
-/// without the `failpoints` feature.
-pub fn arm_from_env() {
+/// that tests and the verifier can inject faults into real service processes; call it once
+/// telemetry is up. With the `failpoints` feature it refuses unless [`ALLOW_FAILPOINTS`] is `1`,
+/// and says at WARN that failpoints are live; `outpost.failpoints.compiled_in` reads 1 in such a
+/// binary, 0 in any other. Without the feature it only records that gauge.
+pub fn arm_from_env() -> Result<(), FailpointsNotAllowed> {
+    crate::telemetry::metrics().failpoints_compiled_in.record(u64::from(COMPILED_IN), &[]);
     #[cfg(feature = "failpoints")]
     {
+        if std::env::var(ALLOW_FAILPOINTS).as_deref() != Ok("1") {
+            return Err(FailpointsNotAllowed);
+        }
+        tracing::warn!(
+            "failpoints are compiled in and FAILPOINTS is obeyed: a test build, never for real use"
+        );
         // The scenario's guard would disarm everything when dropped; a service keeps its
         // failpoints for its whole life.
         std::mem::forget(fail::FailScenario::setup());
     }
+    Ok(())
 }
 
 /// Passes through `point`: `Err` when a test armed it to fail.

@@ -4,6 +4,7 @@
 
 mod admission;
 mod auth;
+mod connection;
 mod listener;
 mod refusals;
 mod settings;

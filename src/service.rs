@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tonic_health::server::HealthReporter;
 
 use crate::db::{self, SchemaError};
-use crate::security::Listener;
+use crate::security::{Authenticator, Listener};
 use crate::telemetry::metrics;
 
 /// A service could not get ready.
@@ -50,6 +50,13 @@ pub async fn open_database_for(
     let db = db::connect_for(url, max_connections, pool).await.map_err(ReadyError::Database)?;
     db::ensure_migrated(&db).await?;
     Ok(db)
+}
+
+/// A pool of one connection to `url` that only health checks use: callers' calls saturating the
+/// service's own pool cannot make a database that answers look down (NOT_SERVING). Connects
+/// lazily, like the main pool, and again after the database comes back.
+pub async fn open_health_connection(url: &str) -> Result<DatabaseConnection, ReadyError> {
+    db::connect(url, 1).await.map_err(ReadyError::Database)
 }
 
 /// How often each service re-checks what its health depends on.
@@ -186,7 +193,8 @@ pub(crate) async fn purge_periodically<F, Fut, E>(
     }
 }
 
-/// Whether the database answers within the check interval.
+/// Whether the database answers within the check interval, asked on the health checks' own
+/// connection ([`open_health_connection`]).
 pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
     match tokio::time::timeout(2 * HEALTH_INTERVAL, db.ping()).await {
         Ok(Ok(())) => None,
@@ -209,21 +217,23 @@ impl HealthEndpoint {
     /// Serves health for `service` on `listener` (with its TLS and load limits) until `stop`
     /// turns true.
     pub async fn serve(listener: Listener, service: &'static str, stop: watch::Receiver<bool>) -> Self {
-        Self::serve_with(listener, service, tonic::service::Routes::default(), stop).await
+        let routes = tonic::service::Routes::default();
+        Self::serve_with(listener, service, routes, &Authenticator::none(), stop).await
     }
 
-    /// Serves health for `service` and `routes` on `listener` (with its TLS and load limits)
-    /// until `stop` turns true.
+    /// Serves health for `service` and `routes` (whose callers `auth` checks) on `listener`
+    /// (with its TLS and load limits) until `stop` turns true.
     pub(crate) async fn serve_with(
         listener: Listener,
         service: &'static str,
         routes: tonic::service::Routes,
+        auth: &Authenticator,
         mut stop: watch::Receiver<bool>,
     ) -> Self {
         let (reporter, grpc) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, service, &[""]).await;
         let routes = routes.add_service(grpc);
-        let server = tokio::spawn(listener.server().add_routes(routes).serve_with_incoming_shutdown(
+        let server = tokio::spawn(listener.server(auth).add_routes(routes).serve_with_incoming_shutdown(
             listener.incoming(),
             async move {
                 let _ = stop.wait_for(|stop| *stop).await;

@@ -1,25 +1,57 @@
-//! The shutdown signal every service waits for.
+//! The shutdown signals every service waits for, caught from the first line of `main`.
 
-/// Completes on SIGTERM or Ctrl-C (SIGINT).
-///
-/// If a handler cannot be installed the process is not stoppable gracefully, so that is a
-/// start-up failure and panics.
-#[allow(clippy::expect_used)] // start-up only
-pub async fn signal() {
-    let ctrl_c = async {
-        tokio::signal::ctrl_c().await.expect("install the Ctrl-C handler");
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("install the SIGTERM handler")
-            .recv()
-            .await;
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+use std::future::Future;
+
+use tokio::signal::unix::{Signal, SignalKind, signal as unix_signal};
+
+/// SIGTERM and SIGINT (Ctrl-C), caught from the moment [`Signals::install`] returns: from then on
+/// neither kills the process, whether it is still starting or already serving.
+#[derive(Debug)]
+pub struct Signals {
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; the first line of every service's `main`.
+    ///
+    /// If a handler cannot be installed the process is not stoppable gracefully, so that is a
+    /// start-up failure and panics.
+    #[allow(clippy::expect_used)] // start-up only
+    pub fn install() -> Self {
+        Self {
+            terminate: unix_signal(SignalKind::terminate()).expect("install the SIGTERM handler"),
+            interrupt: unix_signal(SignalKind::interrupt()).expect("install the SIGINT handler"),
+        }
     }
+
+    /// Runs start-up `work` unless a signal comes first: then `work` is dropped where it stands
+    /// (nothing was taken yet, so nothing needs draining) and the answer is `None`.
+    pub async fn unless_stopped<T>(&mut self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            done = work => Some(done),
+            () = self.received() => {
+                tracing::info!("shutdown requested during start-up; stopping without serving");
+                None
+            }
+        }
+    }
+
+    /// Completes on the next SIGTERM or SIGINT: what a running service drains on.
+    pub async fn recv(mut self) {
+        self.received().await;
+    }
+
+    async fn received(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT, caught from this call on: for embedding, where the caller's
+/// own start-up is already done.
+pub async fn signal() {
+    Signals::install().recv().await;
 }

@@ -51,6 +51,8 @@ pub enum StartupError {
 pub struct Application {
     consumer: Arc<StreamConsumer<CommitOnRevoke>>,
     db: DatabaseConnection,
+    /// Health's own connection: the consumer's pool busy with records cannot starve its ping.
+    health_db: DatabaseConnection,
     inbox: Inbox,
     stats: Arc<ConsumerStats>,
     listener: Listener,
@@ -80,6 +82,7 @@ impl Application {
         // Before connecting to anything: a policy error must not wait behind the database.
         Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
+        let health_db = service::open_health_connection(&settings.database_url).await?;
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: the health port names the instance when --instance-name does not, and
         // no two processes on one host hold the same port.
@@ -91,7 +94,7 @@ impl Application {
         }
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
-        Ok(Self { consumer, db, inbox, stats, listener, port, auth, retention, settings })
+        Ok(Self { consumer, db, health_db, inbox, stats, listener, port, auth, retention, settings })
     }
 
     /// The listener's port (health and the ConsumerAdminService).
@@ -125,8 +128,14 @@ impl Application {
         if let Some(reflection) = reflection.transpose()? {
             routes = routes.add_service(reflection);
         }
-        let health =
-            HealthEndpoint::serve_with(self.listener, "outpost-consumer", routes, stop_rx.clone()).await;
+        let health = HealthEndpoint::serve_with(
+            self.listener,
+            "outpost-consumer",
+            routes,
+            &self.auth,
+            stop_rx.clone(),
+        )
+        .await;
         let keys =
             tokio::spawn(self.auth.clone().watch(self.settings.security.reload_every, stop_rx.clone()));
         let (db, retention, every, stopped) =
@@ -138,7 +147,7 @@ impl Application {
         let (current_tx, current) = watch::channel(Arc::clone(&self.consumer));
         let watcher = tokio::spawn(watch_health(
             current.clone(),
-            self.db.clone(),
+            self.health_db.clone(),
             Arc::clone(&self.stats),
             self.settings.topic.clone(),
             health.health(),

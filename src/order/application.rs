@@ -52,6 +52,9 @@ pub struct Application {
     admin_reflection: bool,
     reload_every: Duration,
     db: DatabaseConnection,
+    /// Health's own connection: callers' calls holding every pooled connection cannot starve
+    /// its ping.
+    health_db: DatabaseConnection,
     retention: Retention,
     wake: WakeSender,
     purge_every: Duration,
@@ -73,6 +76,7 @@ impl Application {
             Listener::check_plaintext(addr, &security.listeners).map_err(ReadyError::from)?;
         }
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
+        let health_db = service::open_health_connection(&settings.database_url).await?;
         // One call holds at most one connection. A listener admits a short queue of calls per
         // pooled connection (each waits milliseconds for one under a burst) and refuses calls past
         // it at once, so a burst never queues without bound on the pool: refusing at the pool size
@@ -95,6 +99,7 @@ impl Application {
             admin_reflection: security.auth.reflection_on(settings.admin_listen),
             reload_every: security.listeners.reload_every,
             db,
+            health_db,
             retention,
             wake,
             purge_every: settings.purge_every,
@@ -134,7 +139,7 @@ impl Application {
 
         let (stop, stopped) = watch::channel(false);
         let draining = health.clone();
-        let watcher = tokio::spawn(watch_database(self.db.clone(), health, stopped.clone()));
+        let watcher = tokio::spawn(watch_database(self.health_db, health, stopped.clone()));
         let signal = async move {
             shutdown.await;
             tracing::info!("shutdown requested; draining in-flight calls");
@@ -150,7 +155,7 @@ impl Application {
         let keys = tokio::spawn(self.auth.clone().watch(self.reload_every, stopped.clone()));
         let orders = self
             .listener
-            .server()
+            .server(&self.auth)
             .add_service(health_service)
             .add_optional_service(self.public_reflection.then(|| reflection.clone()))
             .add_service(OrderGrpc::server(
@@ -161,7 +166,7 @@ impl Application {
             .serve_with_incoming_shutdown(self.listener.incoming(), signal);
         let admin = self
             .admin_listener
-            .server()
+            .server(&self.auth)
             .add_optional_service(self.admin_reflection.then_some(reflection))
             .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth))
             .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));

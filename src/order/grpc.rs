@@ -47,7 +47,7 @@ impl OrderService for OrderGrpc {
         request: Request<pb::SubmitOrderRequest>,
     ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
         let span = rpc_span(SERVICE, "SubmitOrder", request.metadata());
-        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
+        let caller = span.in_scope(|| self.auth.caller(&request));
         let answer = self.submit_order_inner(caller, request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer
@@ -58,7 +58,7 @@ impl OrderService for OrderGrpc {
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let span = rpc_span(SERVICE, "Reconcile", request.metadata());
-        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
+        let caller = span.in_scope(|| self.auth.caller(&request));
         let answer = self.reconcile_inner(caller, request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer

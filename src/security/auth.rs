@@ -212,12 +212,27 @@ impl Authenticator {
 
     /// Who is calling, from the call's `authorization` metadata.
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
+        self.authenticate_header(metadata.get("authorization").map(|value| value.as_bytes()))
+    }
+
+    /// Who is calling: the caller the listener authenticated before admitting `request`, or
+    /// (outside a listener) the one its metadata names.
+    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, AuthError> {
+        match request.extensions().get::<Caller>() {
+            Some(caller) => Ok(caller.clone()),
+            None => self.authenticate(request.metadata()),
+        }
+    }
+
+    /// Who is calling, from the value of its `authorization` header: what a listener checks
+    /// before the call holds anything.
+    pub(crate) fn authenticate_header(&self, authorization: Option<&[u8]>) -> Result<Caller, AuthError> {
         let Some(jwt) = &self.jwt else {
             return Ok(Caller::unauthenticated());
         };
         // A refusal is counted and logged where it becomes a status (`super::note_refusal`),
         // with the reason only: never the token.
-        jwt.check(metadata)
+        jwt.check(authorization)
     }
 
     /// Re-reads the JWKS every `every` and on SIGHUP until `stop` turns true. A document that
@@ -258,9 +273,9 @@ impl Jwt {
         Arc::clone(&self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
-    fn check(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
-        let value = metadata.get("authorization").ok_or(AuthError::TokenMissing)?;
-        let value = value.to_str().map_err(|_| AuthError::TokenInvalid)?;
+    fn check(&self, authorization: Option<&[u8]>) -> Result<Caller, AuthError> {
+        let value = authorization.ok_or(AuthError::TokenMissing)?;
+        let value = std::str::from_utf8(value).map_err(|_| AuthError::TokenInvalid)?;
         let token = match value.split_once(' ') {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
             _ => return Err(AuthError::TokenInvalid),

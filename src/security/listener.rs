@@ -1,23 +1,21 @@
-//! One gRPC listener: TLS (or loopback plaintext), a shared concurrency limit shed at once, and
-//! a server-side deadline.
+//! One gRPC listener: TLS (or loopback plaintext), bounded connections, callers authenticated
+//! before they hold anything, a shared concurrency limit shed at once, and a server-side
+//! deadline.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 use tower::layer::util::{Identity, Stack};
 
-use super::ListenerSettings;
-use super::admission::CallLimits;
+use super::admission::{Admission, CallLimits};
+use super::connection::{Connection, ConnectionLimits, Io, Shed};
 use super::tls::{ReloadingTls, TlsError, TlsFiles};
+use super::{Authenticator, ListenerSettings};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
 /// hold handshake slots.
@@ -50,8 +48,9 @@ pub enum ListenerError {
     },
 }
 
-/// The tonic server every listener is built from: shed past the limit, bounded per call.
-pub(crate) type LimitedServer = tonic::transport::Server<Stack<CallLimits, Identity>>;
+/// The tonic server every listener is built from: callers authenticated first, shed past the
+/// limits, bounded per call.
+pub(crate) type LimitedServer = tonic::transport::Server<Stack<Admission, Identity>>;
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
@@ -61,7 +60,20 @@ pub struct Listener {
     port: u16,
     tls: Option<ReloadingTls>,
     limits: CallLimits,
+    connections: ConnectionLimits,
+    http2: Http2,
     reload_every: Duration,
+}
+
+/// The HTTP/2 settings of a listener's connections.
+#[derive(Debug, Clone, Copy)]
+struct Http2 {
+    max_concurrent_streams: u32,
+    keepalive_interval: Duration,
+    keepalive_timeout: Duration,
+    max_connection_age: Duration,
+    /// How long a connection past its age may take to finish its calls: one call timeout.
+    max_connection_age_grace: Duration,
 }
 
 impl Listener {
@@ -95,15 +107,31 @@ impl Listener {
         let bind = |source| ListenerError::Bind { addr, source };
         let tcp = TcpListener::bind(addr).await.map_err(bind)?;
         let port = tcp.local_addr().map_err(bind)?.port();
+        let calls = settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT);
+        // By default one connection may take all but an eighth of the listener's calls: a
+        // single busy client is not slowed, and never shuts every other connection out.
+        let per_connection = settings
+            .max_calls_per_connection
+            .unwrap_or_else(|| calls.saturating_sub((calls / 8).max(1)).max(1));
         Ok(Self {
             tcp,
             addr,
             port,
             tls,
             limits: CallLimits::new(
-                settings.max_concurrent_calls.unwrap_or(HEALTH_LIMIT) as usize,
+                calls as usize,
+                settings.max_watch_streams as usize,
                 settings.call_timeout,
+                settings.body_timeout,
             ),
+            connections: ConnectionLimits::new(settings, per_connection as usize),
+            http2: Http2 {
+                max_concurrent_streams: settings.max_concurrent_streams,
+                keepalive_interval: settings.keepalive_interval,
+                keepalive_timeout: settings.keepalive_timeout,
+                max_connection_age: settings.max_connection_age,
+                max_connection_age_grace: settings.call_timeout,
+            },
             reload_every: settings.reload_every,
         })
     }
@@ -123,19 +151,26 @@ impl Listener {
         self.tls.is_some()
     }
 
-    /// A server with this listener's concurrency limit (shared by all its connections; a call
-    /// past it is answered RESOURCE_EXHAUSTED at once; health checks are always admitted) and
-    /// per-call deadline (a call past it is answered DEADLINE_EXCEEDED).
-    pub(crate) fn server(&self) -> LimitedServer {
+    /// A server that refuses callers `auth` does not accept before they hold anything, with this
+    /// listener's concurrency limits (a call past them is answered RESOURCE_EXHAUSTED at once;
+    /// health checks are always admitted), body and call deadlines, and HTTP/2 bounds.
+    pub(crate) fn server(&self, auth: &Authenticator) -> LimitedServer {
+        let http2 = self.http2;
         // The call timeout is ours, not tonic's `Server::timeout`, which answers CANCELLED.
-        tonic::transport::Server::builder().layer(self.limits.clone())
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(http2.max_concurrent_streams)
+            .http2_keepalive_interval(Some(http2.keepalive_interval))
+            .http2_keepalive_timeout(Some(http2.keepalive_timeout))
+            .max_connection_age(http2.max_connection_age)
+            .max_connection_age_grace(http2.max_connection_age_grace)
+            .layer(self.limits.admitting(auth))
     }
 
     /// The accepted connections, TLS already negotiated. Handshakes run on their own tasks, so a
     /// slow client delays nobody; certificates are re-read every `reload_every` and on SIGHUP.
     pub(crate) fn incoming(self) -> impl Stream<Item = Result<Connection, std::io::Error>> + Send + 'static {
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(accept(self.tcp, self.tls, self.reload_every, tx));
+        tokio::spawn(accept(self.tcp, self.tls, Arc::new(self.connections), self.reload_every, tx));
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|conn| (Ok(conn), rx)) })
     }
 }
@@ -143,6 +178,7 @@ impl Listener {
 async fn accept(
     tcp: TcpListener,
     tls: Option<ReloadingTls>,
+    limits: Arc<ConnectionLimits>,
     reload_every: Duration,
     tx: mpsc::Sender<Connection>,
 ) {
@@ -157,20 +193,28 @@ async fn accept(
             () = tx.closed() => return,
             accepted = tcp.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    // Past a limit the stream is dropped here, which closes it.
+                    let Ok(admitted) = limits.admit(&stream) else { continue };
                     let _ = stream.set_nodelay(true);
                     match &tls {
                         None => {
-                            if tx.send(Connection::Plain(stream)).await.is_err() {
+                            if tx.send(admitted.serve(Io::Plain(stream))).await.is_err() {
                                 return;
                             }
                         }
                         Some(tls) => {
+                            let Some(slot) = limits.handshake() else {
+                                Shed::Handshakes.count(false);
+                                continue;
+                            };
                             let acceptor = TlsAcceptor::from(tls.current());
                             let tx = tx.clone();
                             tokio::spawn(async move {
-                                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                                drop(slot);
+                                match handshake {
                                     Ok(Ok(stream)) => {
-                                        let _ = tx.send(Connection::Tls(Box::new(stream))).await;
+                                        let _ = tx.send(admitted.serve(Io::Tls(Box::new(stream)))).await;
                                     }
                                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -191,78 +235,6 @@ async fn accept(
                     tls.reload();
                 }
             }
-        }
-    }
-}
-
-/// An accepted connection: plaintext (loopback, or `--allow-plaintext`) or TLS.
-#[derive(Debug)]
-pub(crate) enum Connection {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl Connected for Connection {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        match self {
-            Self::Plain(stream) => stream.connect_info(),
-            Self::Tls(stream) => stream.get_ref().0.connect_info(),
-        }
-    }
-}
-
-impl AsyncRead for Connection {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Self::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Connection {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
-            Self::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(stream) => Pin::new(stream).poll_flush(cx),
-            Self::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
-            Self::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Self::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Self::Plain(stream) => stream.is_write_vectored(),
-            Self::Tls(stream) => stream.is_write_vectored(),
         }
     }
 }

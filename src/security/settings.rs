@@ -26,15 +26,65 @@ pub struct ListenerSettings {
     pub allow_plaintext: bool,
 
     /// Most calls one listener runs at once; past it a call is answered RESOURCE_EXHAUSTED at
-    /// once instead of queueing for a database connection. Default: 8 per connection of the
-    /// order service's `--db-max-connections` (128) on each of its two listeners, 16 on a
-    /// health listener.
+    /// once instead of queueing for a database connection. A call holds no permit before its
+    /// token was checked. Default: 8 per connection of the order service's
+    /// `--db-max-connections` (128) on each of its two listeners, 16 on a health listener.
     #[arg(long, env = "OUTPOST_MAX_CONCURRENT_CALLS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_concurrent_calls: Option<u32>,
+
+    /// Most calls one client connection runs at once, so that one connection cannot take every
+    /// permit of its listener; past it a call is answered RESOURCE_EXHAUSTED at once. Default:
+    /// the listener's `--max-concurrent-calls` less an eighth of it (at least one less, at least
+    /// one call).
+    #[arg(long, env = "OUTPOST_MAX_CALLS_PER_CONNECTION", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_calls_per_connection: Option<u32>,
 
     /// Longest a call may run on the server; the caller's own deadline wins when shorter.
     #[arg(long, env = "OUTPOST_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub call_timeout: Duration,
+
+    /// Longest a call's request body may take to arrive after its headers; a body still
+    /// incomplete then ends the call DEADLINE_EXCEEDED, before any work.
+    #[arg(long, env = "OUTPOST_BODY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub body_timeout: Duration,
+
+    /// Most client connections one listener keeps open; past it (or once the process holds 90%
+    /// of its open-file limit) a new connection is closed at once, except a few kept for health
+    /// checks only, and `outpost.listener.connections_shed` counts it.
+    #[arg(long, env = "OUTPOST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
+    /// Most TLS handshakes one listener runs at once; past it a new connection is closed at once
+    /// (and counted). Each handshake must also finish within 10 s.
+    #[arg(long, env = "OUTPOST_MAX_TLS_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_tls_handshakes: u32,
+
+    /// Most HTTP/2 streams a client may open at once on one connection (the
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` the server announces); health checks count too.
+    #[arg(long, env = "OUTPOST_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_concurrent_streams: u32,
+
+    /// Most `grpc.health.v1.Health/Watch` streams one listener serves at once; past it a Watch
+    /// is answered RESOURCE_EXHAUSTED. A stream lives at most as long as its connection.
+    #[arg(long, env = "OUTPOST_MAX_WATCH_STREAMS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_watch_streams: u32,
+
+    /// A connection with no call in flight for this long is closed.
+    #[arg(long, env = "OUTPOST_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// A connection open this long is asked to go away (HTTP/2 GOAWAY: the client reconnects)
+    /// and closed once its calls finish, or after one more `--call-timeout` at the latest.
+    #[arg(long, env = "OUTPOST_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Duration,
+
+    /// How often an HTTP/2 PING checks that a connection's client is still there.
+    #[arg(long, env = "OUTPOST_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub keepalive_interval: Duration,
+
+    /// A connection whose client does not answer a PING within this is closed.
+    #[arg(long, env = "OUTPOST_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub keepalive_timeout: Duration,
 
     /// How often the certificate, key, client CA and JWKS files are checked for changes.
     #[arg(long, env = "OUTPOST_RELOAD_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -49,7 +99,7 @@ impl ListenerSettings {
 }
 
 impl Default for ListenerSettings {
-    /// Plaintext (loopback only), the default concurrency limits, 30 s per call.
+    /// Plaintext (loopback only), the default load limits, 30 s per call.
     fn default() -> Self {
         Self {
             tls_cert: None,
@@ -57,7 +107,17 @@ impl Default for ListenerSettings {
             tls_client_ca: None,
             allow_plaintext: false,
             max_concurrent_calls: None,
+            max_calls_per_connection: None,
             call_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(10),
+            max_connections: 512,
+            max_tls_handshakes: 64,
+            max_concurrent_streams: 256,
+            max_watch_streams: 32,
+            idle_timeout: Duration::from_secs(300),
+            max_connection_age: Duration::from_secs(1800),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
             reload_every: Duration::from_secs(5),
         }
     }

@@ -48,6 +48,12 @@ pub(crate) struct Metrics {
     pub(crate) producer_rebuilds: Counter<u64>,
     /// Kafka consumers the consumer replaced after a fatal error.
     pub(crate) client_rebuilds: Counter<u64>,
+    /// 1 in a binary built with the test-only `failpoints` feature, else 0.
+    pub(crate) failpoints_compiled_in: Gauge<u64>,
+    /// New connections a listener did not serve in full (attributes `outpost.shed.reason`:
+    /// `connections`, `descriptors` or `handshakes`; `outpost.shed.action`: `closed` or
+    /// `health_only`).
+    pub(crate) connections_shed: Counter<u64>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -133,6 +139,18 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         client_rebuilds: meter
             .u64_counter("outpost.consumer.client_rebuilds")
             .with_description("Kafka consumers replaced inside the consumer process")
+            .build(),
+        failpoints_compiled_in: meter
+            .u64_gauge("outpost.failpoints.compiled_in")
+            .with_description(
+                "1 in a binary built with the test-only failpoints feature (it obeys FAILPOINTS), else 0",
+            )
+            .build(),
+        connections_shed: meter
+            .u64_counter("outpost.listener.connections_shed")
+            .with_description(
+                "New connections closed at once, or kept for health checks only, past a listener's limits",
+            )
             .build(),
     }
 });

@@ -665,6 +665,7 @@ async fn a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_
 /// Runs the consumer binary with `args` and answers its exit status and stderr.
 async fn start_up_output(args: &[String]) -> (std::process::ExitStatus, String) {
     let output = tokio::process::Command::new(crate::helpers::service_binary("outpost-consumer"))
+        .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
         .args(args)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OUTPOST_KAFKA_OPTIONS")

@@ -20,6 +20,7 @@ mod consumer;
 mod dependencies;
 mod exact_key;
 mod group_commit;
+mod limits;
 mod outage;
 mod python;
 mod reconcile;
@@ -27,6 +28,7 @@ mod relay;
 mod rollback;
 mod security;
 mod service;
+mod stopping;
 mod submit_order;
 mod traces;
 #[cfg(feature = "failpoints")]

@@ -54,6 +54,12 @@ pub struct ReceivedPoint {
     pub attributes: HashMap<String, String>,
 }
 
+impl ReceivedPoint {
+    pub fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Received {
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,

@@ -1065,6 +1065,7 @@ async fn a_lease_not_longer_than_the_delivery_timeout_is_refused_at_start() {
         "--delivery-timeout=10s".to_owned(),
     ];
     let output = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
+        .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
         .args(&args)
         .output()
         .await

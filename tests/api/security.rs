@@ -336,6 +336,8 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
 async fn past_the_concurrency_limit_callers_are_refused_at_once_and_the_others_still_answered() {
     let app = TestApp::spawn_with(Backend::Postgres, |settings| {
         settings.security.listeners.max_concurrent_calls = Some(2);
+        // Both held calls share the test's one connection.
+        settings.security.listeners.max_calls_per_connection = Some(2);
     })
     .await;
     // Hold every write: the two calls the limit allows stay in flight until the lock goes.

@@ -8,11 +8,18 @@ use outpost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
     let telemetry = telemetry::init("outpost-consumer");
-    failpoint::arm_from_env();
-    let outcome =
-        async { Application::build(settings).await?.run_until_stopped(shutdown::signal()).await }.await;
+    if let Err(refused) = failpoint::arm_from_env() {
+        telemetry.shutdown();
+        return startup::fail("outpost-consumer", refused);
+    }
+    let outcome = match signals.unless_stopped(Application::build(settings)).await {
+        // Stopped while starting: nothing was taken, so there is nothing to drain.
+        None => Ok(()),
+        Some(built) => async { built?.run_until_stopped(signals.recv()).await }.await,
+    };
     telemetry.shutdown();
     startup::exit("outpost-consumer", outcome)
 }

@@ -8,22 +8,33 @@ use outpost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
     let telemetry = telemetry::init("outpost-relay");
-    failpoint::arm_from_env();
+    if let Err(refused) = failpoint::arm_from_env() {
+        telemetry.shutdown();
+        return startup::fail("outpost-relay", refused);
+    }
     let outcome = match &settings.command {
         Some(Command::Redrive { event_id, reason, requested_by }) => {
             let audit = RedriveAudit { requested_by: requested_by.clone(), reason: reason.clone() };
-            redrive(&settings, event_id, &audit).await
+            match signals.unless_stopped(redrive(&settings, event_id, &audit)).await {
+                Some(outcome) => outcome,
+                None => Err(format!("interrupted: {event_id} may or may not have been redriven")),
+            }
         }
-        Some(Command::Run) | None => run(settings).await.map_err(|e| e.to_string()),
+        Some(Command::Run) | None => run(settings, signals).await.map_err(|e| e.to_string()),
     };
     telemetry.shutdown();
     startup::exit("outpost-relay", outcome)
 }
 
-async fn run(settings: Settings) -> Result<(), relay::StartupError> {
-    Application::build(settings).await?.run_until_stopped(shutdown::signal()).await
+async fn run(settings: Settings, mut signals: shutdown::Signals) -> Result<(), relay::StartupError> {
+    match signals.unless_stopped(Application::build(settings)).await {
+        // Stopped while starting: nothing was taken, so there is nothing to drain.
+        None => Ok(()),
+        Some(built) => built?.run_until_stopped(signals.recv()).await,
+    }
 }
 
 async fn redrive(settings: &Settings, event_id: &str, audit: &RedriveAudit) -> Result<(), String> {

@@ -44,6 +44,8 @@ impl ServiceProcess {
         command
             .args(args)
             .env("OUTPOST_AUTH", "none")
+            // The services under test are failpoint builds, which refuse to start without it.
+            .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .kill_on_drop(true);
