@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use outpost::proto::v1::order_service_client::OrderServiceClient;
+use outpost_verify::process::Output;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use tonic::codegen::{Bytes, http};
+use tonic::transport::Channel;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -13,7 +16,6 @@ use crate::dependencies::health;
 use crate::helpers::{Backend, TestApp, TestDb, assert_eventually, order};
 use crate::otlp::{Received, start_receiver};
 use crate::security::{authenticated, tenant, with_token};
-use outpost_verify::process::Output;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -327,6 +329,17 @@ async fn closed_without_an_answer(connection: tokio::net::TcpStream) -> bool {
     !matches!(answer.expect("answered or closed in time"), Ok((status, _)) if status == OK)
 }
 
+/// The client connected before the shedding is still answered, and so is a new health probe.
+async fn still_served(client: &OrderServiceClient<Channel>, port: u16) {
+    let request = outpost::proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() };
+    let answer = client.clone().reconcile(request).await;
+    assert_eq!(answer.unwrap_err().code(), tonic::Code::NotFound, "the existing client is still served");
+    assert_eventually("a new health probe is answered SERVING", WAIT, || async {
+        health(port, "").await == Some(ServingStatus::Serving)
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connections_past_the_cap_are_closed_and_counted_while_existing_clients_and_health_keep_working() {
     let (endpoint, received, _receiver) = start_receiver().await;
@@ -348,15 +361,7 @@ async fn connections_past_the_cap_are_closed_and_counted_while_existing_clients_
     })
     .await;
 
-    let answer = client
-        .clone()
-        .reconcile(outpost::proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() })
-        .await;
-    assert_eq!(answer.unwrap_err().code(), tonic::Code::NotFound, "the existing client is still served");
-    assert_eventually("a new health probe is answered SERVING", WAIT, || async {
-        health(port, "").await == Some(ServingStatus::Serving)
-    })
-    .await;
+    still_served(&client, port).await;
     let mut overflow = raw_connection(port).await;
     let (status, _) = raw_call(&mut overflow, SUBMIT).await.unwrap();
     assert_eq!(status, RESOURCE_EXHAUSTED, "a connection past the cap serves health checks only");
@@ -380,13 +385,5 @@ async fn near_its_open_file_limit_the_service_sheds_new_connections_and_health_s
     })
     .await;
 
-    let answer = client
-        .clone()
-        .reconcile(outpost::proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() })
-        .await;
-    assert_eq!(answer.unwrap_err().code(), tonic::Code::NotFound, "the existing client is still served");
-    assert_eventually("a new health probe is answered SERVING", WAIT, || async {
-        health(port, "").await == Some(ServingStatus::Serving)
-    })
-    .await;
+    still_served(&client, port).await;
 }
