@@ -6,11 +6,12 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::jwk::{Jwk, JwkSet, KeyOperations, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -18,6 +19,7 @@ use tonic::Code;
 use tonic::metadata::MetadataMap;
 
 use super::{AuthMode, AuthSettings};
+use crate::telemetry::metrics;
 
 /// Why a call was refused before it did anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -123,7 +125,7 @@ pub enum AuthConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// The JWKS file holds no usable key.
+    /// The JWKS file is not a JWKS document.
     #[error("the JWKS {path} is unusable: {what}")]
     Jwks {
         /// The file.
@@ -146,6 +148,10 @@ pub struct Authenticator {
 struct Jwt {
     path: PathBuf,
     keys: RwLock<Arc<Keys>>,
+    /// The file as last looked at, good or not: a reload acts (and reports) only on a change.
+    seen: Mutex<Seen>,
+    /// Whether the file as last seen was refused and older keys stay in force.
+    stale: AtomicBool,
     issuer: String,
     audience: String,
     tenant_claim: String,
@@ -153,11 +159,18 @@ struct Jwt {
     leeway: Duration,
 }
 
-/// The usable keys of one JWKS document.
+/// The JWKS file as one reload saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    /// Its bytes.
+    Document(Vec<u8>),
+    /// It could not be read, for this reason.
+    Unreadable(std::io::ErrorKind),
+}
+
+/// The signature keys of one JWKS document: possibly none, and then no token is accepted.
 #[derive(Debug, Default)]
 struct Keys {
-    /// The document's bytes, to notice changes.
-    source: Vec<u8>,
     /// Keys by `kid`, each with the algorithms it may verify.
     by_id: HashMap<String, Key>,
     /// Keys without a `kid`: used only when the document holds exactly one key.
@@ -189,11 +202,17 @@ impl Authenticator {
                 let issuer = settings.auth_issuer.clone().ok_or(AuthConfigError::Missing("--auth-issuer"))?;
                 let audience =
                     settings.auth_audience.clone().ok_or(AuthConfigError::Missing("--auth-audience"))?;
-                let keys = load_keys(&path)?;
+                let source = std::fs::read(&path)
+                    .map_err(|source| AuthConfigError::Read { path: path.clone(), source })?;
+                let keys =
+                    parse_keys(&source).map_err(|what| AuthConfigError::Jwks { path: path.clone(), what })?;
+                report_keys(&keys, &path);
                 Ok(Self {
                     jwt: Some(Arc::new(Jwt {
                         path,
                         keys: RwLock::new(Arc::new(keys)),
+                        seen: Mutex::new(Seen::Document(source)),
+                        stale: AtomicBool::new(false),
                         issuer,
                         audience,
                         tenant_claim: settings.auth_tenant_claim.clone(),
@@ -236,7 +255,9 @@ impl Authenticator {
     }
 
     /// Re-reads the JWKS every `every` and on SIGHUP until `stop` turns true. A document that
-    /// cannot be used keeps the previous keys (and is reported).
+    /// parses replaces the keys, even with none (revoking every key); a file that cannot be read
+    /// or parsed keeps the previous keys, sets `outpost.auth.jwks.stale` to 1 and is logged at
+    /// WARN once per change of the file, not at every check.
     pub async fn watch(self, every: Duration, mut stop: watch::Receiver<bool>) {
         let Some(jwt) = self.jwt else { return };
         let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -253,20 +274,66 @@ impl Authenticator {
     }
 }
 
+/// What one check of the JWKS file did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reload {
+    /// The file is as it was at the last check: nothing done, nothing logged.
+    Unchanged,
+    /// The file changed and its keys (this many) are in force now.
+    Loaded(usize),
+    /// The file changed and cannot be used: the keys read before stay in force.
+    Refused,
+}
+
 impl Jwt {
-    fn reload(&self) {
-        let unchanged = std::fs::read(&self.path).map(|bytes| self.keys().source == bytes).unwrap_or(false);
-        if unchanged {
-            return;
-        }
-        match load_keys(&self.path) {
-            Ok(keys) => {
-                let count = keys.by_id.len() + keys.unnamed.len();
-                *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
-                tracing::info!(keys = count, "JWKS reloaded");
+    fn reload(&self) -> Reload {
+        let seen = match std::fs::read(&self.path) {
+            Ok(bytes) => Seen::Document(bytes),
+            Err(e) => Seen::Unreadable(e.kind()),
+        };
+        let changed = {
+            let mut last = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let changed = *last != seen;
+            if changed {
+                *last = seen.clone();
             }
-            Err(e) => tracing::warn!(error = %e, "new JWKS refused; still using the previous keys"),
-        }
+            changed
+        };
+        let outcome = if !changed {
+            Reload::Unchanged
+        } else {
+            let parsed = match &seen {
+                Seen::Document(bytes) => parse_keys(bytes),
+                Seen::Unreadable(kind) => Err(format!("cannot read it: {kind}")),
+            };
+            match parsed {
+                Ok(keys) => {
+                    report_keys(&keys, &self.path);
+                    let count = keys.count();
+                    *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+                    self.stale.store(false, Ordering::Relaxed);
+                    Reload::Loaded(count)
+                }
+                Err(what) => {
+                    self.stale.store(true, Ordering::Relaxed);
+                    tracing::warn!(
+                        path = %self.path.display(),
+                        error = %what,
+                        "new JWKS refused; the keys read before stay in force"
+                    );
+                    Reload::Refused
+                }
+            }
+        };
+        self.record();
+        outcome
+    }
+
+    /// Records the keys in force and whether the file on disk is refused, at every check, so
+    /// the gauges hold the current state whatever the export's temporality.
+    fn record(&self) {
+        metrics().auth_jwks_keys.record(self.keys().count() as u64, &[]);
+        metrics().auth_jwks_stale.record(u64::from(self.stale.load(Ordering::Relaxed)), &[]);
     }
 
     fn keys(&self) -> Arc<Keys> {
@@ -284,9 +351,7 @@ impl Jwt {
         let keys = self.keys();
         let key = match &header.kid {
             Some(kid) => keys.by_id.get(kid),
-            None if keys.by_id.len() + keys.unnamed.len() == 1 => {
-                keys.unnamed.first().or_else(|| keys.by_id.values().next())
-            }
+            None if keys.count() == 1 => keys.unnamed.first().or_else(|| keys.by_id.values().next()),
             None => None,
         }
         .ok_or(AuthError::TokenInvalid)?;
@@ -334,26 +399,36 @@ fn scopes(claims: &HashMap<String, Value>) -> impl Iterator<Item = &str> {
     })
 }
 
-fn load_keys(path: &std::path::Path) -> Result<Keys, AuthConfigError> {
-    let source =
-        std::fs::read(path).map_err(|source| AuthConfigError::Read { path: path.to_owned(), source })?;
-    let unusable = |what: String| AuthConfigError::Jwks { path: path.to_owned(), what };
-    let set: JwkSet = serde_json::from_slice(&source).map_err(|e| unusable(e.to_string()))?;
-    let mut keys = Keys { source, ..Keys::default() };
+/// Logs and records the keys about to be put in force.
+fn report_keys(keys: &Keys, path: &std::path::Path) {
+    let count = keys.count();
+    if count == 0 {
+        tracing::warn!(path = %path.display(), "the JWKS holds no signature key: every token is refused");
+    } else {
+        tracing::info!(path = %path.display(), keys = count, "JWKS loaded");
+    }
+}
+
+impl Keys {
+    fn count(&self) -> usize {
+        self.by_id.len() + self.unnamed.len()
+    }
+}
+
+/// The signature keys of a JWKS document, or why it is not one. A document that parses is
+/// authoritative: `{"keys": []}`, or one whose keys are all for encryption, holds no key, and
+/// then every token is refused.
+fn parse_keys(source: &[u8]) -> Result<Keys, String> {
+    let set: JwkSet = serde_json::from_slice(source).map_err(|e| format!("not a JWKS: {e}"))?;
+    let mut keys = Keys::default();
     for jwk in &set.keys {
-        let Ok(key) = DecodingKey::from_jwk(jwk) else { continue };
-        let family = key.family();
-        // Shared secrets are refused: the service only ever verifies, so it holds public keys.
-        if family == AlgorithmFamily::Hmac {
+        let Some(key) = signature_key(jwk) else {
+            tracing::debug!(
+                kid = jwk.common.key_id.as_deref().unwrap_or("-"),
+                "JWKS key skipped: not a signature key"
+            );
             continue;
-        }
-        let algorithms =
-            match jwk.common.key_algorithm.and_then(|alg| alg.to_string().parse::<Algorithm>().ok()) {
-                Some(alg) if alg.family() == family => vec![alg],
-                Some(_) => continue,
-                None => family.algorithms().to_vec(),
-            };
-        let key = Key { key, algorithms };
+        };
         match &jwk.common.key_id {
             Some(kid) => {
                 keys.by_id.insert(kid.clone(), key);
@@ -361,8 +436,171 @@ fn load_keys(path: &std::path::Path) -> Result<Keys, AuthConfigError> {
             None => keys.unnamed.push(key),
         }
     }
-    if keys.by_id.is_empty() && keys.unnamed.is_empty() {
-        return Err(unusable("no RSA, EC or OKP public key".into()));
-    }
     Ok(keys)
+}
+
+/// `jwk` as a key that verifies signatures, with the algorithms it may verify; `None` for a key
+/// meant for anything else (`use` other than `sig`, `key_ops` without `verify`, an encryption or
+/// unknown `alg`) and for shared secrets (the service only ever verifies, so it holds public
+/// keys).
+fn signature_key(jwk: &Jwk) -> Option<Key> {
+    let common = &jwk.common;
+    if common.public_key_use.as_ref().is_some_and(|usage| *usage != PublicKeyUse::Signature) {
+        return None;
+    }
+    if common.key_operations.as_ref().is_some_and(|ops| !ops.contains(&KeyOperations::Verify)) {
+        return None;
+    }
+    let key = DecodingKey::from_jwk(jwk).ok()?;
+    let family = key.family();
+    if family == AlgorithmFamily::Hmac {
+        return None;
+    }
+    let algorithms = match common.key_algorithm {
+        // RSA1_5, RSA-OAEP and unknown algorithms name no signature algorithm: not for tokens.
+        Some(alg) => match alg.to_string().parse::<Algorithm>() {
+            Ok(alg) if alg.family() == family => vec![alg],
+            _ => return None,
+        },
+        None => family.algorithms().to_vec(),
+    };
+    Some(Key { key, algorithms })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use jsonwebtoken::jwk::KeyAlgorithm;
+    use jsonwebtoken::{EncodingKey, Header};
+    use serde_json::json;
+
+    use super::*;
+
+    const ISSUER: &str = "https://issuer.example";
+    const AUDIENCE: &str = "outpost";
+
+    /// A new ES256 signing key and its public half as a JWK named `kid`.
+    fn signing_key(kid: &str) -> (EncodingKey, Jwk) {
+        let pair = rcgen::KeyPair::generate().unwrap();
+        let signing = EncodingKey::from_ec_der(&pair.serialize_der());
+        let mut jwk = Jwk::from_encoding_key(&signing, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some(kid.to_owned());
+        (signing, jwk)
+    }
+
+    fn token(signing: &EncodingKey, kid: &str) -> MetadataMap {
+        let now = jsonwebtoken::get_current_timestamp();
+        let claims =
+            json!({ "iss": ISSUER, "aud": AUDIENCE, "sub": "svc", "tenant_id": 7, "exp": now + 600 });
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.to_owned());
+        let token = jsonwebtoken::encode(&header, &claims, signing).unwrap();
+        let mut metadata = MetadataMap::new();
+        metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        metadata
+    }
+
+    fn write_jwks(path: &std::path::Path, keys: &[&Jwk]) {
+        let set = json!({ "keys": keys });
+        std::fs::write(path, serde_json::to_vec(&set).unwrap()).unwrap();
+    }
+
+    /// An authenticator over the JWKS file `path`, and its JWT state.
+    fn authenticator(path: &std::path::Path) -> (Authenticator, Arc<Jwt>) {
+        let auth = Authenticator::from_settings(&AuthSettings::jwt(path, ISSUER, AUDIENCE), &[]).unwrap();
+        let jwt = Arc::clone(auth.jwt.as_ref().unwrap());
+        (auth, jwt)
+    }
+
+    /// An authenticator over a JWKS file holding one signing key, `key-1`.
+    struct OneKey {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        jwk: Jwk,
+        auth: Authenticator,
+        jwt: Arc<Jwt>,
+        /// A call carrying a token signed with the key.
+        call: MetadataMap,
+    }
+
+    fn one_key() -> OneKey {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        let (signing, jwk) = signing_key("key-1");
+        write_jwks(&path, &[&jwk]);
+        let (auth, jwt) = authenticator(&path);
+        OneKey { _dir: dir, path, jwk, auth, jwt, call: token(&signing, "key-1") }
+    }
+
+    #[test]
+    fn an_explicitly_empty_key_set_revokes_every_key_and_refuses_every_token() {
+        let OneKey { path, auth, jwt, call, _dir, .. } = one_key();
+        assert!(auth.authenticate(&call).is_ok(), "the key in force verifies");
+
+        std::fs::write(&path, br#"{"keys": []}"#).unwrap();
+        assert_eq!(jwt.reload(), Reload::Loaded(0));
+        assert_eq!(auth.authenticate(&call), Err(AuthError::TokenInvalid), "a revoked key verifies nothing");
+        assert!(!jwt.stale.load(Ordering::Relaxed), "an empty set is a good document, not a stale one");
+    }
+
+    #[test]
+    fn a_service_may_start_with_no_key_and_then_refuses_every_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, br#"{"keys": []}"#).unwrap();
+        let (auth, _) = authenticator(&path);
+        let (signing, _) = signing_key("key-1");
+        assert_eq!(auth.authenticate(&token(&signing, "key-1")), Err(AuthError::TokenInvalid));
+    }
+
+    #[test]
+    fn an_unreadable_or_malformed_file_keeps_the_last_good_keys_and_is_reported_once_per_change() {
+        let OneKey { path, jwk, auth, jwt, call, _dir } = one_key();
+
+        std::fs::write(&path, b"{\"keys\": [").unwrap();
+        assert_eq!(jwt.reload(), Reload::Refused, "half a document");
+        assert!(jwt.stale.load(Ordering::Relaxed));
+        assert_eq!(jwt.reload(), Reload::Unchanged, "the same bad file is not reported again");
+        assert!(auth.authenticate(&call).is_ok(), "the last good keys stay in force");
+
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(jwt.reload(), Reload::Refused, "a file that is gone");
+        assert_eq!(jwt.reload(), Reload::Unchanged);
+        assert!(auth.authenticate(&call).is_ok());
+
+        write_jwks(&path, &[&jwk]);
+        assert_eq!(jwt.reload(), Reload::Loaded(1), "a good file again");
+        assert!(!jwt.stale.load(Ordering::Relaxed));
+        assert_eq!(jwt.reload(), Reload::Unchanged);
+    }
+
+    #[test]
+    fn only_signature_keys_verify_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        let (for_encryption, mut marked_enc) = signing_key("enc");
+        marked_enc.common.public_key_use = Some(PublicKeyUse::Encryption);
+        let (for_wrapping, mut oaep) = signing_key("oaep");
+        oaep.common.key_algorithm = Some(KeyAlgorithm::RSA_OAEP);
+        let (for_unknown, mut unknown) = signing_key("unknown");
+        unknown.common.key_algorithm = Some(KeyAlgorithm::UNKNOWN_ALGORITHM);
+        let (for_encrypting_ops, mut encrypt_ops) = signing_key("ops");
+        encrypt_ops.common.key_operations = Some(vec![KeyOperations::Encrypt]);
+        let (signing, mut marked_sig) = signing_key("sig");
+        marked_sig.common.public_key_use = Some(PublicKeyUse::Signature);
+        marked_sig.common.key_operations = Some(vec![KeyOperations::Verify]);
+        write_jwks(&path, &[&marked_enc, &oaep, &unknown, &encrypt_ops, &marked_sig]);
+        let (auth, jwt) = authenticator(&path);
+
+        assert_eq!(jwt.keys().count(), 1, "the signature key only");
+        assert!(auth.authenticate(&token(&signing, "sig")).is_ok());
+        for (key, kid) in [
+            (&for_encryption, "enc"),
+            (&for_wrapping, "oaep"),
+            (&for_unknown, "unknown"),
+            (&for_encrypting_ops, "ops"),
+        ] {
+            assert_eq!(auth.authenticate(&token(key, kid)), Err(AuthError::TokenInvalid), "{kid}");
+        }
+    }
 }

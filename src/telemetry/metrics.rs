@@ -54,6 +54,10 @@ pub(crate) struct Metrics {
     /// `connections`, `descriptors` or `handshakes`; `outpost.shed.action`: `closed` or
     /// `health_only`).
     pub(crate) connections_shed: Counter<u64>,
+    /// Signature keys in force for bearer tokens; 0 refuses every token.
+    pub(crate) auth_jwks_keys: Gauge<u64>,
+    /// 1 while the JWKS file cannot be read or parsed and the keys read before stay in force.
+    pub(crate) auth_jwks_stale: Gauge<u64>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -151,6 +155,14 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .with_description(
                 "New connections closed at once, or kept for health checks only, past a listener's limits",
             )
+            .build(),
+        auth_jwks_keys: meter
+            .u64_gauge("outpost.auth.jwks.keys")
+            .with_description("Signature keys in force for bearer tokens; 0 refuses every token")
+            .build(),
+        auth_jwks_stale: meter
+            .u64_gauge("outpost.auth.jwks.stale")
+            .with_description("1 while the JWKS file cannot be used and the keys read before stay in force")
             .build(),
     }
 });

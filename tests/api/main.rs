@@ -17,6 +17,7 @@ mod classify;
 mod client;
 mod console;
 mod consumer;
+mod credentials;
 mod dependencies;
 mod exact_key;
 mod group_commit;
