@@ -105,7 +105,7 @@ async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
     // The service may still be starting: try for a few seconds.
     let mut channel = None;
     for _ in 0..50 {
-        match client::connect(&address, &tls).await {
+        match client::connect_with_token(&address, &tls, token.as_ref()).await {
             Ok(c) => {
                 channel = Some(c);
                 break;
@@ -162,10 +162,9 @@ async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
         }
     }
 
-    let mut submitter = SafeSubmitter::new(client, RetryPolicy::default());
-    if let Some(token) = token.clone() {
-        submitter = submitter.with_token(token);
-    }
+    let mut submitter = SafeSubmitter::connect(&address, &tls, token.clone(), RetryPolicy::default())
+        .await
+        .expect("the order service answers");
     match submitter.submit(order(&format!("demo-{run}-3"), "SKU-BLUE-MUG", 1)).await {
         Ok(confirmed) => println!(
             "{:<44} {:?} after {} call(s): order_id={} event_id={}",

@@ -4,9 +4,11 @@
 //! if the order is found, use it; if not, resubmit with the same ids. Ids never change between
 //! attempts, so no path can create a second order or a second event.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tonic::codegen::http::Uri;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};
@@ -133,11 +135,17 @@ impl SafeSubmitter {
         Self { client, policy, token: None }
     }
 
-    /// Sends `token` with every call. The server takes the tenant from it: requests may leave
-    /// `tenant_id` at 0.
-    pub fn with_token(mut self, token: BearerToken) -> Self {
-        self.token = Some(token);
-        self
+    /// A submitter of the order service at `url` that sends `token` with every call (the
+    /// server takes the tenant from it: requests may leave `tenant_id` at 0). The token travels
+    /// only over TLS or to a loopback address: see [`connect_with_token`].
+    pub async fn connect(
+        url: &str,
+        tls: &ClientTls,
+        token: Option<BearerToken>,
+        policy: RetryPolicy,
+    ) -> Result<Self, ClientError> {
+        let channel = connect_with_token(url, tls, token.as_ref()).await?;
+        Ok(Self { client: OrderServiceClient::new(channel), policy, token })
     }
 
     /// Submits `request` until its outcome is known or the policy's calls run out.
@@ -238,6 +246,21 @@ pub enum ClientError {
     /// Not a URL.
     #[error("{0} is not a valid URL")]
     InvalidUrl(String),
+    /// A bearer token would travel in plaintext to a host other than this one.
+    #[error(
+        "refusing to send the bearer token in plaintext to {url}: use an https:// URL with a CA file, \
+         or a loopback address"
+    )]
+    PlaintextToken {
+        /// The service's URL.
+        url: String,
+    },
+    /// A CA file names the server to trust, but the URL is plaintext.
+    #[error("a CA file is set but {url} is plaintext (http://): use https://")]
+    PlaintextWithCa {
+        /// The service's URL.
+        url: String,
+    },
     /// The connection or the TLS settings failed.
     #[error("cannot connect to {url}: {source}")]
     Connect {
@@ -296,16 +319,38 @@ pub struct ClientTls {
     pub identity: Option<(PathBuf, PathBuf)>,
 }
 
+/// `url` with its scheme settled: as written when it has one; without one (`host:port`),
+/// `https://` when TLS or a token is configured, `http://` otherwise.
+pub fn settled_url(url: &str, tls: &ClientTls, token: bool) -> String {
+    if url.contains("://") {
+        url.to_owned()
+    } else if tls.ca_file.is_some() || token {
+        format!("https://{url}")
+    } else {
+        format!("http://{url}")
+    }
+}
+
+/// Whether `url` names this host: `localhost` or a loopback address.
+fn is_loopback(url: &Uri) -> bool {
+    let host = url.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// A connected channel to `url`: TLS when `tls` names a CA file (the server's certificate must
-/// match the URL's host), plaintext otherwise.
+/// match the URL's host), plaintext otherwise. A URL without a scheme gets one by
+/// [`settled_url`]; a CA file with an `http://` URL is refused rather than ignored.
 pub async fn connect(url: &str, tls: &ClientTls) -> Result<Channel, ClientError> {
+    let url = settled_url(url, tls, false);
     let read = |path: &Path| {
         std::fs::read(path).map_err(|source| ClientError::Read { path: path.to_owned(), source })
     };
-    let failed = |source| ClientError::Connect { url: url.to_owned(), source };
-    let mut endpoint =
-        Channel::from_shared(url.to_owned()).map_err(|_| ClientError::InvalidUrl(url.to_owned()))?;
+    let failed = |source| ClientError::Connect { url: url.clone(), source };
+    let mut endpoint = Channel::from_shared(url.clone()).map_err(|_| ClientError::InvalidUrl(url.clone()))?;
     if let Some(ca) = &tls.ca_file {
+        if endpoint.uri().scheme_str() != Some("https") {
+            return Err(ClientError::PlaintextWithCa { url: url.clone() });
+        }
         let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
         if let Some((cert, key)) = &tls.identity {
             config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
@@ -315,7 +360,33 @@ pub async fn connect(url: &str, tls: &ClientTls) -> Result<Channel, ClientError>
     endpoint.connect().await.map_err(failed)
 }
 
+/// [`connect`] for a client that sends `token` on the channel: the token travels only over TLS
+/// (`https://`) or to a loopback address, and a URL without a scheme defaults to `https://`.
+/// Any other URL is refused before a connection is opened.
+pub async fn connect_with_token(
+    url: &str,
+    tls: &ClientTls,
+    token: Option<&BearerToken>,
+) -> Result<Channel, ClientError> {
+    connect(&token_url(url, tls, token)?, tls).await
+}
+
+/// The URL a client that sends `token` may connect to: `url` with its scheme settled
+/// ([`settled_url`]), or [`ClientError::PlaintextToken`] when the token would travel in plaintext
+/// to a host other than this one. Checks only; connects nowhere.
+pub fn token_url(url: &str, tls: &ClientTls, token: Option<&BearerToken>) -> Result<String, ClientError> {
+    let url = settled_url(url, tls, token.is_some());
+    if token.is_some() {
+        let uri: Uri = url.parse().map_err(|_| ClientError::InvalidUrl(url.clone()))?;
+        if uri.scheme_str() != Some("https") && !is_loopback(&uri) {
+            return Err(ClientError::PlaintextToken { url });
+        }
+    }
+    Ok(url)
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tonic_types::ErrorDetails;
@@ -324,6 +395,37 @@ mod tests {
         let mut details = ErrorDetails::new();
         details.set_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
         Status::with_error_details(code, "refused", details)
+    }
+
+    #[test]
+    fn a_url_without_a_scheme_is_https_when_tls_or_a_token_is_configured() {
+        let plain = ClientTls::default();
+        let ca = ClientTls { ca_file: Some("ca.pem".into()), identity: None };
+        assert_eq!(settled_url("db:50051", &plain, false), "http://db:50051");
+        assert_eq!(settled_url("db:50051", &plain, true), "https://db:50051");
+        assert_eq!(settled_url("db:50051", &ca, false), "https://db:50051");
+        assert_eq!(settled_url("http://db:50051", &plain, true), "http://db:50051", "as written");
+    }
+
+    #[test]
+    fn loopback_is_localhost_or_a_loopback_address() {
+        let loopback = |url: &str| is_loopback(&url.parse::<Uri>().unwrap());
+        for url in ["http://127.0.0.1:1", "http://127.8.9.10:1", "http://[::1]:1", "http://LocalHost:1"] {
+            assert!(loopback(url), "{url}");
+        }
+        for url in ["http://10.0.0.1:1", "http://[::2]:1", "http://localhost.example:1", "http://db:1"] {
+            assert!(!loopback(url), "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_is_refused_in_plaintext_to_another_host_before_any_connection() {
+        let token = BearerToken::new("a.b.c").unwrap();
+        let refused = connect_with_token("http://192.0.2.1:50051", &ClientTls::default(), Some(&token)).await;
+        assert!(matches!(refused, Err(ClientError::PlaintextToken { .. })), "{refused:?}");
+        let ca = ClientTls { ca_file: Some("ca.pem".into()), identity: None };
+        let refused = connect("http://192.0.2.1:50051", &ca).await;
+        assert!(matches!(refused, Err(ClientError::PlaintextWithCa { .. })), "{refused:?}");
     }
 
     #[test]

@@ -14,17 +14,19 @@ The protocol (the same as the Rust `outpost::client::SafeSubmitter`):
 6. A bounded number of calls with exponential backoff; giving up reports the event id, so a
    later attempt can reconcile or resubmit with the same ids.
 
-As a library: `SafeSubmitter(channel, token=...).submit(request)`. As a command (one JSON line per
-call made and one per order on stdout):
+As a library: `SafeSubmitter(open_channel(target, ca_file, token)).submit(request)`. As a command
+(one JSON line per call made and one per order on stdout):
 
     submit.py --target 127.0.0.1:50051 submit --order '{"tenant_id": 7, "request_id": "r-1", ...}'
     submit.py --target 127.0.0.1:50051 submit < orders.jsonl     # one order (proto JSON) a line
     submit.py --target 127.0.0.1:50051 reconcile --tenant-id 7 --request-id r-1
     submit.py --target localhost:50051 --ca-file ca.pem --token-file token.jwt submit < orders.jsonl
 
-With `--ca-file` the channel is TLS and the server's certificate must chain to that CA; the token
-(`--token-file`, else the OUTPOST_TOKEN environment variable) is sent as `authorization: Bearer`
-on every call, and the server takes the tenant from it (tenant_id 0 in a request means "mine").
+With `--ca-file` the channel is TLS and the server's certificate must chain to that CA; without
+it the channel is plaintext and `--target` must be a loopback address (anything else is refused
+before connecting, exit status 2). The token (`--token-file`, else the OUTPOST_TOKEN environment
+variable) is sent as `authorization: Bearer` on every call, and the server takes the tenant from
+it (tenant_id 0 in a request means "mine").
 
 Exit status: 0 when every order is confirmed (or the reconciled order was found), 1 otherwise,
 2 for bad usage.
@@ -32,6 +34,7 @@ Exit status: 0 when every order is confirmed (or the reconciled order was found)
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import os
 import sys
@@ -166,11 +169,10 @@ class SafeSubmitter:
         channel: grpc.Channel,
         policy: Optional[RetryPolicy] = None,
         on_call: Optional[Callable[[dict], None]] = None,
-        token: Optional[str] = None,
     ):
+        # The token, if any, is part of the channel (open_channel): gRPC sends it only over TLS
+        # or to a loopback address, and it is never printed.
         self._stub = pb_grpc.OrderServiceStub(channel)
-        # Sent with every call; never printed.
-        self._metadata = (("authorization", f"Bearer {token.strip()}"),) if token else None
         self._policy = policy or RetryPolicy()
         # Told about every call made: {"call", "attempt", "tenant_id", "request_id", "event_id", "code", ...}.
         self._on_call = on_call or (lambda _: None)
@@ -193,7 +195,7 @@ class SafeSubmitter:
             calls += 1
             if reconcile_first:
                 try:
-                    found = self._stub.Reconcile(key, timeout=policy.call_timeout, metadata=self._metadata)
+                    found = self._stub.Reconcile(key, timeout=policy.call_timeout)
                 except grpc.RpcError as error:
                     failure = Failure.of(error)
                     self._report("reconcile", calls, request, failure=failure)
@@ -207,7 +209,7 @@ class SafeSubmitter:
                     return Confirmed(found.order_id, found.event_id, "reconciled", calls)
             else:
                 try:
-                    accepted = self._stub.SubmitOrder(request, timeout=policy.call_timeout, metadata=self._metadata)
+                    accepted = self._stub.SubmitOrder(request, timeout=policy.call_timeout)
                 except grpc.RpcError as error:
                     failure = Failure.of(error)
                     self._report("submit", calls, request, failure=failure)
@@ -232,7 +234,7 @@ class SafeSubmitter:
         """The committed order with that key, or None when no order with it committed."""
         key = pb.ReconcileRequest(tenant_id=tenant_id, request_id=request_id)
         try:
-            return self._stub.Reconcile(key, timeout=self._policy.call_timeout, metadata=self._metadata)
+            return self._stub.Reconcile(key, timeout=self._policy.call_timeout)
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return None
@@ -315,12 +317,62 @@ def reconcile_command(submitter: SafeSubmitter, tenant_id: int, request_id: str)
     return 0
 
 
-def open_channel(target: str, ca_file: Optional[str]) -> grpc.Channel:
-    """A TLS channel trusting `ca_file`, or plaintext (loopback only) without one."""
-    if ca_file is None:
-        return grpc.insecure_channel(target)
-    with open(ca_file, "rb") as ca:
-        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca.read()))
+class PlaintextRefused(Exception):
+    """A plaintext channel to a host other than this one was asked for."""
+
+
+def is_loopback(target: str) -> bool:
+    """Whether `target` (host:port, [v6]:port, or a gRPC name such as ipv4:host:port) is this host."""
+    host = target.split("://", 1)[-1]
+    for scheme in ("ipv4:", "ipv6:", "dns:"):
+        if host.startswith(scheme):
+            host = host[len(scheme) :]
+    host = host.lstrip("/")
+    if host.startswith("["):
+        host = host[1 : host.find("]")]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BearerToken(grpc.UnaryUnaryClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call of the channel it is bound to."""
+
+    def __init__(self, token: str):
+        self._metadata = (("authorization", f"Bearer {token.strip()}"),)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        metadata = tuple(client_call_details.metadata or ()) + self._metadata
+        return continuation(client_call_details._replace(metadata=metadata), request)
+
+
+def open_channel(target: str, ca_file: Optional[str], token: Optional[str] = None) -> grpc.Channel:
+    """A channel to `target` that sends `token` (if any) as `authorization: Bearer` on every call.
+
+    With `ca_file`: TLS, and the server's certificate must chain to that CA. Without it:
+    plaintext, to a loopback address only. Anything else raises PlaintextRefused (naming
+    --ca-file) before a connection is made, and gRPC's local credentials check the peer address
+    again at connect time. The token is bound to the channel here rather than passed to each
+    call, so it can only travel on a channel made by these rules. (gRPC's own token credentials
+    are not used: gRPC rates a local TCP channel below what they require and would drop them.)
+    """
+    if ca_file is not None:
+        with open(ca_file, "rb") as ca:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca.read())
+    elif is_loopback(target):
+        credentials = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    else:
+        raise PlaintextRefused(
+            f"refusing plaintext to {target}, which is not a loopback address: the token and the "
+            "orders would cross the network unencrypted. Give --ca-file (TLS) or a loopback --target."
+        )
+    channel = grpc.secure_channel(target, credentials)
+    return grpc.intercept_channel(channel, BearerToken(token)) if token else channel
 
 
 def read_token(token_file: Optional[str]) -> Optional[str]:
@@ -336,7 +388,9 @@ def main() -> int:
         description="Submit orders with the safe caller protocol, or reconcile one; JSON lines out."
     )
     parser.add_argument("--target", default="127.0.0.1:50051", help="order service host:port")
-    parser.add_argument("--ca-file", help="PEM CA of the service's certificate: use TLS")
+    parser.add_argument(
+        "--ca-file", help="PEM CA of the service's certificate: use TLS (without it, only a loopback --target)"
+    )
     parser.add_argument("--token-file", help="file holding the bearer token (else OUTPOST_TOKEN)")
     parser.add_argument("--max-calls", type=int, default=RetryPolicy.max_calls)
     parser.add_argument("--initial-backoff", type=float, default=RetryPolicy.initial_backoff, help="seconds")
@@ -353,8 +407,13 @@ def main() -> int:
     args = parser.parse_args()
 
     policy = RetryPolicy(args.max_calls, args.initial_backoff, args.max_backoff, args.call_timeout)
-    with open_channel(args.target, args.ca_file) as channel:
-        submitter = SafeSubmitter(channel, policy, on_call=emit, token=read_token(args.token_file))
+    try:
+        channel = open_channel(args.target, args.ca_file, read_token(args.token_file))
+    except PlaintextRefused as refused:
+        print(f"submit.py: --target: {refused}", file=sys.stderr)
+        return 2
+    with channel:
+        submitter = SafeSubmitter(channel, policy, on_call=emit)
         if args.command == "reconcile":
             return reconcile_command(submitter, args.tenant_id, args.request_id)
         orders = args.order if args.order else [line for line in sys.stdin if line.strip()]

@@ -3,17 +3,24 @@
 
 use std::time::Duration;
 
-use outpost::client::BearerToken;
+use std::net::{IpAddr, TcpListener};
+
+use outpost::client::{BearerToken, ClientError, ClientTls, Confirmation, RetryPolicy, SafeSubmitter};
 use outpost::proto::v1 as pb;
+use outpost::security::AuthSettings;
 use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::broker::free_port;
+use crate::broker::{TestBroker, free_port};
 use crate::dependencies::assert_health;
-use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, connect_order_service, reason};
+use crate::helpers::{
+    Backend, OutboxProbe, ServiceProcess, TestApp, TestDb, assert_eventually, connect_order_service, order,
+    reason, service_binary,
+};
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki};
+use crate::python::run_python;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -89,3 +96,122 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     assert_health("health answers without a key", port, "", ServingStatus::Serving).await;
 }
 
+/// An address of this machine that is not loopback: the one its default route leaves from.
+/// Connecting a UDP socket sends nothing.
+fn non_loopback_ip() -> IpAddr {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    socket.connect("192.0.2.1:9").expect("this machine has a route off loopback");
+    let ip = socket.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "{ip} is loopback");
+    ip
+}
+
+/// `outpostctl` with `args`, and OUTPOST_TOKEN set to `token`: (success, stderr).
+async fn outpostctl(args: &[String], token: &str) -> (bool, String) {
+    let output = tokio::process::Command::new(service_binary("outpostctl"))
+        .args(args)
+        .env_remove("OUTPOST_TOKEN_FILE")
+        .env("OUTPOST_TOKEN", token)
+        .output()
+        .await
+        .unwrap();
+    (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// An order service on loopback plaintext that checks bearer tokens, and the keys to sign them.
+async fn authenticated(dir: &std::path::Path) -> (TestApp, Pki) {
+    let pki = Pki::make(dir).unwrap();
+    let jwks = pki.jwks.clone();
+    let app = TestApp::spawn_with(Backend::Sqlite, |settings| {
+        settings.security.auth = AuthSettings::jwt(jwks, ISSUER, AUDIENCE);
+    })
+    .await;
+    (app, pki)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_client_refuses_to_send_a_token_in_plaintext_to_another_host_and_connects_nowhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let token = pki.token(json!({ "sub": "ops", "scope": "outpost:admin", "tenant_id": 7 })).unwrap();
+    let token_file = dir.path().join("token.jwt");
+    std::fs::write(&token_file, &token).unwrap();
+    // A real port on another address of this machine: whatever connects to it is queued.
+    let listener = TcpListener::bind((non_loopback_ip(), 0)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let address = listener.local_addr().unwrap();
+    let url = format!("http://{address}");
+
+    let refused = SafeSubmitter::connect(
+        &url,
+        &ClientTls::default(),
+        Some(BearerToken::new(&token).unwrap()),
+        RetryPolicy::default(),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
+    assert!(matches!(refused, ClientError::PlaintextToken { .. }), "{refused}");
+    assert!(refused.to_string().contains(&url), "the error names the URL: {refused}");
+
+    for (setting, flag) in [("--admin-url", "backlog"), ("--consumer-admin-url", "dead-letters")] {
+        let (ok, stderr) = outpostctl(&[format!("{setting}={url}"), flag.to_owned()], &token).await;
+        assert!(!ok, "outpostctl {setting}={url} {flag} succeeded");
+        assert!(stderr.contains(setting), "the error names {setting}: {stderr}");
+        assert!(stderr.contains("plaintext"), "{stderr}");
+        assert!(!stderr.contains(&token), "outpostctl printed the token");
+    }
+
+    let args =
+        [format!("--target={address}"), format!("--token-file={}", token_file.display()), "submit".into()];
+    // No order on standard input: a submitter that went ahead would exit 0.
+    let python = run_python("submit.py", &args, "").await;
+    assert_eq!(python.status.code(), Some(2), "{python}");
+    assert!(python.stderr.contains("--ca-file"), "the error names --ca-file: {python}");
+    assert!(!python.stderr.contains(&token), "submit.py printed the token");
+
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("a client connected to {address} anyway: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_still_travels_in_plaintext_to_a_loopback_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, pki) = authenticated(dir.path()).await;
+    let tenant = pki.token(json!({ "sub": "svc-tenant-7", "tenant_id": 7 })).unwrap();
+    let operator = pki.token(json!({ "sub": "ops", "scope": "outpost:admin" })).unwrap();
+
+    let mut submitter = SafeSubmitter::connect(
+        &format!("http://127.0.0.1:{}", app.port),
+        &ClientTls::default(),
+        Some(BearerToken::new(&tenant).unwrap()),
+        RetryPolicy::default(),
+    )
+    .await
+    .unwrap();
+    let confirmed = submitter.submit(order(0, "loopback-rust")).await.unwrap();
+    assert_eq!(confirmed.confirmation, Confirmation::Committed);
+
+    let (ok, stderr) = outpostctl(
+        &[format!("--admin-url=http://localhost:{}", app.admin_port), "backlog".into()],
+        &operator,
+    )
+    .await;
+    assert!(ok, "outpostctl over loopback plaintext: {stderr}");
+
+    let token_file = dir.path().join("tenant.jwt");
+    std::fs::write(&token_file, &tenant).unwrap();
+    let args = [
+        format!("--target=127.0.0.1:{}", app.port),
+        format!("--token-file={}", token_file.display()),
+        "submit".to_owned(),
+    ];
+    let mut order = crate::python::order_json("loopback-python", None);
+    order["tenant_id"] = 0.into();
+    let python = run_python("submit.py", &args, &format!("{order}\n")).await;
+    assert!(python.status.success(), "{python}");
+    assert_eq!(app.count("orders").await, 2, "both clients' orders committed");
+    app.stop().await;
+}

@@ -29,10 +29,10 @@ fn python() -> String {
 }
 
 /// What one run of a Python client printed.
-struct PythonRun {
-    status: ExitStatus,
+pub struct PythonRun {
+    pub status: ExitStatus,
     lines: Vec<Value>,
-    stderr: String,
+    pub stderr: String,
 }
 
 impl PythonRun {
@@ -84,7 +84,7 @@ fn text(value: &Value) -> &str {
 
 /// Runs `clients/python/<script>` with `args`, `stdin` on its standard input, and reads its JSON
 /// lines.
-async fn run_python(script: &str, args: &[String], stdin: &str) -> PythonRun {
+pub async fn run_python(script: &str, args: &[String], stdin: &str) -> PythonRun {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python").join(script);
     let mut child = tokio::process::Command::new(python())
         .arg(&path)
@@ -116,7 +116,7 @@ async fn run_python(script: &str, args: &[String], stdin: &str) -> PythonRun {
 }
 
 /// A valid two-line order as proto JSON: the same content as `helpers::order(7, request_id)`.
-fn order_json(request_id: &str, event_id: Option<&str>) -> Value {
+pub fn order_json(request_id: &str, event_id: Option<&str>) -> Value {
     let mut order = json!({
         "tenant_id": 7,
         "request_id": request_id,

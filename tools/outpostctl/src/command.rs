@@ -19,14 +19,16 @@ use crate::{console, join, render};
 #[derive(Debug, clap::Parser)]
 #[command(name = "outpostctl", version)]
 pub(crate) struct Cli {
-    /// The order service's admin endpoint.
-    #[arg(long, env = "OUTPOST_ADMIN_URL", default_value = "http://127.0.0.1:50054", global = true)]
+    /// The order service's admin endpoint. Without a scheme: https:// when a token or a CA file
+    /// is configured, http:// otherwise. A token is sent in plaintext (http://) only to a
+    /// loopback address; any other host is refused.
+    #[arg(long, env = "OUTPOST_ADMIN_URL", default_value = "127.0.0.1:50054", global = true)]
     admin_url: String,
     /// The consumer's endpoint (its `--listen`): its records of each event, its dead letters and
-    /// its dedup history's purge.
-    #[arg(long, env = "OUTPOST_CONSUMER_ADMIN_URL", default_value = "http://127.0.0.1:50053", global = true)]
+    /// its dedup history's purge. Schemes as for --admin-url.
+    #[arg(long, env = "OUTPOST_CONSUMER_ADMIN_URL", default_value = "127.0.0.1:50053", global = true)]
     consumer_admin_url: String,
-    /// PEM CA that signed the listeners' certificates; use https:// URLs with it.
+    /// PEM CA that signed the listeners' certificates; the URLs must be https:// with it.
     #[arg(long, env = "OUTPOST_CA_FILE", global = true)]
     ca_file: Option<std::path::PathBuf>,
     /// PEM client certificate, when the listener requires mutual TLS (with --client-key).
@@ -115,8 +117,8 @@ enum Command {
 /// A call that did not succeed, as one line for people.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CtlError {
-    #[error(transparent)]
-    Connect(#[from] outpost::client::ClientError),
+    #[error("{setting}: {source}")]
+    Connect { setting: &'static str, source: outpost::client::ClientError },
     #[error("{}", describe(.0))]
     Call(#[from] tonic::Status),
     #[error("{0} is too long")]
@@ -146,6 +148,10 @@ fn duration(flag: &str, value: Option<Duration>) -> Result<Option<prost_types::D
         .transpose()
 }
 
+/// The settings naming the two endpoints, as errors name them.
+const ADMIN_URL: &str = "--admin-url (OUTPOST_ADMIN_URL)";
+const CONSUMER_ADMIN_URL: &str = "--consumer-admin-url (OUTPOST_CONSUMER_ADMIN_URL)";
+
 type Authorized = InterceptedService<
     Channel,
     Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>,
@@ -156,10 +162,16 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
     let json = cli.json;
     Ok(match &cli.command {
         Command::Console(args) => {
-            let tls = cli.tls();
-            let token = BearerToken::from_file_or_env(cli.token_file.as_deref(), "OUTPOST_TOKEN")?;
-            let admin = console::Upstream::new(&cli.admin_url, tls.clone(), token.clone());
-            let consumer = console::Upstream::new(&cli.consumer_admin_url, tls, token);
+            let (tls, token) = (cli.tls(), cli.token()?);
+            // Refused at start, not at the first call, when the token would travel in plaintext.
+            let url = |setting, url| {
+                client::token_url(url, &tls, token.as_ref())
+                    .map_err(|source| CtlError::Connect { setting, source })
+            };
+            let admin_url = url(ADMIN_URL, &cli.admin_url)?;
+            let consumer_url = url(CONSUMER_ADMIN_URL, &cli.consumer_admin_url)?;
+            let admin = console::Upstream::new(&admin_url, tls.clone(), token.clone());
+            let consumer = console::Upstream::new(&consumer_url, tls, token);
             console::serve(args, admin, consumer).await?;
             String::new()
         }
@@ -283,21 +295,36 @@ impl Cli {
         }
     }
 
-    async fn channel(&self, url: &str) -> Result<(Channel, Option<BearerToken>), client::ClientError> {
-        let channel = client::connect(url, &self.tls()).await?;
-        let token = BearerToken::from_file_or_env(self.token_file.as_deref(), "OUTPOST_TOKEN")?;
+    /// The bearer token, if one is configured.
+    fn token(&self) -> Result<Option<BearerToken>, CtlError> {
+        BearerToken::from_file_or_env(self.token_file.as_deref(), "OUTPOST_TOKEN").map_err(|source| {
+            CtlError::Connect { setting: "--token-file (OUTPOST_TOKEN_FILE, OUTPOST_TOKEN)", source }
+        })
+    }
+
+    /// A channel to `url`, the value of `setting`, and the token to send on it: the token is
+    /// read first, so that it never travels in plaintext to another host.
+    async fn channel(
+        &self,
+        setting: &'static str,
+        url: &str,
+    ) -> Result<(Channel, Option<BearerToken>), CtlError> {
+        let token = self.token()?;
+        let channel = client::connect_with_token(url, &self.tls(), token.as_ref())
+            .await
+            .map_err(|source| CtlError::Connect { setting, source })?;
         Ok((channel, token))
     }
 
     /// A client of the order service's AdminService.
-    async fn admin(&self) -> Result<AdminServiceClient<Authorized>, client::ClientError> {
-        let (channel, token) = self.channel(&self.admin_url).await?;
+    async fn admin(&self) -> Result<AdminServiceClient<Authorized>, CtlError> {
+        let (channel, token) = self.channel(ADMIN_URL, &self.admin_url).await?;
         Ok(AdminServiceClient::new(InterceptedService::new(channel, bearer(token))))
     }
 
     /// A client of the consumer's ConsumerAdminService.
-    async fn consumer_admin(&self) -> Result<ConsumerAdminServiceClient<Authorized>, client::ClientError> {
-        let (channel, token) = self.channel(&self.consumer_admin_url).await?;
+    async fn consumer_admin(&self) -> Result<ConsumerAdminServiceClient<Authorized>, CtlError> {
+        let (channel, token) = self.channel(CONSUMER_ADMIN_URL, &self.consumer_admin_url).await?;
         Ok(ConsumerAdminServiceClient::new(InterceptedService::new(channel, bearer(token))))
     }
 }

@@ -43,10 +43,11 @@ impl Upstream {
         if let Some(channel) = slot.as_ref() {
             return Ok(channel.clone());
         }
-        let channel = client::connect(&self.url, &self.tls).await.map_err(|e| {
-            let details = ErrorDetails::with_error_info(UPSTREAM_UNAVAILABLE, "outpost.v1", []);
-            Status::with_error_details(Code::Unavailable, format!("the console {e}"), details)
-        })?;
+        let channel =
+            client::connect_with_token(&self.url, &self.tls, self.token.as_ref()).await.map_err(|e| {
+                let details = ErrorDetails::with_error_info(UPSTREAM_UNAVAILABLE, "outpost.v1", []);
+                Status::with_error_details(Code::Unavailable, format!("the console {e}"), details)
+            })?;
         *slot = Some(channel.clone());
         Ok(channel)
     }
