@@ -19,6 +19,7 @@ pub mod order;
 pub mod outbox;
 pub mod proto;
 pub mod relay;
+pub mod secret;
 pub mod security;
 pub mod service;
 pub mod shutdown;

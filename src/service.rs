@@ -34,6 +34,9 @@ pub enum ReadyError {
     /// A listener's TLS or plaintext settings refused it.
     #[error(transparent)]
     Listener(#[from] crate::security::ListenerError),
+    /// A secret setting (the database URL, Kafka options) could not be read from its file.
+    #[error(transparent)]
+    Secret(#[from] crate::secret::SecretError),
 }
 
 /// Connects to `url` and checks that every migration is applied; writes nothing.

@@ -13,8 +13,9 @@ use tokio::sync::watch;
 
 use super::admin::ConsumerAdminGrpc;
 use super::inbox::Inbox;
+use super::instance::{Identity, InstanceError, InstanceLock};
 use super::retention::{Retention, RetentionError};
-use super::worker::{CommitOnRevoke, ConsumerStats, Worker, commit_stored};
+use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
 use super::{Membership, Settings};
 use crate::proto;
 use crate::security::{AuthConfigError, Authenticator, Listener};
@@ -45,6 +46,10 @@ pub enum StartupError {
     /// Reflection could not load the service descriptors.
     #[error("cannot build gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// Another live instance runs under this instance's static name (or the broker fenced this
+    /// one for it): this one stops instead of fencing the other in turn, forever.
+    #[error(transparent)]
+    Instance(#[from] InstanceError),
 }
 
 /// A built consumer, subscribed, with its health endpoint bound.
@@ -59,6 +64,8 @@ pub struct Application {
     port: u16,
     auth: Authenticator,
     retention: Retention,
+    /// Held while this instance runs under a static name.
+    instance: Option<(Identity, InstanceLock)>,
     settings: Settings,
 }
 
@@ -74,7 +81,8 @@ impl std::fmt::Debug for Application {
 impl Application {
     /// Connects to the (migrated) database, creates and subscribes the Kafka consumer, and binds
     /// the health endpoint. Records are received in [`Application::run_until_stopped`].
-    pub async fn build(mut settings: Settings) -> Result<Self, StartupError> {
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let mut settings = settings.with_secrets_read().map_err(ReadyError::from)?;
         settings.check().map_err(StartupError::Settings)?;
         let retention = settings.retention();
         retention.check()?;
@@ -84,17 +92,27 @@ impl Application {
         let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
         let health_db = service::open_health_connection(&settings.database_url).await?;
         let stats = Arc::<ConsumerStats>::default();
-        // Bound first: the health port names the instance when --instance-name does not, and
-        // no two processes on one host hold the same port.
+        // Bound first: a fixed port names the instance when --instance-name does not, and no
+        // two processes on one host hold the same port.
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
-        settings.instance_name = settings.static_instance_name(port);
-        if settings.instance_name.is_none() {
-            settings.membership = Membership::Dynamic;
-        }
+        settings.instance_name = settings.static_instance_name();
+        let instance = match (&settings.instance_name, settings.group_instance_id()) {
+            (Some(name), Some(id)) => {
+                let identity = Identity { group: settings.group().to_owned(), instance: name.clone(), id };
+                // Before joining: a second live instance under this name stops here.
+                let lock =
+                    InstanceLock::acquire(&settings.database_url, identity.clone(), INSTANCE_WAIT).await?;
+                Some((identity, lock))
+            }
+            _ => {
+                settings.membership = Membership::Dynamic;
+                None
+            }
+        };
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
-        Ok(Self { consumer, db, health_db, inbox, stats, listener, port, auth, retention, settings })
+        Ok(Self { consumer, db, health_db, inbox, stats, listener, port, auth, retention, instance, settings })
     }
 
     /// The listener's port (health and the ConsumerAdminService).
@@ -110,7 +128,7 @@ impl Application {
     /// Consumes until `shutdown` completes; then finishes the record in hand (bounded by the
     /// shutdown grace), commits the offsets of committed work, and leaves the group.
     pub async fn run_until_stopped(
-        self,
+        mut self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -156,9 +174,10 @@ impl Application {
         tracing::info!(
             consumer_name = self.inbox.consumer_name(),
             group = self.settings.group(),
-            group_instance_id = self.settings.group_instance_id(self.port).as_deref().unwrap_or("-"),
+            group_instance_id = self.settings.group_instance_id().as_deref().unwrap_or("-"),
             "consumer started"
         );
+        let (identity, mut lock) = self.instance.take().unzip();
         let run = async {
             let mut consumer = Arc::clone(&self.consumer);
             loop {
@@ -170,9 +189,13 @@ impl Application {
                     group: self.settings.group(),
                     batch_size: usize::from(self.settings.batch_size),
                 };
-                let Some(reason) = worker.run(stop_rx.clone()).await else {
+                let Some(Fatal { reason, fenced }) = worker.run(stop_rx.clone()).await else {
                     return Ok::<_, StartupError>(());
                 };
+                // Fenced by a member with the same instance id: rejoining would fence it in turn.
+                if let (true, Some(identity)) = (fenced, &identity) {
+                    return Err(identity.duplicate().into());
+                }
                 // Offsets stored but not yet committed are lost with the old client: their
                 // records are delivered again and deduplicated.
                 consumer = subscribed(&self.settings, &self.stats)?;
@@ -184,8 +207,15 @@ impl Application {
             }
         };
         tokio::pin!(run);
+        let duplicate = guard_instance(lock.as_mut());
+        tokio::pin!(duplicate);
         let outcome = tokio::select! {
             outcome = &mut run => outcome,
+            duplicate = &mut duplicate => {
+                let _ = stop_tx.send(true);
+                let _ = tokio::time::timeout(self.settings.shutdown_grace, &mut run).await;
+                Err(duplicate.into())
+            }
             () = shutdown => {
                 tracing::info!("shutdown requested; finishing the record in hand");
                 health.draining().await;
@@ -313,6 +343,27 @@ async fn leave_group(consumer: &StreamConsumer<CommitOnRevoke>) {
         && tokio::time::Instant::now() < deadline
     {
         let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
+    }
+}
+
+/// How long a starting instance waits for its name's lock: a predecessor killed an instant ago
+/// may still hold it until the database notices its session ended.
+const INSTANCE_WAIT: Duration = Duration::from_secs(10);
+
+/// How often the instance lock is checked (and taken again after the database came back).
+const INSTANCE_CHECK: Duration = Duration::from_secs(5);
+
+/// Returns only when another live process holds this instance's name: checks `lock` every
+/// [`INSTANCE_CHECK`]; a database that cannot be asked is tried again at the next check.
+async fn guard_instance(lock: Option<&mut InstanceLock>) -> InstanceError {
+    let Some(lock) = lock else { return std::future::pending().await };
+    loop {
+        tokio::time::sleep(INSTANCE_CHECK).await;
+        match lock.check().await {
+            Ok(()) => {}
+            Err(duplicate @ InstanceError::Duplicate { .. }) => return duplicate,
+            Err(e) => tracing::warn!(error = %e, "instance lock not checked; trying again"),
+        }
     }
 }
 

@@ -17,9 +17,14 @@ const DAY: u64 = 24 * 3600;
     about = "Outpost consumer: one notification job per OrderAccepted event"
 )]
 pub struct Settings {
-    /// The consumer's own database: mysql://, postgres:// or sqlite:// URL.
-    #[arg(long, env = "OUTPOST_DATABASE_URL")]
+    /// The consumer's own database: mysql://, postgres:// or sqlite:// URL. A URL with a
+    /// password belongs in `--database-url-file`: flags show in `ps`.
+    #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     pub database_url: String,
+
+    /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
+    #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
+    pub database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the consumer holds.
     #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -52,9 +57,11 @@ pub struct Settings {
     pub membership: Membership,
 
     /// This instance's name among the group's instances: the same across its restarts, and
-    /// different from every other instance's. Default: `<host name>-<health port>`, which two
-    /// consumers on one host cannot share; with `--listen` port 0 the port is picked at start and
-    /// is no stable name.
+    /// different from every other instance's (under Kubernetes, the StatefulSet pod name, such as
+    /// `notification-planner-0`, which a restarted pod keeps). Default: `<host name>-<listen
+    /// port>`, which two consumers on one host cannot share. With `--listen` port 0 there is no
+    /// default: static membership then needs this name. A second live instance under the same
+    /// name stops at start-up (exit status 1, naming it).
     #[arg(long, env = "OUTPOST_CONSUMER_INSTANCE_NAME")]
     pub instance_name: Option<String>,
 
@@ -63,6 +70,11 @@ pub struct Settings {
     /// variable, one option per line. Options that would break a guarantee are refused.
     #[arg(long = "kafka-option", env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
+
+    /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
+    /// `--kafka-option`: the place for `sasl.password` and other secrets.
+    #[arg(long, env = "OUTPOST_KAFKA_OPTION_FILE")]
+    pub kafka_option_file: Option<std::path::PathBuf>,
 
     /// Most records handled in one transaction: those already fetched, never waiting for more.
     #[arg(long, env = "OUTPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
@@ -111,12 +123,23 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// These settings with the database URL read from `database_url_file`, when that is how it
+    /// was given, and the options of `kafka_option_file` added to `kafka_options`.
+    pub fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
+        self.database_url =
+            crate::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
+        self.kafka_options =
+            crate::secret::kafka_options(&self.kafka_options, self.kafka_option_file.take().as_deref())?;
+        Ok(self)
+    }
+
     /// Settings for `database_url` and `brokers` with every other value at its default and an
     /// OS-chosen port, except that callers are not authenticated (`--auth none`): loopback only,
     /// for tests and embedding.
     pub fn new(database_url: impl Into<String>, brokers: impl Into<String>) -> Self {
         Self {
             database_url: database_url.into(),
+            database_url_file: None,
             db_max_connections: 4,
             brokers: brokers.into(),
             topic: DEFAULT_TOPIC.to_owned(),
@@ -125,6 +148,7 @@ impl Settings {
             membership: Membership::Auto,
             instance_name: None,
             kafka_options: Vec::new(),
+            kafka_option_file: None,
             batch_size: 64,
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
@@ -153,20 +177,24 @@ impl Settings {
     }
 
     /// This instance's name when it is a static member, `None` when it is dynamic: the
-    /// configured name, or `<host name>-<health_port>` (with `auto`, only for a fixed port).
-    pub fn static_instance_name(&self, health_port: u16) -> Option<String> {
+    /// configured name, or `<host name>-<listen port>` for a fixed port. Never a name made from
+    /// a port picked at start: every start would be a new member, and the old one would hold its
+    /// partitions until the broker drops it (`check` refuses `static` without a stable name).
+    pub fn static_instance_name(&self) -> Option<String> {
         match (self.membership, &self.instance_name) {
             (Membership::Dynamic, _) => None,
             (_, Some(name)) => Some(name.clone()),
-            (Membership::Auto, None) if self.listen.port() == 0 => None,
-            (_, None) => Some(format!("{}-{health_port}", gethostname::gethostname().to_string_lossy())),
+            (_, None) if self.listen.port() == 0 => None,
+            (_, None) => {
+                Some(format!("{}-{}", gethostname::gethostname().to_string_lossy(), self.listen.port()))
+            }
         }
     }
 
     /// The static membership id, `<consumer name>.<instance name>` in the characters Kafka
     /// allows; `None` for a dynamic member.
-    pub fn group_instance_id(&self, health_port: u16) -> Option<String> {
-        let instance = self.static_instance_name(health_port)?;
+    pub fn group_instance_id(&self) -> Option<String> {
+        let instance = self.static_instance_name()?;
         let id = format!("{}.{instance}", self.consumer_name)
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
@@ -179,6 +207,12 @@ impl Settings {
     /// cannot hold, and librdkafka options that would acknowledge records before their local
     /// commit, skip records, or leave committed work uncommitted.
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.membership == Membership::Static && self.static_instance_name().is_none() {
+            return Err("--membership static needs a stable instance name: give --instance-name (under \
+                        Kubernetes, the StatefulSet pod name) or a fixed --listen port; port 0 is picked \
+                        anew at every start"
+                .into());
+        }
         let name_chars = self.consumer_name.chars().count();
         if name_chars == 0 || name_chars > CONSUMER_NAME_MAX_CHARS {
             return Err(format!(
@@ -204,7 +238,7 @@ impl Settings {
             // A new group starts at the beginning: events published before it existed still count.
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false");
-        if let Some(id) = self.group_instance_id(self.listen.port()) {
+        if let Some(id) = self.group_instance_id() {
             config.set("group.instance.id", id);
         }
         for (key, value) in &self.kafka_options {
@@ -333,26 +367,40 @@ mod tests {
         let mut settings = with_options(&[]);
         settings.membership = Membership::Static;
         settings.instance_name = Some("pod/0 ü".to_owned());
-        assert_eq!(settings.group_instance_id(1).as_deref(), Some("notification-planner.pod_0__"));
+        assert_eq!(settings.group_instance_id().as_deref(), Some("notification-planner.pod_0__"));
         settings.instance_name = None;
-        let by_port = settings.group_instance_id(50053).unwrap();
+        settings.listen.set_port(50053);
+        let by_port = settings.group_instance_id().unwrap();
         assert!(by_port.starts_with("notification-planner.") && by_port.ends_with("-50053"), "{by_port}");
-        assert_ne!(settings.group_instance_id(50054), Some(by_port.clone()), "two ports, two instances");
-        assert_eq!(settings.group_instance_id(50053), Some(by_port), "stable across restarts");
+        assert_eq!(settings.group_instance_id(), Some(by_port.clone()), "stable across restarts");
+        settings.listen.set_port(50054);
+        assert_ne!(settings.group_instance_id(), Some(by_port), "two ports, two instances");
         settings.consumer_name = "n".repeat(CONSUMER_NAME_MAX_CHARS);
         settings.instance_name = Some("i".repeat(300));
-        assert_eq!(settings.group_instance_id(1).unwrap().len(), GROUP_INSTANCE_ID_MAX_CHARS);
+        assert_eq!(settings.group_instance_id().unwrap().len(), GROUP_INSTANCE_ID_MAX_CHARS);
         settings.membership = Membership::Dynamic;
-        assert_eq!(settings.group_instance_id(1), None);
+        assert_eq!(settings.group_instance_id(), None);
         // auto: static only with a stable name.
         settings.membership = Membership::Auto;
-        assert!(settings.group_instance_id(1).is_some(), "named");
+        assert!(settings.group_instance_id().is_some(), "named");
         settings.instance_name = None;
-        assert_eq!(settings.group_instance_id(40000), None, "port 0 picks a new port at every start");
+        settings.listen.set_port(0);
+        assert_eq!(settings.group_instance_id(), None, "port 0 picks a new port at every start");
         settings.listen.set_port(50053);
-        assert!(settings.group_instance_id(50053).unwrap().ends_with("-50053"), "a fixed port names it");
+        assert!(settings.group_instance_id().unwrap().ends_with("-50053"), "a fixed port names it");
         let refused = with_options(&[("group.instance.id", "x")]).check().unwrap_err();
         assert!(refused.contains("--instance-name"), "{refused}");
+    }
+
+    #[test]
+    fn static_membership_without_a_stable_name_is_refused_rather_than_named_after_a_random_port() {
+        let mut settings = with_options(&[]);
+        settings.membership = Membership::Static;
+        assert_eq!(settings.listen.port(), 0);
+        let refused = settings.check().unwrap_err();
+        assert!(refused.contains("--membership static needs a stable instance name"), "{refused}");
+        settings.instance_name = Some("notification-planner-0".to_owned());
+        assert_eq!(settings.check(), Ok(()));
     }
 
     #[test]

@@ -147,6 +147,15 @@ pub(crate) fn commit_stored<C: Consumer<CommitOnRevoke>>(consumer: &C, when: &st
     }
 }
 
+/// A fatal error of the Kafka client: it can never consume again.
+#[derive(Debug)]
+pub(crate) struct Fatal {
+    /// librdkafka's code and reason.
+    pub(crate) reason: String,
+    /// The broker fenced this static member: another member joined under its instance id.
+    pub(crate) fenced: bool,
+}
+
 /// Receives and handles records until `stop` turns true.
 #[allow(missing_debug_implementations)] // the librdkafka handle has no Debug
 pub(crate) struct Worker<'a> {
@@ -166,8 +175,8 @@ impl Worker<'_> {
     /// left unacknowledged for redelivery.
     ///
     /// Returns when `stop` turns true (`None`), or when the Kafka client reported a fatal error
-    /// and can never consume again (`Some(why)`): the caller replaces it.
-    pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) -> Option<String> {
+    /// and can never consume again (`Some`): the caller replaces it, or stops when it was fenced.
+    pub(crate) async fn run(&self, mut stop: watch::Receiver<bool>) -> Option<Fatal> {
         let mut receive_failures = 0;
         while !*stop.borrow() {
             let received = tokio::select! {
@@ -211,11 +220,13 @@ impl Worker<'_> {
     }
 
     /// Why the client can never consume again, if it cannot.
-    fn fatal_error(&self, error: &KafkaError) -> Option<String> {
+    fn fatal_error(&self, error: &KafkaError) -> Option<Fatal> {
         if let Some((code, reason)) = self.consumer.client().fatal_error() {
-            return Some(format!("{code:?}: {reason}"));
+            let fenced = code == RDKafkaErrorCode::FencedInstanceId;
+            return Some(Fatal { reason: format!("{code:?}: {reason}"), fenced });
         }
-        matches!(error, KafkaError::MessageConsumptionFatal(_)).then(|| error.to_string())
+        matches!(error, KafkaError::MessageConsumptionFatal(_))
+            .then(|| Fatal { reason: error.to_string(), fenced: false })
     }
 
     /// Pauses (or resumes) fetching for every partition this consumer holds. While a record's

@@ -68,6 +68,7 @@ impl Application {
     ///
     /// Nothing is served until [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let settings = settings.with_secrets_read().map_err(ReadyError::from)?;
         let retention = settings.retention();
         let security = &settings.security;
         let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;

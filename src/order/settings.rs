@@ -14,9 +14,14 @@ pub struct Settings {
     pub listen: SocketAddr,
 
     /// The primary database: mysql://, postgres:// or sqlite:// URL. Reconcile reads from it, so
-    /// it must never point at a replica.
-    #[arg(long, env = "OUTPOST_DATABASE_URL")]
+    /// it must never point at a replica. A URL with a password belongs in
+    /// `--database-url-file`: flags show in `ps`.
+    #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     pub database_url: String,
+
+    /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
+    #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
+    pub database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the service holds.
     #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -60,6 +65,14 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// These settings with the database URL read from `database_url_file`, when that is how it
+    /// was given.
+    pub fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
+        self.database_url =
+            crate::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
+        Ok(self)
+    }
+
     /// Settings for `database_url` with every other value at its default and an OS-chosen port,
     /// except that callers are not authenticated (`--auth none`): loopback only, for tests and
     /// embedding.
@@ -67,6 +80,7 @@ impl Settings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             database_url: database_url.into(),
+            database_url_file: None,
             db_max_connections: 16,
             shutdown_grace: Duration::from_secs(10),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -53,6 +53,7 @@ impl Application {
     /// producer and binds the health endpoint. Publishing starts in
     /// [`Application::run_until_stopped`].
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let settings = settings.with_secrets_read().map_err(ReadyError::from)?;
         check(&settings)?;
         Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
         let outbox = open_outbox(&settings.database_url, settings.db_max_connections).await?;
@@ -154,10 +155,9 @@ pub async fn redrive(
     event_id: &str,
     audit: &RedriveAudit,
 ) -> Result<Redrive, StartupError> {
-    if settings.database_url.is_empty() {
-        return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
-    }
-    let db = service::open_database(&settings.database_url, 1).await?;
+    let url = crate::secret::database_url(&settings.database_url, settings.database_url_file.as_deref())
+        .map_err(ReadyError::from)?;
+    let db = service::open_database(&url, 1).await?;
     Outbox::new(db).redrive(event_id, audit).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
 }
 
@@ -217,9 +217,6 @@ async fn report_backlog(outbox: Outbox, mut stop: watch::Receiver<bool>) {
 }
 
 fn check(settings: &Settings) -> Result<(), StartupError> {
-    if settings.database_url.is_empty() {
-        return Err(StartupError::Settings("--database-url (OUTPOST_DATABASE_URL) is required".into()));
-    }
     // A step still acting on its events when their lease ends races the relay that claims them
     // next. The lease must cover the slowest publish (queue wait included), the marks and
     // releases, and the margin.

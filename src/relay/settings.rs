@@ -15,9 +15,14 @@ pub struct Settings {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// The database holding the outbox: mysql://, postgres:// or sqlite:// URL.
-    #[arg(long, global = true, env = "OUTPOST_DATABASE_URL", default_value = "")]
+    /// The database holding the outbox: mysql://, postgres:// or sqlite:// URL. A URL with a
+    /// password belongs in `--database-url-file`: flags show in `ps`.
+    #[arg(long, global = true, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     pub database_url: String,
+
+    /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
+    #[arg(long, global = true, env = "OUTPOST_DATABASE_URL_FILE")]
+    pub database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the relay holds.
     #[arg(long, global = true, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -36,6 +41,11 @@ pub struct Settings {
     /// variable, one option per line.
     #[arg(long = "kafka-option", global = true, env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
+
+    /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
+    /// `--kafka-option`: the place for `sasl.password` and other secrets.
+    #[arg(long, global = true, env = "OUTPOST_KAFKA_OPTION_FILE")]
+    pub kafka_option_file: Option<std::path::PathBuf>,
 
     /// Batches one relay works on at once: while one batch awaits the broker's confirms,
     /// another is claimed or marked. Events of different batches may reach the topic in either
@@ -115,16 +125,28 @@ pub enum Command {
 }
 
 impl Settings {
+    /// These settings with the database URL read from `database_url_file`, when that is how it
+    /// was given, and the options of `kafka_option_file` added to `kafka_options`.
+    pub fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
+        self.database_url =
+            crate::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
+        self.kafka_options =
+            crate::secret::kafka_options(&self.kafka_options, self.kafka_option_file.take().as_deref())?;
+        Ok(self)
+    }
+
     /// Settings for `database_url` and `brokers` with every other value at its default and an
     /// OS-chosen health port.
     pub fn new(database_url: impl Into<String>, brokers: impl Into<String>) -> Self {
         Self {
             command: None,
             database_url: database_url.into(),
+            database_url_file: None,
             db_max_connections: 4,
             brokers: brokers.into(),
             topic: DEFAULT_TOPIC.to_owned(),
             kafka_options: Vec::new(),
+            kafka_option_file: None,
             workers: 2,
             batch_size: 500,
             lease: Duration::from_secs(30),

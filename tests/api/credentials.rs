@@ -215,3 +215,131 @@ async fn a_token_still_travels_in_plaintext_to_a_loopback_address() {
     assert_eq!(app.count("orders").await, 2, "both clients' orders committed");
     app.stop().await;
 }
+
+/// The NUL-separated command line of process `pid`, as every user of the host can read it.
+fn command_line(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_their_command_lines() {
+    let db = TestDb::migrated(Backend::MariaDb).await;
+    let conn = db.connect().await;
+    let broker = TestBroker::start().await;
+    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url_file = dir.path().join("database-url");
+    std::fs::write(&url_file, format!("{}\n", db.url)).unwrap();
+    let kafka_file = dir.path().join("kafka.properties");
+    std::fs::write(
+        &kafka_file,
+        "# a dead member leaves after seconds\nsession.timeout.ms=6000\nheartbeat.interval.ms=500\n",
+    )
+    .unwrap();
+    let from_file = format!("--database-url-file={}", url_file.display());
+    let kafka = format!("--kafka-option-file={}", kafka_file.display());
+    let (brokers, topic_flag) = (format!("--brokers={}", broker.address()), format!("--topic={topic}"));
+
+    let port = free_port();
+    let order_args =
+        [from_file.clone(), format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".into()];
+    let order_service = ServiceProcess::spawn("outpost-order", &order_args, &[]);
+    // The relay takes the file's name from the environment.
+    let relay_args = [brokers.clone(), topic_flag.clone(), kafka.clone(), "--listen=127.0.0.1:0".into()];
+    let relay = ServiceProcess::spawn(
+        "outpost-relay",
+        &relay_args,
+        &[("OUTPOST_DATABASE_URL_FILE", url_file.display().to_string())],
+    );
+    let consumer_args =
+        [from_file, brokers, topic_flag, kafka, "--group-id=g1".into(), "--listen=127.0.0.1:0".into()];
+    let consumer = ServiceProcess::spawn("outpost-consumer", &consumer_args, &[]);
+
+    let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
+    let accepted = client.submit_order(order(7, "from-files")).await.unwrap().into_inner();
+    let probe = OutboxProbe { conn: &conn };
+    assert_eventually("the event is published and consumed", Duration::from_secs(60), || async {
+        probe.state(&accepted.event_id).await.status == "PUBLISHED"
+            && scalar(
+                &conn,
+                &format!("SELECT COUNT(*) FROM consumed_event WHERE event_id = '{}'", accepted.event_id),
+            )
+            .await
+                == 1
+    })
+    .await;
+    for process in [&order_service, &relay, &consumer] {
+        let line = command_line(process.pid());
+        assert!(!line.is_empty() && !line.contains(&db.url), "a database URL on a command line: {line}");
+    }
+
+    // A line that is not KEY=VALUE stops the relay at start-up (the line is named, not shown).
+    std::fs::write(&kafka_file, "sasl.username=outpost\nhunter2\n").unwrap();
+    let mut refused = ServiceProcess::spawn(
+        "outpost-relay",
+        &[
+            format!("--database-url-file={}", url_file.display()),
+            format!("--kafka-option-file={}", kafka_file.display()),
+        ],
+        &[],
+    );
+    assert!(!refused.wait(WAIT).await.success(), "a bad Kafka option file was accepted");
+}
+
+async fn scalar(conn: &sea_orm::DatabaseConnection, sql: &str) -> i64 {
+    use sea_orm::ConnectionTrait as _;
+    let row =
+        conn.query_one_raw(sea_orm::Statement::from_string(conn.get_database_backend(), sql)).await.unwrap();
+    row.and_then(|row| row.try_get_by_index::<i64>(0).ok()).unwrap_or(0)
+}
+
+/// The pids of this process's children now.
+#[cfg(feature = "failpoints")]
+fn children() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // stat: `pid (comm) state ppid ...`; comm may hold spaces, so split after its `)`.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) == Some(me.as_str())
+        })
+        .collect()
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_verifier_gives_its_services_the_database_url_through_the_environment_not_their_command_lines() {
+    use std::collections::HashMap;
+
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let broker = TestBroker::start().await;
+    let logs = tempfile::tempdir().unwrap();
+    let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
+    let run = tokio::spawn(async move { outpost_verify::run(&settings).await.map(|report| report.passed()) });
+    // Every child's command line, read while it runs.
+    let mut seen: HashMap<i32, String> = HashMap::new();
+    while !run.is_finished() {
+        for pid in children() {
+            let line = command_line(pid);
+            if line.contains("outpost-") {
+                seen.entry(pid).or_insert(line);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(run.await.unwrap().ok(), Some(true), "the verifier passes");
+    assert!(
+        ["outpost-order", "outpost-relay", "outpost-consumer"]
+            .iter()
+            .all(|b| seen.values().any(|l| l.contains(b))),
+        "every kind of service was seen: {seen:?}"
+    );
+    for line in seen.values() {
+        assert!(!line.contains(&db.url), "a database URL on a command line: {line}");
+    }
+}

@@ -22,6 +22,7 @@ mod dependencies;
 mod exact_key;
 mod group_commit;
 mod limits;
+mod membership;
 mod outage;
 mod python;
 mod reconcile;

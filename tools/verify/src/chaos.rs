@@ -143,7 +143,6 @@ pub async fn chaos(
     let tenant_id = i64::from(rand::random::<u32>() >> 1) + 1;
     let common = |extra: &[&str]| -> Vec<String> {
         [
-            format!("--database-url={}", settings.database_url),
             format!("--brokers={}", settings.brokers),
             format!("--topic={topic}"),
             "--listen=127.0.0.1:0".to_owned(),
@@ -181,11 +180,7 @@ pub async fn chaos(
     let order = settings.launch(
         "outpost-order",
         "chaos-order",
-        &[
-            format!("--database-url={}", settings.database_url),
-            format!("--listen=127.0.0.1:{port}"),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-        ],
+        &[format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".to_owned()],
         "",
     )?;
     for kind in ["relay", "relay", "consumer", "consumer"] {

@@ -75,7 +75,6 @@ impl Run<'_> {
 
     fn relay_args(&self) -> Vec<String> {
         [
-            format!("--database-url={}", self.settings.database_url),
             format!("--brokers={}", self.settings.brokers),
             format!("--topic={}", self.topic),
             // A delivery timeout long enough for a busy machine: when librdkafka times out an
@@ -98,7 +97,6 @@ impl Run<'_> {
 
     fn consumer_args(&self) -> Vec<String> {
         [
-            format!("--database-url={}", self.settings.database_url),
             format!("--brokers={}", self.settings.brokers),
             format!("--topic={}", self.topic),
             format!("--group-id={}", self.group),
@@ -245,7 +243,6 @@ async fn journey(
     tenant_id: i64,
     request_id: &str,
 ) -> Result<(), VerifyError> {
-    let settings = run.settings;
     let event_id = run.event_id.clone();
     let request_id = request_id.to_owned();
 
@@ -257,11 +254,7 @@ async fn journey(
     let order = run.start(
         "outpost-order",
         "order",
-        vec![
-            format!("--database-url={}", settings.database_url),
-            format!("--listen=127.0.0.1:{port}"),
-            "--admin-listen=127.0.0.1:0".into(),
-        ],
+        vec![format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".into()],
         format!(
             "{}=1*return;{}=1*return",
             fp::BEFORE_ORDER_TRANSACTION_COMMIT,

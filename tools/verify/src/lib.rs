@@ -80,7 +80,9 @@ pub struct Settings {
 
 impl Settings {
     /// Starts `binary` from `bin_dir` as `label`, with `failpoints` (`NAME=ACTION;…`) armed and
-    /// its JSON logs kept in `work_dir/label.log`.
+    /// its JSON logs kept in `work_dir/label.log`. The database URL (which may hold a password)
+    /// goes through the environment, never the command line, which every user of the host can
+    /// read.
     fn launch(
         &self,
         binary: &str,
@@ -89,6 +91,7 @@ impl Settings {
         failpoints: &str,
     ) -> std::io::Result<ServiceProcess> {
         let env = [
+            ("OUTPOST_DATABASE_URL", self.database_url.clone()),
             ("FAILPOINTS", failpoints.to_owned()),
             ("OUTPOST_LOG_FORMAT", "json".to_owned()),
             ("RUST_LOG", "info".to_owned()),

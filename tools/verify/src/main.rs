@@ -11,9 +11,13 @@ use outpost_verify::{self as verify, Break};
 #[derive(Debug, clap::Parser)]
 #[command(name = "outpost-verify", version)]
 struct Cli {
-    /// A migrated database the services share (`outpost-migrate up` first).
-    #[arg(long, env = "OUTPOST_DATABASE_URL")]
+    /// A migrated database the services share (`outpost-migrate up` first). It reaches the
+    /// services through their environment, never their command lines.
+    #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     database_url: String,
+    /// File holding the database URL (instead of `--database-url`).
+    #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
+    database_url_file: Option<PathBuf>,
     /// Kafka bootstrap servers.
     #[arg(long, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
@@ -76,8 +80,13 @@ async fn main() -> ExitCode {
     let bin_dir = cli.bin_dir.clone().or_else(|| {
         std::env::current_exe().ok().and_then(|exe| exe.parent().map(std::path::Path::to_path_buf))
     });
+    let database_url =
+        match outpost::secret::database_url(&cli.database_url, cli.database_url_file.as_deref()) {
+            Ok(url) => url,
+            Err(e) => return startup::fail("outpost-verify", e),
+        };
     let settings = verify::Settings {
-        database_url: cli.database_url,
+        database_url,
         brokers: cli.brokers,
         bin_dir: bin_dir.unwrap_or_default(),
         work_dir: cli.work_dir,

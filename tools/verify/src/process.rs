@@ -47,6 +47,8 @@ impl ServiceProcess {
             // The services under test are failpoint builds, which refuse to start without it.
             .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            // A secret file inherited from the caller would contradict the URL `env` gives.
+            .env_remove("OUTPOST_DATABASE_URL_FILE")
             .stdin(Stdio::null())
             .kill_on_drop(true);
         let log = match output {

@@ -1,0 +1,85 @@
+//! Static membership that cannot fight itself: a second live consumer under an instance name
+//! already in use stops at start-up with an error naming it, and static membership is never
+//! named after a port picked at random. Real consumer processes, a real Tansu broker.
+//!
+//! Tansu 0.6 never answers FENCED_INSTANCE_ID (a second member joining under a known instance id
+//! is handed the first one's member id), so what stops the second instance here is the
+//! consumer's own instance lock in its database, not the broker.
+
+use std::time::Duration;
+
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::broker::{TestBroker, free_port};
+use crate::consumer::{event_record, produce};
+use crate::dependencies::assert_health;
+use crate::helpers::{Backend, ServiceProcess, TestApp, assert_eventually, service_binary};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Runs the consumer binary with `args` to its end: (exit status, stderr).
+async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
+    let output = tokio::process::Command::new(service_binary("outpost-consumer"))
+        .args(args)
+        .env("OUTPOST_AUTH", "none")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OUTPOST_KAFKA_OPTIONS")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(WAIT, output).await.expect("the consumer stopped by itself").unwrap();
+    (output.status, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_consumer_under_an_instance_name_in_use_stops_naming_it_and_the_first_keeps_consuming() {
+    let app = TestApp::spawn(Backend::MariaDb).await;
+    let broker = TestBroker::start().await;
+    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    broker.create_topic(&topic, 1).await;
+    let args = |port: u16| {
+        vec![
+            format!("--database-url={}", app.db.url),
+            format!("--brokers={}", broker.address()),
+            format!("--topic={topic}"),
+            "--group-id=g1".to_owned(),
+            "--membership=static".to_owned(),
+            "--instance-name=notification-planner-0".to_owned(),
+            format!("--listen=127.0.0.1:{port}"),
+            "--kafka-option=heartbeat.interval.ms=500".to_owned(),
+        ]
+    };
+    let first_port = free_port();
+    let mut first = ServiceProcess::spawn("outpost-consumer", &args(first_port), &[]);
+    assert_health("the first instance serves", first_port, "", ServingStatus::Serving).await;
+
+    let (status, stderr) = run_to_exit(&args(free_port())).await;
+    assert!(!status.success(), "the second instance under the same name ran: {status:?}");
+    assert!(
+        stderr.contains("another consumer instance") && stderr.contains("`notification-planner-0`"),
+        "the error names the duplicate instance: {stderr}"
+    );
+
+    let (event_id, payload) = event_record(31);
+    produce(&broker.address(), &topic, "31", &payload, Some(&event_id)).await;
+    assert_eventually("the first instance still consumes", WAIT, || async {
+        app.count("notification_job").await == 1
+    })
+    .await;
+    first.signal("TERM").await;
+    assert!(first.wait(WAIT).await.success(), "the first instance stops cleanly");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn static_membership_on_a_port_picked_at_start_without_a_name_is_refused_at_start_up() {
+    let db = tempfile::tempdir().unwrap();
+    let (status, stderr) = run_to_exit(&[
+        format!("--database-url=sqlite://{}/consumer.db?mode=rwc", db.path().display()),
+        format!("--brokers=127.0.0.1:{}", free_port()),
+        "--membership=static".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+    ])
+    .await;
+    assert!(!status.success(), "{status:?}");
+    assert!(stderr.contains("--instance-name"), "the error says what to set: {stderr}");
+}
