@@ -112,7 +112,19 @@ impl Application {
         };
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
-        Ok(Self { consumer, db, health_db, inbox, stats, listener, port, auth, retention, instance, settings })
+        Ok(Self {
+            consumer,
+            db,
+            health_db,
+            inbox,
+            stats,
+            listener,
+            port,
+            auth,
+            retention,
+            instance,
+            settings,
+        })
     }
 
     /// The listener's port (health and the ConsumerAdminService).

@@ -22,6 +22,8 @@ async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
     let output = tokio::process::Command::new(service_binary("outpost-consumer"))
         .args(args)
         .env("OUTPOST_AUTH", "none")
+        // A failpoints build (the suite's) refuses to start without it.
+        .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OUTPOST_KAFKA_OPTIONS")
         .kill_on_drop(true)
