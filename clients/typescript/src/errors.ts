@@ -1,0 +1,78 @@
+// Outpost's errors as typed values: the gRPC code and the ErrorInfo reason the server put in
+// the google.rpc.Status of the `grpc-status-details-bin` trailer (connect-node decodes the
+// trailer into ConnectError.details; findDetails unpacks the ErrorInfo from its Any).
+
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
+
+/** The ErrorInfo domain of Outpost's own errors; a reason from any other domain is not ours. */
+export const ERROR_DOMAIN = "outpost.v1";
+
+/** A failed call: its gRPC code, Outpost's ErrorInfo reason and metadata, and the message. */
+export class OutpostError extends Error {
+  override readonly name = "OutpostError";
+
+  constructor(
+    /** The gRPC status code; a transport error (nothing answered) is UNAVAILABLE. */
+    readonly code: Code,
+    /** ErrorInfo.reason when the server sent one in Outpost's domain, such as OUTCOME_UNKNOWN. */
+    readonly reason: string | undefined,
+    /** ErrorInfo.metadata: tenant_id, request_id and, where one exists, event_id. */
+    readonly metadata: Readonly<Record<string, string>>,
+    /** The server's message, without the code. */
+    readonly rawMessage: string,
+    options?: { cause?: unknown },
+  ) {
+    super(`${codeName(code)}${reason ? ` ${reason}` : ""}: ${rawMessage}`, options);
+  }
+
+  /** The gRPC name of the code, as in the proto's tables: UNKNOWN, ABORTED, NOT_FOUND, ... */
+  get codeName(): string {
+    return codeName(this.code);
+  }
+
+  /** Any error a call threw, as an OutpostError (a non-gRPC error becomes UNKNOWN). */
+  static from(error: unknown): OutpostError {
+    if (error instanceof OutpostError) return error;
+    const connect = ConnectError.from(error);
+    const info = connect.findDetails(ErrorInfoSchema).find((detail) => detail.domain === ERROR_DOMAIN);
+    return new OutpostError(connect.code, info?.reason, { ...info?.metadata }, connect.rawMessage, {
+      cause: error,
+    });
+  }
+}
+
+/** `Code.DeadlineExceeded` as `DEADLINE_EXCEEDED`; OK for 0. */
+export function codeName(code: Code): string {
+  if (code === Code.Canceled) return "CANCELLED";
+  const name = Code[code] as string | undefined;
+  return name === undefined ? `CODE_${code}` : name.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
+}
+
+/** The server refused the order for a reason retrying cannot fix; nothing was written by it. */
+export class Rejected extends Error {
+  override readonly name = "Rejected";
+
+  constructor(
+    readonly failure: OutpostError,
+    /** Calls made, submits and reconciles together. */
+    readonly calls: number,
+  ) {
+    super(`rejected: ${failure.message}`, { cause: failure });
+  }
+}
+
+/** Every allowed call failed. The order may exist: reconcile later, or resubmit with the same ids. */
+export class GaveUp extends Error {
+  override readonly name = "GaveUp";
+
+  constructor(
+    readonly failure: OutpostError,
+    readonly calls: number,
+    /** The event id every attempt sent: reuse it when trying again. */
+    readonly eventId: string,
+  ) {
+    super(`gave up after ${calls} calls; last error: ${failure.message}`, { cause: failure });
+  }
+}
