@@ -123,6 +123,25 @@ check_typescript_client() {
   (cd "$TS_CLIENT" && node scripts/generate.mjs --check && npx --no-install tsc --noEmit -p .)
 }
 
+# The deployment files' checks (deploy/check.py: Kubernetes and Compose schemas): a venv of
+# their own next to the clients' one, reinstalled only when deploy/requirements.txt changes.
+# The tests find the interpreter through OUTPOST_DEPLOY_PYTHON.
+DEPLOY_VENV="$HOME/.cache/outpost/deploy-venv"
+ensure_deploy_checks() {
+  local requirements="$repo_root/deploy/requirements.txt"
+  local stamp="$DEPLOY_VENV/.requirements.sha256"
+  local want
+  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ ! -x "$DEPLOY_VENV/bin/python" ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+    log "installing the deployment checks' requirements into $DEPLOY_VENV"
+    rm -rf "$DEPLOY_VENV"
+    python3 -m venv "$DEPLOY_VENV"
+    "$DEPLOY_VENV/bin/python" -m pip install --quiet --requirement "$requirements"
+    printf '%s\n' "$want" >"$stamp"
+  fi
+  export OUTPOST_DEPLOY_PYTHON="$DEPLOY_VENV/bin/python"
+}
+
 # buf (lint and breaking-change checks of proto/) from the npm registry, which ships the binary.
 BUF_VERSION=1.75.0
 BUF_PREFIX="$HOME/.cache/outpost/node"

@@ -19,6 +19,7 @@ mod console;
 mod consumer;
 mod credentials;
 mod dependencies;
+mod deploy;
 mod exact_key;
 mod group_commit;
 mod limits;
@@ -33,6 +34,7 @@ mod service;
 mod stopping;
 mod submit_order;
 mod traces;
+mod typescript;
 #[cfg(feature = "failpoints")]
 mod verify;
 mod wake;

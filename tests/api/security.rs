@@ -265,7 +265,16 @@ pub async fn tls_service(
     pki: &Pki,
     adjust: impl FnOnce(&mut Settings),
 ) -> (TestDb, InProcess, u16, u16) {
-    let db = TestDb::migrated(backend).await;
+    tls_service_on(TestDb::migrated(backend).await, pki, adjust).await
+}
+
+/// An order service over `db` with TLS from `pki` on both listeners; `adjust` changes the
+/// settings first.
+pub async fn tls_service_on(
+    db: TestDb,
+    pki: &Pki,
+    adjust: impl FnOnce(&mut Settings),
+) -> (TestDb, InProcess, u16, u16) {
     let mut settings = Settings::for_database(&db.url);
     settings.security.listeners.tls_cert = Some(pki.cert.clone());
     settings.security.listeners.tls_key = Some(pki.key.clone());

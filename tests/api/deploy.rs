@@ -1,0 +1,87 @@
+//! The deployment files (deploy/) without a container runtime: every Kubernetes manifest and
+//! the Compose file validate against their schemas, and every flag, subcommand and environment
+//! variable they hand a binary exists in that binary's `--help`, so they cannot drift from the
+//! code. Builds nothing: the binaries are the ones next to the test executable.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::helpers::service_binary;
+
+/// Settings read outside clap (so absent from `--help`): they must be read by the telemetry.
+const TELEMETRY: &str = include_str!("../../src/telemetry.rs");
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+/// `deploy/check.py <command>` run by the venv with deploy/requirements.txt: its stdout.
+fn check(command: &str) -> String {
+    let python = std::env::var("OUTPOST_DEPLOY_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "OUTPOST_DEPLOY_PYTHON is not set: scripts/test sets it (ensure_deploy_checks in \
+             scripts/common.sh); after one run: export OUTPOST_DEPLOY_PYTHON=$HOME/.cache/outpost/deploy-venv/bin/python"
+        )
+    });
+    let output = Command::new(&python).arg(deploy_dir().join("check.py")).arg(command).output().unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "check.py {command}: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn every_kubernetes_manifest_and_the_compose_file_validate_against_their_schemas() {
+    let report = check("validate");
+
+    for kind in ["Job/", "Deployment/", "StatefulSet/", "Service/", "PodDisruptionBudget/", "NetworkPolicy/"] {
+        assert!(report.contains(&format!(": {kind}")), "no {kind} was validated:\n{report}");
+    }
+    assert!(report.contains("valid   compose.yaml"), "{report}");
+}
+
+/// Whether `help` names `word` as a whole word right after `prefix`.
+fn names(help: &str, prefix: &str, word: &str) -> bool {
+    let needle = format!("{prefix}{word}");
+    help.match_indices(&needle).any(|(at, _)| {
+        help[at + needle.len()..].chars().next().is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+    })
+}
+
+#[test]
+fn every_flag_and_environment_variable_the_deployment_files_pass_exists_in_the_binaries_help() {
+    let starts: Vec<Value> = serde_json::from_str(&check("inventory")).unwrap();
+    assert!(starts.len() >= 8, "every manifest, compose service and image target: {starts:?}");
+    let mut unknown = Vec::new();
+    for start in &starts {
+        let (source, binary) = (start["source"].as_str().unwrap(), start["binary"].as_str().unwrap());
+        let output = Command::new(service_binary(binary)).arg("--help").env_clear().output().unwrap();
+        assert!(output.status.success(), "{binary} --help failed");
+        let help = String::from_utf8(output.stdout).unwrap();
+        let list = |key: &str| start[key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned());
+        for flag in list("flags") {
+            if !names(&help, "--", &flag) {
+                unknown.push(format!("{source}: {binary} has no flag --{flag}"));
+            }
+        }
+        for word in list("words") {
+            if !help.lines().any(|line| names(line.trim_start(), "", &word) && line.trim_start().starts_with(&word)) {
+                unknown.push(format!("{source}: {binary} has no subcommand {word}"));
+            }
+        }
+        for var in list("env") {
+            let known = names(&help, "[env: ", &var) || names(&help, "env: ", &var);
+            let telemetry = (var.starts_with("OTEL_") || var == "OUTPOST_LOG_FORMAT") && TELEMETRY.contains(&var);
+            if !known && !telemetry {
+                unknown.push(format!("{source}: {binary} reads no {var}"));
+            }
+        }
+    }
+    assert!(unknown.is_empty(), "the deployment files drifted from the binaries:\n{}", unknown.join("\n"));
+}

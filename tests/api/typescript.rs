@@ -1,0 +1,272 @@
+//! The TypeScript client (clients/typescript) against a real order service with TLS and JWT on
+//! MariaDB: its tests run under node's own test runner (`node --test`) as a subprocess, and this
+//! side checks what the database holds afterwards. Faults are armed here (failpoints are
+//! process-global and the service runs in this process) or made by stopping a private MariaDB.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::json;
+
+#[cfg(feature = "failpoints")]
+use tonic_health::pb::health_check_response::ServingStatus;
+
+#[cfg(feature = "failpoints")]
+use crate::helpers::assert_eventually;
+use crate::helpers::{Backend, InProcess, TestDb};
+use crate::pki::{AUDIENCE, ISSUER, Pki};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// clients/typescript, with its packages installed.
+fn client_dir() -> PathBuf {
+    let dir = std::env::var_os("OUTPOST_TS_CLIENT").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript"),
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("node_modules/.bin/tsx").exists(),
+        "{} has no node_modules: scripts/test installs them (ensure_typescript_client in \
+         scripts/common.sh; by hand: npm ci in clients/typescript)",
+        dir.display()
+    );
+    dir
+}
+
+/// Runs `node --test` on one test file of clients/typescript with `vars` in its environment,
+/// and fails (showing its report) unless every test in it ran and passed.
+async fn node_test(file: &str, vars: &[(&str, String)]) {
+    let mut command = tokio::process::Command::new("node");
+    command
+        .current_dir(client_dir())
+        .args(["--import", "tsx", "--test", "--test-reporter=spec", file])
+        .envs(vars.iter().map(|(name, value)| (*name, value.as_str())))
+        .env_remove("OUTPOST_TOKEN")
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(WAIT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("node --test {file} did not finish within {WAIT:?}"))
+        .unwrap_or_else(|e| panic!("cannot run node (Node 20 or later on PATH): {e}"));
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "node --test {file}: {}\n{report}", output.status);
+    let count = |label: &str| {
+        report
+            .lines()
+            .find_map(|line| line.trim_start_matches(['ℹ', '#', ' ']).strip_prefix(label))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+    };
+    assert!(count("pass ").is_some_and(|n| n > 0), "no test of {file} passed:\n{report}");
+    assert_eq!((count("fail "), count("skipped ")), (Some(0), Some(0)), "{report}");
+}
+
+/// An order service with TLS and JWT over `db`, the CA and token files the node tests use, and
+/// the ids of the order under test.
+struct Service {
+    db: TestDb,
+    server: InProcess,
+    port: u16,
+    vars: Vec<(&'static str, String)>,
+    event_id: String,
+    ca: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Service {
+    async fn start(db: TestDb) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::make(dir.path()).unwrap();
+        let jwks = pki.jwks.clone();
+        let (db, server, port, _) = crate::security::tls_service_on(db, &pki, |s| {
+            s.security.auth = outpost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
+        })
+        .await;
+        let token_file = |tenant_id: i64| {
+            let token = pki.token(json!({ "sub": format!("ts-{tenant_id}"), "tenant_id": tenant_id })).unwrap();
+            let path = dir.path().join(format!("tenant-{tenant_id}.jwt"));
+            std::fs::write(&path, token).unwrap();
+            path.display().to_string()
+        };
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let vars = vec![
+            ("OUTPOST_TS_TARGET", format!("localhost:{port}")),
+            ("OUTPOST_TS_CA_FILE", pki.ca.display().to_string()),
+            ("OUTPOST_TS_TOKEN_FILE", token_file(7)),
+            ("OUTPOST_TS_OTHER_TENANT_TOKEN_FILE", token_file(8)),
+            ("OUTPOST_TS_REQUEST_ID", "req-ts-1".to_owned()),
+            ("OUTPOST_TS_EVENT_ID", event_id.clone()),
+        ];
+        Self { db, server, port, vars, event_id, ca: pki.ca.clone(), _dir: dir }
+    }
+
+    /// Waits until the order service's health (over TLS) reports `expected`.
+    #[cfg(feature = "failpoints")]
+    async fn assert_health(&self, what: &str, expected: ServingStatus) {
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let tls = outpost::client::ClientTls { ca_file: Some(self.ca.clone()), identity: None };
+        let url = format!("https://localhost:{}", self.port);
+        let status = || async {
+            let channel = outpost::client::connect(&url, &tls).await.ok()?;
+            let request = HealthCheckRequest { service: "outpost.v1.OrderService".to_owned() };
+            Some(HealthClient::new(channel).check(request).await.ok()?.into_inner().status())
+        };
+        assert_eventually(what, WAIT, || async { status().await == Some(expected) }).await;
+    }
+
+    /// Runs `test/service/faults.test.ts` expecting `calls` and `outcome`.
+    async fn submit_through_fault(&self, expect: serde_json::Value) {
+        let mut vars = self.vars.clone();
+        vars.push(("OUTPOST_TS_EXPECT", expect.to_string()));
+        node_test("test/service/faults.test.ts", &vars).await;
+    }
+
+    /// Orders committed in tenant 7 as `(request_id, acceptance_event_id)`, and outbox rows.
+    async fn stored(&self) -> (Vec<(String, String)>, i64) {
+        use sea_orm::ConnectionTrait;
+        let conn = self.db.connect().await;
+        let rows = conn
+            .query_all_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::MySql,
+                "SELECT request_id, acceptance_event_id FROM orders WHERE tenant_id = 7 ORDER BY id",
+            ))
+            .await
+            .unwrap();
+        let orders = rows
+            .iter()
+            .map(|row| (row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap()))
+            .collect();
+        let outbox = conn
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::MySql,
+                "SELECT COUNT(*) FROM outbox_event",
+            ))
+            .await
+            .unwrap()
+            .unwrap()
+            .try_get_by_index::<i64>(0)
+            .unwrap();
+        conn.close().await.unwrap();
+        (orders, outbox)
+    }
+
+    /// Exactly the order under test committed, once, under the event id fixed before its first
+    /// attempt, with its one outbox row.
+    async fn assert_one_order(&self) {
+        let (orders, outbox) = self.stored().await;
+        assert_eq!(orders, [("req-ts-1".to_owned(), self.event_id.clone())]);
+        assert_eq!(outbox, 1, "one outbox row with the order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_typescript_client_passes_its_unit_tests() {
+    node_test("test/unit.test.ts", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_typescript_client_commits_replays_reconciles_and_is_refused_another_tenant_over_tls_with_a_token()
+{
+    let service = Service::start(TestDb::migrated(Backend::MariaDb).await).await;
+
+    node_test("test/service/outcomes.test.ts", &service.vars).await;
+
+    service.assert_one_order().await;
+    service.server.stop().await;
+}
+
+#[cfg(feature = "failpoints")]
+mod faults {
+    use outpost::failpoint::{
+        BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
+        COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
+    };
+    use serde_json::json;
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    use super::Service;
+    use crate::helpers::{Backend, TestDb, arm};
+    use crate::private_db::PrivateServer;
+
+    async fn mariadb_service() -> Service {
+        Service::start(TestDb::migrated(Backend::MariaDb).await).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_an_unknown_outcome_that_committed_the_typescript_client_reconciles_and_finds_the_order() {
+        let service = mariadb_service().await;
+        arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
+
+        service
+            .submit_through_fault(json!({
+                "calls": ["submit UNKNOWN OUTCOME_UNKNOWN", "reconcile OK"],
+                "outcome": "reconciled",
+            }))
+            .await;
+
+        service.assert_one_order().await;
+        service.server.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_an_unknown_outcome_that_did_not_commit_the_typescript_client_resubmits_with_the_same_ids() {
+        let service = mariadb_service().await;
+        arm(COMMIT_FAILS_WITHOUT_COMMITTING, "1*return");
+
+        service
+            .submit_through_fault(json!({
+                "calls": ["submit UNKNOWN OUTCOME_UNKNOWN", "reconcile NOT_FOUND ORDER_NOT_FOUND", "submit OK"],
+                "outcome": "committed",
+            }))
+            .await;
+
+        service.assert_one_order().await;
+        service.server.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_a_rollback_the_typescript_client_resubmits_at_once_with_the_same_ids() {
+        let service = mariadb_service().await;
+        arm(BEFORE_ORDER_TRANSACTION_COMMIT, "2*return");
+
+        service
+            .submit_through_fault(json!({
+                "calls": ["submit ABORTED ROLLED_BACK", "submit ABORTED ROLLED_BACK", "submit OK"],
+                "outcome": "committed",
+            }))
+            .await;
+
+        service.assert_one_order().await;
+        service.server.stop().await;
+    }
+
+    /// Not a failpoint: the database really stops (a private MariaDB), so no transaction can
+    /// begin and the service answers UNAVAILABLE DATABASE_UNAVAILABLE; the client resubmits
+    /// (never Reconcile: nothing was written), gives up, and once the database is back the same
+    /// ids commit the order once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn while_the_database_is_down_the_typescript_client_resubmits_and_later_commits_with_the_same_ids() {
+        let mut database = PrivateServer::start(Backend::MariaDb).await;
+        let service = Service::start(database.migrated_database().await).await;
+        database.stop().await;
+        service.assert_health("the order service is NOT_SERVING", ServingStatus::NotServing).await;
+
+        service
+            .submit_through_fault(json!({
+                "calls": ["submit UNAVAILABLE DATABASE_UNAVAILABLE", "submit UNAVAILABLE DATABASE_UNAVAILABLE"],
+                "outcome": "gave_up",
+                "maxCalls": 2,
+            }))
+            .await;
+        database.resume().await;
+        service.assert_health("the order service is SERVING again", ServingStatus::Serving).await;
+        service
+            .submit_through_fault(json!({ "calls": ["submit OK"], "outcome": "committed" }))
+            .await;
+
+        service.assert_one_order().await;
+        service.server.stop().await;
+    }
+}
