@@ -40,7 +40,8 @@ fn check(command: &str) -> String {
 fn every_kubernetes_manifest_and_the_compose_file_validate_against_their_schemas() {
     let report = check("validate");
 
-    for kind in ["Job/", "Deployment/", "StatefulSet/", "Service/", "PodDisruptionBudget/", "NetworkPolicy/"] {
+    for kind in ["Job/", "Deployment/", "StatefulSet/", "Service/", "PodDisruptionBudget/", "NetworkPolicy/"]
+    {
         assert!(report.contains(&format!(": {kind}")), "no {kind} was validated:\n{report}");
     }
     assert!(report.contains("valid   compose.yaml"), "{report}");
@@ -50,7 +51,10 @@ fn every_kubernetes_manifest_and_the_compose_file_validate_against_their_schemas
 fn names(help: &str, prefix: &str, word: &str) -> bool {
     let needle = format!("{prefix}{word}");
     help.match_indices(&needle).any(|(at, _)| {
-        help[at + needle.len()..].chars().next().is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        help[at + needle.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
     })
 }
 
@@ -71,13 +75,17 @@ fn every_flag_and_environment_variable_the_deployment_files_pass_exists_in_the_b
             }
         }
         for word in list("words") {
-            if !help.lines().any(|line| names(line.trim_start(), "", &word) && line.trim_start().starts_with(&word)) {
+            if !help
+                .lines()
+                .any(|line| names(line.trim_start(), "", &word) && line.trim_start().starts_with(&word))
+            {
                 unknown.push(format!("{source}: {binary} has no subcommand {word}"));
             }
         }
         for var in list("env") {
             let known = names(&help, "[env: ", &var) || names(&help, "env: ", &var);
-            let telemetry = (var.starts_with("OTEL_") || var == "OUTPOST_LOG_FORMAT") && TELEMETRY.contains(&var);
+            let telemetry =
+                (var.starts_with("OTEL_") || var == "OUTPOST_LOG_FORMAT") && TELEMETRY.contains(&var);
             if !known && !telemetry {
                 unknown.push(format!("{source}: {binary} reads no {var}"));
             }

@@ -20,10 +20,8 @@ const WAIT: Duration = Duration::from_secs(120);
 
 /// clients/typescript, with its packages installed.
 fn client_dir() -> PathBuf {
-    let dir = std::env::var_os("OUTPOST_TS_CLIENT").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript"),
-        PathBuf::from,
-    );
+    let dir = std::env::var_os("OUTPOST_TS_CLIENT")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript"), PathBuf::from);
     assert!(
         dir.join("node_modules/.bin/tsx").exists(),
         "{} has no node_modules: scripts/test installs them (ensure_typescript_client in \
@@ -47,11 +45,8 @@ async fn node_test(file: &str, vars: &[(&str, String)]) {
         .await
         .unwrap_or_else(|_| panic!("node --test {file} did not finish within {WAIT:?}"))
         .unwrap_or_else(|e| panic!("cannot run node (Node 20 or later on PATH): {e}"));
-    let report = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let report =
+        format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "node --test {file}: {}\n{report}", output.status);
     let count = |label: &str| {
         report
@@ -85,7 +80,8 @@ impl Service {
         })
         .await;
         let token_file = |tenant_id: i64| {
-            let token = pki.token(json!({ "sub": format!("ts-{tenant_id}"), "tenant_id": tenant_id })).unwrap();
+            let token =
+                pki.token(json!({ "sub": format!("ts-{tenant_id}"), "tenant_id": tenant_id })).unwrap();
             let path = dir.path().join(format!("tenant-{tenant_id}.jwt"));
             std::fs::write(&path, token).unwrap();
             path.display().to_string()
@@ -168,7 +164,7 @@ async fn the_typescript_client_passes_its_unit_tests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_typescript_client_commits_replays_reconciles_and_is_refused_another_tenant_over_tls_with_a_token()
-{
+ {
     let service = Service::start(TestDb::migrated(Backend::MariaDb).await).await;
 
     node_test("test/service/outcomes.test.ts", &service.vars).await;
@@ -211,7 +207,8 @@ mod faults {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn after_an_unknown_outcome_that_did_not_commit_the_typescript_client_resubmits_with_the_same_ids() {
+    async fn after_an_unknown_outcome_that_did_not_commit_the_typescript_client_resubmits_with_the_same_ids()
+    {
         let service = mariadb_service().await;
         arm(COMMIT_FAILS_WITHOUT_COMMITTING, "1*return");
 
@@ -247,7 +244,8 @@ mod faults {
     /// (never Reconcile: nothing was written), gives up, and once the database is back the same
     /// ids commit the order once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn while_the_database_is_down_the_typescript_client_resubmits_and_later_commits_with_the_same_ids() {
+    async fn while_the_database_is_down_the_typescript_client_resubmits_and_later_commits_with_the_same_ids()
+    {
         let mut database = PrivateServer::start(Backend::MariaDb).await;
         let service = Service::start(database.migrated_database().await).await;
         database.stop().await;
@@ -262,9 +260,7 @@ mod faults {
             .await;
         database.resume().await;
         service.assert_health("the order service is SERVING again", ServingStatus::Serving).await;
-        service
-            .submit_through_fault(json!({ "calls": ["submit OK"], "outcome": "committed" }))
-            .await;
+        service.submit_through_fault(json!({ "calls": ["submit OK"], "outcome": "committed" })).await;
 
         service.assert_one_order().await;
         service.server.stop().await;

@@ -40,7 +40,11 @@ export function submitter(tokenFile: string | undefined, policy: Partial<RetryPo
     // Never the environment's token: a test without a token file sends none.
     tokenEnv: "OUTPOST_TS_NO_TOKEN",
   });
-  const safe = new SafeSubmitter(transport, { initialBackoffMs: 5, ...policy }, (call) => calls.push(call));
+  // A generous deadline: these tests follow the protocol's paths, and on a loaded machine a
+  // call that outlived a short deadline would take another path (Reconcile) than the one named.
+  const safe = new SafeSubmitter(transport, { initialBackoffMs: 5, callTimeoutMs: 60_000, ...policy }, (call) =>
+    calls.push(call),
+  );
   /** `call CODE [REASON]` of every call made so far. */
   const made = () =>
     calls.map((call) =>
