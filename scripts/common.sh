@@ -54,23 +54,28 @@ ensure_tansu() {
   cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore,libsql
 }
 
+# A venv at $1 with the pinned requirements file $2, made again only when that file changes.
+ensure_venv() {
+  local venv="$1" requirements="$2"
+  local stamp="$venv/.requirements.sha256"
+  local want
+  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ ! -x "$venv/bin/python" ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+    log "installing $requirements into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --requirement "$requirements"
+    printf '%s\n' "$want" >"$stamp"
+  fi
+}
+
 # The Python clients (clients/python): a venv outside the clone with the pinned requirements,
 # reinstalled only when requirements.txt changes, and stubs generated from this clone's proto/
 # (under a second, so every run regenerates them and they never lag behind the contracts).
 # The tests find the interpreter through OUTPOST_PYTHON.
 PYTHON_VENV="$HOME/.cache/outpost/venv"
 ensure_python_clients() {
-  local requirements="$repo_root/clients/python/requirements.txt"
-  local stamp="$PYTHON_VENV/.requirements.sha256"
-  local want
-  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
-  if [[ ! -x "$PYTHON_VENV/bin/python" ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-    log "installing the Python clients' requirements into $PYTHON_VENV"
-    rm -rf "$PYTHON_VENV"
-    python3 -m venv "$PYTHON_VENV"
-    "$PYTHON_VENV/bin/python" -m pip install --quiet --requirement "$requirements"
-    printf '%s\n' "$want" >"$stamp"
-  fi
+  ensure_venv "$PYTHON_VENV" "$repo_root/clients/python/requirements.txt"
   "$PYTHON_VENV/bin/python" "$repo_root/clients/python/generate.py"
   export OUTPOST_PYTHON="$PYTHON_VENV/bin/python"
 }
@@ -128,17 +133,7 @@ check_typescript_client() {
 # The tests find the interpreter through OUTPOST_DEPLOY_PYTHON.
 DEPLOY_VENV="$HOME/.cache/outpost/deploy-venv"
 ensure_deploy_checks() {
-  local requirements="$repo_root/deploy/requirements.txt"
-  local stamp="$DEPLOY_VENV/.requirements.sha256"
-  local want
-  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
-  if [[ ! -x "$DEPLOY_VENV/bin/python" ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-    log "installing the deployment checks' requirements into $DEPLOY_VENV"
-    rm -rf "$DEPLOY_VENV"
-    python3 -m venv "$DEPLOY_VENV"
-    "$DEPLOY_VENV/bin/python" -m pip install --quiet --requirement "$requirements"
-    printf '%s\n' "$want" >"$stamp"
-  fi
+  ensure_venv "$DEPLOY_VENV" "$repo_root/deploy/requirements.txt"
   export OUTPOST_DEPLOY_PYTHON="$DEPLOY_VENV/bin/python"
 }
 
