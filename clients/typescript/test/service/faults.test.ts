@@ -16,7 +16,7 @@ const expected = JSON.parse(env("OUTPOST_TS_EXPECT")) as {
 };
 
 test(`through the fault the submitter makes the expected calls with one event id and ends ${expected.outcome}`, async () => {
-  const { safe, made, sentEventIds } = submitter(env("OUTPOST_TS_TOKEN_FILE"), {
+  const { safe, calls, made, sentEventIds } = submitter(env("OUTPOST_TS_TOKEN_FILE"), {
     maxCalls: expected.maxCalls ?? 8,
   });
   const eventId = env("OUTPOST_TS_EVENT_ID");
@@ -33,4 +33,14 @@ test(`through the fault the submitter makes the expected calls with one event id
 
   assert.deepEqual(made(), expected.calls);
   assert.deepEqual(sentEventIds(), new Set([eventId]), "every submit sent the same event id");
+  // Every refused submit's ErrorInfo names the order: its key as sent (tenant 0: the token's),
+  // and the event id it was sent with.
+  for (const { call, failure } of calls) {
+    if (call !== "submit" || failure === undefined) continue;
+    assert.deepEqual(
+      { tenant: failure.metadata.tenant_id, request: failure.metadata.request_id, event: failure.metadata.event_id },
+      { tenant: "0", request: env("OUTPOST_TS_REQUEST_ID"), event: eventId },
+      failure.message,
+    );
+  }
 });
