@@ -246,7 +246,8 @@ export const OrderRecordSchema: GenMessage<OrderRecord> = /*@__PURE__*/
   messageDesc(file_outpost_v1_admin_service, 5);
 
 /**
- * An outbox row.
+ * An outbox row. A caller without the operator scope, reading its own tenant's event, gets
+ * `lease_owner`, `last_redriven_by` and `last_redrive_reason` empty and a generic `last_error`.
  *
  * @generated from message outpost.v1.OutboxRecord
  */
@@ -849,7 +850,8 @@ export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
  * | NOT_FOUND           | EVENT_NOT_FOUND            | no outbox row or order has it                   |
  * | NOT_FOUND           | ORDER_NOT_FOUND            | no order holds (tenant_id, request_id)          |
  * | FAILED_PRECONDITION | NOT_FAILED                 | Redrive on an event that is not FAILED          |
- * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed        |
+ * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
+ * |                     |                            | metadata's correlation_id names the log record  |
  * | UNAUTHENTICATED     | TOKEN_MISSING / TOKEN_INVALID / TOKEN_EXPIRED | see OrderService             |
  * | PERMISSION_DENIED   | SCOPE_MISSING              | ListBacklog, Redrive and Purge need the operator|
  * |                     |                            | scope (--auth-admin-scope, outpost:admin)       |

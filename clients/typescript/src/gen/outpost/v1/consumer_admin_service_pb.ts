@@ -225,7 +225,8 @@ export const PurgeConsumedResponseSchema: GenMessage<PurgeConsumedResponse> = /*
  * | FAILED_PRECONDITION | RETENTION_BELOW_HORIZON    | a consumed_event window shorter than the        |
  * |                     |                            | redelivery horizon: dedup history must outlive  |
  * |                     |                            | every possible redelivery                       |
- * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed        |
+ * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
+ * |                     |                            | metadata's correlation_id names the log record  |
  * | UNAUTHENTICATED     | TOKEN_MISSING / TOKEN_INVALID / TOKEN_EXPIRED | see OrderService             |
  * | PERMISSION_DENIED   | SCOPE_MISSING              | every call needs the operator scope             |
  * |                     |                            | (--auth-admin-scope, outpost:admin): the        |

@@ -286,7 +286,8 @@ export const TransactionOutcomeSchema: GenEnum<TransactionOutcome> = /*@__PURE__
  * |------------------|--------------------|---------------------------------------------------------------|
  * | INVALID_ARGUMENT | INVALID_ORDER      | a field is invalid; BadRequest details name every such field |
  * | ALREADY_EXISTS   | REQUEST_ID_REUSED  | (tenant_id, request_id) already holds a different order       |
- * | ALREADY_EXISTS   | EVENT_ID_IN_USE    | the event_id belongs to another request                       |
+ * | ALREADY_EXISTS   | EVENT_ID_IN_USE    | the event_id cannot be used (another request, of any tenant,  |
+ * |                  |                    | holds it): make a new one                                     |
  *
  * While the database is unreachable and no transaction could begin, SubmitOrder answers
  * UNAVAILABLE with reason DATABASE_UNAVAILABLE: nothing was written; retry later with the same
@@ -307,7 +308,9 @@ export const TransactionOutcomeSchema: GenEnum<TransactionOutcome> = /*@__PURE__
  * |                    |                    | after a backoff; the call was refused before it did anything|
  *
  * Every error carries a google.rpc.ErrorInfo in the status details (domain "outpost.v1") whose
- * metadata holds tenant_id, request_id and, where one exists, event_id. A transport error (the
+ * metadata holds tenant_id, request_id and, where one exists, event_id; ROLLED_BACK,
+ * OUTCOME_UNKNOWN and DATABASE_UNAVAILABLE also hold correlation_id, which names the service's
+ * log record of what failed (the database's own text stays there). A transport error (the
  * call never returned an answer) is an UNKNOWN outcome: Reconcile before retrying.
  *
  * @generated from service outpost.v1.OrderService
