@@ -9,6 +9,12 @@ pub const DEFAULT_TOPIC: &str = "outpost.order-accepted.v1";
 /// `outbox_event.event_type` and the Kafka `event_type` header: the protobuf message's full name.
 pub const EVENT_TYPE: &str = "outpost.v1.OrderAccepted";
 
+/// `event_type` of the event an AmendOrder commits.
+pub const ORDER_AMENDED_EVENT_TYPE: &str = "outpost.v1.OrderAmended";
+
+/// `event_type` of the event a CancelOrder commits.
+pub const ORDER_CANCELLED_EVENT_TYPE: &str = "outpost.v1.OrderCancelled";
+
 /// `outbox_event.aggregate_type` for orders.
 pub const AGGREGATE_TYPE: &str = "order";
 

@@ -63,6 +63,20 @@ impl OrderService for OrderGrpc {
         record_status(&span, &answer);
         answer
     }
+
+    async fn amend_order(
+        &self,
+        _request: Request<pb::AmendOrderRequest>,
+    ) -> Result<Response<pb::AmendOrderResponse>, Status> {
+        Err(Status::unimplemented("AmendOrder is not implemented yet"))
+    }
+
+    async fn cancel_order(
+        &self,
+        _request: Request<pb::CancelOrderRequest>,
+    ) -> Result<Response<pb::CancelOrderResponse>, Status> {
+        Err(Status::unimplemented("CancelOrder is not implemented yet"))
+    }
 }
 
 impl OrderGrpc {
@@ -185,6 +199,9 @@ impl From<AcceptedOrder> for pb::ReconcileResponse {
             status: pb::OrderStatus::from(order.status).into(),
             total_minor: order.total_minor,
             accepted_at: Some(timestamp(order.accepted_at)),
+            operation: pb::OrderOperation::Submit.into(),
+            current_version: order.version,
+            committed_at: Some(timestamp(order.accepted_at)),
         }
     }
 }
