@@ -6,9 +6,9 @@
 //! `demo submit GRPC_URL [CA_FILE TOKEN_FILE]`: submits a few orders to a running order service
 //! (over TLS, with the token, when given) and prints what the service answered, including a
 //! replay, an invalid order, a reused request id, a call without a token and one for another
-//! tenant.
+//! tenant; then amends one order, is refused a stale amendment, and cancels it.
 //! `demo show DATABASE_URL BROKERS TOPIC COUNT`: waits until COUNT outbox events are PUBLISHED,
-//! then prints the order and outbox rows and the records on the topic.
+//! then prints every version of every order with its outbox row, and the records on the topic.
 #![allow(clippy::expect_used)] // a demo: failing loudly is the point
 
 use std::time::Duration;
@@ -165,16 +165,60 @@ async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
     let mut submitter = SafeSubmitter::connect(&address, &tls, token.clone(), RetryPolicy::default())
         .await
         .expect("the order service answers");
-    match submitter.submit(order(&format!("demo-{run}-3"), "SKU-BLUE-MUG", 1)).await {
+    let confirmed = submitter.submit(order(&format!("demo-{run}-3"), "SKU-BLUE-MUG", 1)).await;
+    show_confirmed("safe submitter (submit/reconcile protocol)", &confirmed);
+    let Ok(accepted) = confirmed else { return };
+    change_order(&mut submitter, run, accepted.order_id).await;
+}
+
+/// The order's life after acceptance: amended to version 2, a stale amendment refused, cancelled
+/// at version 3, each with the safe caller protocol.
+async fn change_order(submitter: &mut SafeSubmitter, run: u32, order_id: i64) {
+    let amend = pb::AmendOrderRequest {
+        tenant_id: 1,
+        request_id: format!("demo-{run}-amend"),
+        order_id,
+        expected_version: 1,
+        line_items: vec![pb::LineItem {
+            sku: "SKU-BLUE-MUG".to_owned(),
+            quantity: 3,
+            unit_price_minor: 1_250,
+        }],
+        customer_id: String::new(),
+        event_id: String::new(),
+    };
+    show_confirmed("amend it at version 1 (3 blue mugs)", &submitter.amend(amend.clone()).await);
+    let stale = pb::AmendOrderRequest { request_id: format!("demo-{run}-stale"), ..amend };
+    show_confirmed("amend it again, still expecting version 1", &submitter.amend(stale).await);
+    let cancel = pb::CancelOrderRequest {
+        tenant_id: 1,
+        request_id: format!("demo-{run}-cancel"),
+        order_id,
+        expected_version: 2,
+        reason: pb::CancelReason::CustomerRequest.into(),
+        note: "changed their mind".to_owned(),
+        event_id: String::new(),
+    };
+    show_confirmed("cancel it at version 2", &submitter.cancel(cancel).await);
+}
+
+fn show_confirmed(label: &str, answer: &Result<client::ConfirmedOrder, client::SafeSubmitError>) {
+    match answer {
         Ok(confirmed) => println!(
-            "{:<44} {:?} after {} call(s): order_id={} event_id={}",
-            "safe submitter (submit/reconcile protocol)",
+            "{label:<44} {:?} after {} call(s): order_id={} version={} event_id={}",
             confirmed.confirmation,
             confirmed.calls,
             confirmed.order_id,
+            confirmed.version,
             confirmed.event_id
         ),
-        Err(e) => println!("{:<44} {e}", "safe submitter"),
+        Err(client::SafeSubmitError::Rejected(status)) => {
+            let info = status.get_details_error_info();
+            let reason = info.as_ref().map(|i| i.reason.clone()).unwrap_or_default();
+            let current = info.and_then(|i| i.metadata.get("current_version").cloned()).unwrap_or_default();
+            println!("{label:<44} {:?} reason={reason} current_version={current}", status.code());
+        }
+        Err(e) => println!("{label:<44} {e}"),
     }
 }
 
@@ -196,15 +240,16 @@ async fn print_rows(database_url: &str, count: i64) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let sql = "SELECT o.id, o.request_id, o.total, e.event_id, e.status, e.published_partition, e.published_offset \
-               FROM orders o JOIN outbox_event e ON e.event_id = o.acceptance_event_id ORDER BY o.id";
+    let sql = "SELECT v.order_id, v.request_id, v.version, e.event_id, e.status, e.published_partition, \
+               e.published_offset FROM order_version v JOIN outbox_event e ON e.event_id = v.event_id \
+               ORDER BY v.order_id, v.version";
     let rows = db.query_all_raw(Statement::from_string(backend, sql)).await.expect("the rows read");
     println!(
-        "\norders joined to their outbox events (one transaction wrote each pair; the relay marked them):"
+        "\nevery version of every order joined to its outbox event (one transaction wrote each pair; the relay marked them):"
     );
     println!(
         "{:<9}{:<20}{:<9}{:<38}{:<12}partition/offset",
-        "order_id", "request_id", "total", "event_id", "status"
+        "order_id", "request_id", "version", "event_id", "status"
     );
     for row in rows {
         let get = |i: usize| -> String {
@@ -227,7 +272,8 @@ async fn print_rows(database_url: &str, count: i64) {
 async fn print_jobs(database_url: &str, count: i64) {
     let db = outpost::db::connect(database_url, 1).await.expect("the database opens");
     let backend = db.get_database_backend();
-    let count_sql = "SELECT COUNT(*) FROM notification_job";
+    // An event the consumer cannot apply is set aside as a dead letter: either way it is done.
+    let count_sql = "SELECT (SELECT COUNT(*) FROM notification_job) + (SELECT COUNT(*) FROM dead_letter)";
     for _ in 0..300 {
         let jobs = db
             .query_one_raw(Statement::from_string(backend, count_sql))
@@ -270,25 +316,59 @@ async fn print_records(brokers: &str, topic: &str, count: i64) {
             println!("(no more records within 10 s)");
             break;
         };
-        let event =
-            pb::OrderAccepted::decode(message.payload().unwrap_or_default()).expect("an OrderAccepted");
-        let event_id_header = message
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
+        let header = |name: &str| {
+            message
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        };
+        let payload = message.payload().unwrap_or_default();
+        let (event_id, fact) = match header("event_type").as_str() {
+            "outpost.v1.OrderAmended" => {
+                let e = pb::OrderAmended::decode(payload).expect("an OrderAmended");
+                let fact = format!(
+                    "order {} v{} amended: {} {} in {} line(s)",
+                    e.order_id,
+                    e.event_version,
+                    e.total_minor,
+                    e.currency,
+                    e.line_items.len()
+                );
+                (e.event_id, fact)
+            }
+            "outpost.v1.OrderCancelled" => {
+                let e = pb::OrderCancelled::decode(payload).expect("an OrderCancelled");
+                let fact = format!(
+                    "order {} v{} cancelled: {:?} ({})",
+                    e.order_id,
+                    e.event_version,
+                    e.reason(),
+                    e.note
+                );
+                (e.event_id, fact)
+            }
+            _ => {
+                let e = pb::OrderAccepted::decode(payload).expect("an OrderAccepted");
+                let fact = format!(
+                    "order {} v{} of tenant {} accepted: {} {} in {} line(s)",
+                    e.order_id,
+                    e.event_version,
+                    e.tenant_id,
+                    e.total_minor,
+                    e.currency,
+                    e.line_items.len()
+                );
+                (e.event_id, fact)
+            }
+        };
         println!(
-            "partition {} offset {}: key={} event_id={} (header {}) order {} of tenant {}, {} {} in {} line(s)",
+            "partition {} offset {}: key={} event_id={} (header {}) {fact}",
             message.partition(),
             message.offset(),
             String::from_utf8_lossy(message.key().unwrap_or_default()),
-            event.event_id,
-            if event_id_header == event.event_id { "matches" } else { "differs" },
-            event.order_id,
-            event.tenant_id,
-            event.total_minor,
-            event.currency,
-            event.line_items.len(),
+            event_id,
+            if header("event_id") == event_id { "matches" } else { "differs" },
         );
     }
 }

@@ -1,8 +1,8 @@
-//! The safe caller protocol for `SubmitOrder`, for Rust callers.
+//! The safe caller protocol for `SubmitOrder`, `AmendOrder` and `CancelOrder`, for Rust callers.
 //!
-//! Submit; on an UNKNOWN outcome or a transport error, Reconcile by `(tenant_id, request_id)`;
-//! if the order is found, use it; if not, resubmit with the same ids. Ids never change between
-//! attempts, so no path can create a second order or a second event.
+//! Send; on an UNKNOWN outcome or a transport error, Reconcile by `(tenant_id, request_id)`;
+//! if the write is found, use it; if not, send it again with the same ids. Ids never change
+//! between attempts, so no path can create a second order, a second change or a second event.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -43,24 +43,27 @@ impl Default for RetryPolicy {
     }
 }
 
-/// How the order's committed state was learned.
+/// How the write's committed state was learned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Confirmation {
-    /// SubmitOrder answered COMMITTED for a new order.
+    /// The call answered COMMITTED for a new order or change.
     Committed,
-    /// SubmitOrder answered that an identical earlier submission had committed it.
+    /// The call answered that an identical earlier call had committed it.
     Replayed,
-    /// An attempt's outcome was unknown and Reconcile found the order.
+    /// An attempt's outcome was unknown and Reconcile found the write.
     Reconciled,
 }
 
-/// A committed order, however its commit was learned.
+/// A committed write (an order, or a change of one), however its commit was learned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfirmedOrder {
     /// The server-assigned order id.
     pub order_id: i64,
-    /// The acceptance event's id: the one the caller fixed before the first attempt.
+    /// The id of the event committed with the write (the acceptance, amendment or
+    /// cancellation): the one the caller fixed before the first attempt.
     pub event_id: String,
+    /// The order's version the write made (1 for a submission).
+    pub version: i64,
     /// How the commit was learned.
     pub confirmation: Confirmation,
     /// Calls made, submits and reconciles together.
@@ -154,13 +157,35 @@ impl SafeSubmitter {
     /// retry.
     pub async fn submit(
         &mut self,
-        mut request: pb::SubmitOrderRequest,
+        request: pb::SubmitOrderRequest,
     ) -> Result<ConfirmedOrder, SafeSubmitError> {
-        if request.event_id.is_empty() {
-            request.event_id = EventId::new().to_string();
+        self.run(request).await
+    }
+
+    /// Amends an order with the same protocol as [`Self::submit`]: its outcome is known, or
+    /// the calls ran out. A refusal (VERSION_CONFLICT, ORDER_CANCELLED, ORDER_NOT_FOUND) is
+    /// [`SafeSubmitError::Rejected`]: read the order, decide, and send a new change with a new
+    /// request id.
+    pub async fn amend(&mut self, request: pb::AmendOrderRequest) -> Result<ConfirmedOrder, SafeSubmitError> {
+        self.run(request).await
+    }
+
+    /// Cancels an order with the same protocol as [`Self::amend`].
+    pub async fn cancel(
+        &mut self,
+        request: pb::CancelOrderRequest,
+    ) -> Result<ConfirmedOrder, SafeSubmitError> {
+        self.run(request).await
+    }
+
+    /// The safe caller protocol for any write `W`: the ids are fixed before the first call and
+    /// never change; an unknown outcome is reconciled by `(tenant_id, request_id)` before
+    /// anything is sent again.
+    async fn run<W: Write>(&mut self, mut request: W) -> Result<ConfirmedOrder, SafeSubmitError> {
+        if request.event_id().is_empty() {
+            *request.event_id() = EventId::new().to_string();
         }
-        let key =
-            pb::ReconcileRequest { tenant_id: request.tenant_id, request_id: request.request_id.clone() };
+        let key = request.key();
         let mut calls = 0;
         let mut reconcile_first = false;
         let backoff = Backoff::new(self.policy.initial_backoff, self.policy.max_backoff);
@@ -170,17 +195,9 @@ impl SafeSubmitter {
             calls += 1;
             let failure = if reconcile_first {
                 match self.client.reconcile(self.deadline(key.clone())).await {
-                    Ok(found) => {
-                        let found = found.into_inner();
-                        return Ok(ConfirmedOrder {
-                            order_id: found.order_id,
-                            event_id: found.event_id,
-                            confirmation: Confirmation::Reconciled,
-                            calls,
-                        });
-                    }
+                    Ok(found) => return reconciled(found.into_inner(), W::OPERATION, calls),
                     Err(status) if status.code() == Code::NotFound => {
-                        // Not committed: the same ids may be submitted again.
+                        // Not committed: the same ids may be sent again.
                         reconcile_first = false;
                         failures = 0;
                         continue;
@@ -188,17 +205,13 @@ impl SafeSubmitter {
                     Err(status) => status,
                 }
             } else {
-                match self.client.submit_order(self.deadline(request.clone())).await {
-                    Ok(accepted) => {
-                        let accepted = accepted.into_inner();
+                let call = self.deadline(request.clone());
+                match W::send(&mut self.client, call).await {
+                    Ok(answer) => {
+                        let (order_id, event_id, version, replayed) = W::committed(answer.into_inner());
                         let confirmation =
-                            if accepted.replayed { Confirmation::Replayed } else { Confirmation::Committed };
-                        return Ok(ConfirmedOrder {
-                            order_id: accepted.order_id,
-                            event_id: accepted.event_id,
-                            confirmation,
-                            calls,
-                        });
+                            if replayed { Confirmation::Replayed } else { Confirmation::Committed };
+                        return Ok(ConfirmedOrder { order_id, event_id, version, confirmation, calls });
                     }
                     Err(status) => {
                         match next_after_submit(&status) {
@@ -211,9 +224,10 @@ impl SafeSubmitter {
                 }
             };
             if calls >= self.policy.max_calls {
-                return Err(SafeSubmitError::GaveUp { calls, event_id: request.event_id, last: failure });
+                let event_id = request.event_id().clone();
+                return Err(SafeSubmitError::GaveUp { calls, event_id, last: failure });
             }
-            tracing::debug!(calls, error = %failure, reconcile_first, "retrying submission");
+            tracing::debug!(calls, error = %failure, reconcile_first, "retrying");
             failures += 1;
             tokio::time::sleep(backoff.delay(failures)).await;
         }
@@ -228,6 +242,88 @@ impl SafeSubmitter {
         request
     }
 }
+
+/// What Reconcile found under the key of a write of `operation`. A key that another operation
+/// used means this write never committed under it (the server would have answered
+/// REQUEST_ID_REUSED): a rejection, not a confirmation.
+fn reconciled(
+    found: pb::ReconcileResponse,
+    operation: pb::OrderOperation,
+    calls: u32,
+) -> Result<ConfirmedOrder, SafeSubmitError> {
+    // A server older than the operation field sends UNSPECIFIED, and had submissions only.
+    let used_by = match found.operation() {
+        pb::OrderOperation::Unspecified => pb::OrderOperation::Submit,
+        used_by => used_by,
+    };
+    if used_by != operation {
+        return Err(SafeSubmitError::Rejected(Status::already_exists(format!(
+            "the request id was used by {} (event {}), not by this {}",
+            used_by.as_str_name(),
+            found.event_id,
+            operation.as_str_name()
+        ))));
+    }
+    Ok(ConfirmedOrder {
+        order_id: found.order_id,
+        event_id: found.event_id,
+        version: found.version,
+        confirmation: Confirmation::Reconciled,
+        calls,
+    })
+}
+
+/// A write the safe caller protocol can send: SubmitOrder, AmendOrder or CancelOrder.
+trait Write: Clone + Send + Sync + 'static {
+    /// The answer on OK.
+    type Answer;
+    /// What Reconcile reports for a key this write used.
+    const OPERATION: pb::OrderOperation;
+    /// The idempotency key to reconcile by.
+    fn key(&self) -> pb::ReconcileRequest;
+    /// The event id, fixed before the first attempt.
+    fn event_id(&mut self) -> &mut String;
+    /// Sends the write once.
+    fn send(
+        client: &mut OrderServiceClient<Channel>,
+        request: tonic::Request<Self>,
+    ) -> impl Future<Output = Result<tonic::Response<Self::Answer>, Status>> + Send;
+    /// Order id, event id, version and `replayed` of a committed answer.
+    fn committed(answer: Self::Answer) -> (i64, String, i64, bool);
+}
+
+/// The parts of [`Write`] every request spells the same way.
+macro_rules! write_request {
+    ($request:ty, $answer:ty, $operation:expr, $method:ident) => {
+        impl Write for $request {
+            type Answer = $answer;
+            const OPERATION: pb::OrderOperation = $operation;
+
+            fn key(&self) -> pb::ReconcileRequest {
+                pb::ReconcileRequest { tenant_id: self.tenant_id, request_id: self.request_id.clone() }
+            }
+
+            fn event_id(&mut self) -> &mut String {
+                &mut self.event_id
+            }
+
+            fn send(
+                client: &mut OrderServiceClient<Channel>,
+                request: tonic::Request<Self>,
+            ) -> impl Future<Output = Result<tonic::Response<Self::Answer>, Status>> + Send {
+                client.$method(request)
+            }
+
+            fn committed(answer: Self::Answer) -> (i64, String, i64, bool) {
+                (answer.order_id, answer.event_id, answer.version, answer.replayed)
+            }
+        }
+    };
+}
+
+write_request!(pb::SubmitOrderRequest, pb::SubmitOrderResponse, pb::OrderOperation::Submit, submit_order);
+write_request!(pb::AmendOrderRequest, pb::AmendOrderResponse, pb::OrderOperation::Amend, amend_order);
+write_request!(pb::CancelOrderRequest, pb::CancelOrderResponse, pb::OrderOperation::Cancel, cancel_order);
 
 /// A client could not be set up.
 #[derive(Debug, thiserror::Error)]

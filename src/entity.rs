@@ -5,5 +5,6 @@ pub(crate) mod consumed_event;
 pub(crate) mod dead_letter;
 pub(crate) mod notification_job;
 pub(crate) mod order_line;
+pub(crate) mod order_version;
 pub(crate) mod orders;
 pub(crate) mod outbox_event;

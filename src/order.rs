@@ -1,20 +1,24 @@
-//! The order service: accepts orders over gRPC and writes each with its outbox event in one
-//! local transaction, answering with the exact transaction outcome.
+//! The order service: accepts orders, and amendments and cancellations of them, over gRPC and
+//! writes each with its outbox event in one local transaction, answering with the exact
+//! transaction outcome.
 
 mod accepting;
 mod admin;
 mod alone;
 mod application;
+mod change;
 mod event;
 mod group;
 mod grpc;
 mod settings;
 mod store;
+mod transaction;
 
-pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
+pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 pub use accepting::{AcceptedOrder, SubmitError, Submitted};
 pub use admin::{PurgeReport, Retention};
 pub use application::{Application, StartupError};
+pub use change::{ChangeOutcome, Changed, Refusal, Refused};
 pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
-pub use store::OrderStore;
+pub use store::{OrderStore, Reconciled};

@@ -1,24 +1,31 @@
 #!/usr/bin/env python3
-"""Submits orders to Outpost's OrderService with the safe caller protocol.
+"""Submits, amends and cancels orders on Outpost's OrderService with the safe caller protocol.
 
-The protocol (the same as the Rust `outpost::client::SafeSubmitter`):
+The protocol (the same as the Rust `outpost::client::SafeSubmitter`), for SubmitOrder,
+AmendOrder and CancelOrder alike:
 
 1. Fix the event id before the first attempt; every retry reuses it and the request id.
-2. SubmitOrder. OK: done (`replayed` says an identical earlier submission committed it).
+2. Send. OK: done (`replayed` says an identical earlier call committed it).
 3. ABORTED with reason ROLLED_BACK, or RESOURCE_EXHAUSTED with reason OVERLOADED: nothing was
-   written; submit again (after the backoff) with the same ids.
-4. A refusal retrying cannot fix (INVALID_ARGUMENT, ALREADY_EXISTS, ...): stop.
-5. Anything else (UNKNOWN, UNAVAILABLE, DEADLINE_EXCEEDED, a transport error): the order may
-   exist. Reconcile by (tenant_id, request_id): found, done; NOT_FOUND, submit again with the
+   written; send again (after the backoff) with the same ids.
+4. A refusal retrying cannot fix (INVALID_ARGUMENT, ALREADY_EXISTS, FAILED_PRECONDITION such as
+   VERSION_CONFLICT or ORDER_CANCELLED, NOT_FOUND such as ORDER_NOT_FOUND, ...): stop. After a
+   VERSION_CONFLICT, read the order, decide, and send a new change with a new request id.
+5. Anything else (UNKNOWN, UNAVAILABLE, DEADLINE_EXCEEDED, a transport error): the write may have
+   committed. Reconcile by (tenant_id, request_id): found, done; NOT_FOUND, send again with the
    same ids; any other error, reconcile again.
 6. A bounded number of calls with exponential backoff; giving up reports the event id, so a
-   later attempt can reconcile or resubmit with the same ids.
+   later attempt can reconcile or send again with the same ids.
 
-As a library: `SafeSubmitter(open_channel(target, ca_file, token)).submit(request)`. As a command
-(one JSON line per call made and one per order on stdout):
+As a library: `SafeSubmitter(open_channel(target, ca_file, token)).submit(request)` (or `.amend`,
+`.cancel`). As a command (one JSON line per call made and one per write on stdout):
 
     submit.py --target 127.0.0.1:50051 submit --order '{"tenant_id": 7, "request_id": "r-1", ...}'
     submit.py --target 127.0.0.1:50051 submit < orders.jsonl     # one order (proto JSON) a line
+    submit.py --target 127.0.0.1:50051 amend --change '{"tenant_id": 7, "request_id": "a-1",
+        "order_id": "12", "expected_version": "1", "line_items": [...]}'
+    submit.py --target 127.0.0.1:50051 cancel --change '{"tenant_id": 7, "request_id": "c-1",
+        "order_id": "12", "expected_version": "2", "reason": "CANCEL_REASON_OUT_OF_STOCK"}'
     submit.py --target 127.0.0.1:50051 reconcile --tenant-id 7 --request-id r-1
     submit.py --target localhost:50051 --ca-file ca.pem --token-file token.jwt submit < orders.jsonl
 
@@ -28,8 +35,8 @@ before connecting, exit status 2). The token (`--token-file`, else the OUTPOST_T
 variable) is sent as `authorization: Bearer` on every call, and the server takes the tenant from
 it (tenant_id 0 in a request means "mine").
 
-Exit status: 0 when every order is confirmed (or the reconciled order was found), 1 otherwise,
-2 for bad usage.
+Exit status: 0 when every write is confirmed (or the reconciled operation was found), 1
+otherwise, 2 for bad usage.
 """
 
 import argparse
@@ -87,14 +94,25 @@ class RetryPolicy:
 
 @dataclasses.dataclass
 class Confirmed:
-    """A committed order, however its commit was learned."""
+    """A committed write (an order, or a change of one), however its commit was learned."""
 
     order_id: int
-    # The acceptance event's id: the one fixed before the first attempt.
+    # The id of the event committed with the write: the one fixed before the first attempt.
     event_id: str
-    # "committed", "replayed" (an identical earlier submission committed it) or "reconciled".
+    # "committed", "replayed" (an identical earlier call committed it) or "reconciled".
     confirmation: str
     calls: int
+    # The order's version the write made (1 for a submission).
+    version: int = 1
+
+
+# Each write: the RPC that sends it, its request message, and the operation Reconcile reports for
+# a key it used.
+WRITES = {
+    "submit": ("SubmitOrder", pb.SubmitOrderRequest, pb.ORDER_OPERATION_SUBMIT),
+    "amend": ("AmendOrder", pb.AmendOrderRequest, pb.ORDER_OPERATION_AMEND),
+    "cancel": ("CancelOrder", pb.CancelOrderRequest, pb.ORDER_OPERATION_CANCEL),
+}
 
 
 @dataclasses.dataclass
@@ -116,7 +134,7 @@ class Failure:
 
 
 class Rejected(Exception):
-    """The server refused the order for a reason retrying cannot fix; nothing was written."""
+    """The server refused the write for a reason retrying cannot fix; nothing was written."""
 
     def __init__(self, failure: Failure, calls: int):
         super().__init__(f"rejected: {failure.code.name} {failure.reason}: {failure.message}")
@@ -183,7 +201,23 @@ class SafeSubmitter:
         An empty event_id is filled in once, before the first attempt, and reused by every retry.
         Raises Rejected or GaveUp.
         """
-        request = pb.SubmitOrderRequest.FromString(request.SerializeToString())
+        return self._run("submit", request)
+
+    def amend(self, request: pb.AmendOrderRequest) -> Confirmed:
+        """Amends an order with the same protocol as `submit`. A refusal (VERSION_CONFLICT,
+        ORDER_CANCELLED, ORDER_NOT_FOUND) raises Rejected: read the order, decide, and send a new
+        change with a new request id."""
+        return self._run("amend", request)
+
+    def cancel(self, request: pb.CancelOrderRequest) -> Confirmed:
+        """Cancels an order with the same protocol as `amend`."""
+        return self._run("cancel", request)
+
+    def _run(self, write: str, request) -> Confirmed:
+        """The safe caller protocol for one write ("submit", "amend" or "cancel")."""
+        method, message, operation = WRITES[write]
+        send = getattr(self._stub, method)
+        request = message.FromString(request.SerializeToString())
         if not request.event_id:
             request.event_id = new_event_id()
         key = pb.ReconcileRequest(tenant_id=request.tenant_id, request_id=request.request_id)
@@ -200,31 +234,38 @@ class SafeSubmitter:
                     failure = Failure.of(error)
                     self._report("reconcile", calls, request, failure=failure)
                     if failure.code == grpc.StatusCode.NOT_FOUND:
-                        # Not committed: the same ids may be submitted again.
+                        # Not committed: the same ids may be sent again.
                         reconcile_first = False
                         backoff = policy.initial_backoff
                         continue
                 else:
                     self._report("reconcile", calls, request, event_id=found.event_id)
-                    return Confirmed(found.order_id, found.event_id, "reconciled", calls)
+                    # A server older than the operation field had submissions only.
+                    used_by = found.operation or pb.ORDER_OPERATION_SUBMIT
+                    if used_by != operation:
+                        # Another operation holds the key: this write never committed under it.
+                        message_text = f"the request id was used by {pb.OrderOperation.Name(used_by)}"
+                        failure = Failure(grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED", message_text)
+                        raise Rejected(failure, calls)
+                    return Confirmed(found.order_id, found.event_id, "reconciled", calls, found.version)
             else:
                 try:
-                    accepted = self._stub.SubmitOrder(request, timeout=policy.call_timeout)
+                    answer = send(request, timeout=policy.call_timeout)
                 except grpc.RpcError as error:
                     failure = Failure.of(error)
-                    self._report("submit", calls, request, failure=failure)
+                    self._report(write, calls, request, failure=failure)
                     if failure.code == grpc.StatusCode.ABORTED and failure.reason == "ROLLED_BACK":
-                        pass  # rolled back before commit: resubmit with the same ids
+                        pass  # rolled back before commit: send again with the same ids
                     elif failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED and failure.reason == "OVERLOADED":
-                        pass  # refused at the door before anything ran: resubmit after the backoff
+                        pass  # refused at the door before anything ran: send again after the backoff
                     elif failure.code in FINAL_CODES:
                         raise Rejected(failure, calls) from error
                     else:
                         reconcile_first = True
                 else:
-                    self._report("submit", calls, request, event_id=accepted.event_id)
-                    confirmation = "replayed" if accepted.replayed else "committed"
-                    return Confirmed(accepted.order_id, accepted.event_id, confirmation, calls)
+                    self._report(write, calls, request, event_id=answer.event_id)
+                    confirmation = "replayed" if answer.replayed else "committed"
+                    return Confirmed(answer.order_id, answer.event_id, confirmation, calls, answer.version)
             if calls >= policy.max_calls:
                 raise GaveUp(failure, calls, request.event_id)
             time.sleep(backoff)
@@ -247,8 +288,8 @@ class SafeSubmitter:
             "attempt": attempt,
             "tenant_id": request.tenant_id,
             "request_id": request.request_id,
-            # What the call sent (submit) or asked about (reconcile): never changes between calls.
-            "sent_event_id": request.event_id if call == "submit" else None,
+            # What the call sent (a write) or asked about (reconcile): never changes between calls.
+            "sent_event_id": request.event_id if call != "reconcile" else None,
         }
         if failure is None:
             line.update(code="OK", event_id=event_id)
@@ -261,18 +302,21 @@ def emit(line: dict) -> None:
     print(json.dumps(line, sort_keys=True), flush=True)
 
 
-def submit_command(submitter: SafeSubmitter, orders: list) -> int:
+def write_command(submitter: SafeSubmitter, write: str, requests: list) -> int:
+    """Sends each request (proto JSON) of one write ("submit", "amend", "cancel")."""
+    _, message, _ = WRITES[write]
+    run = getattr(submitter, write)
     all_confirmed = True
-    for text in orders:
-        request = pb.SubmitOrderRequest()
+    for text in requests:
+        request = message()
         try:
             json_format.Parse(text, request)
         except json_format.ParseError as error:
-            print(f"not a SubmitOrderRequest in proto JSON: {error}", file=sys.stderr)
+            print(f"not a {message.DESCRIPTOR.name} in proto JSON: {error}", file=sys.stderr)
             return 2
         result = {"type": "result", "tenant_id": request.tenant_id, "request_id": request.request_id}
         try:
-            confirmed = submitter.submit(request)
+            confirmed = run(request)
         except Rejected as rejected:
             all_confirmed = False
             result.update(status="rejected", calls=rejected.calls, **rejected.failure.as_json())
@@ -304,6 +348,14 @@ def reconcile_command(submitter: SafeSubmitter, tenant_id: int, request_id: str)
         order_id=found.order_id,
         event_id=found.event_id,
         version=found.version,
+        current_version=found.current_version,
+        # UNSPECIFIED from a server older than the field, which had submissions only.
+        operation=(
+            pb.OrderOperation.Name(found.operation or pb.ORDER_OPERATION_SUBMIT)
+            if (found.operation or pb.ORDER_OPERATION_SUBMIT) in pb.OrderOperation.values()
+            else found.operation
+        ),
+        committed_at=found.committed_at.ToJsonString() if found.HasField("committed_at") else None,
         # A newer server may send a status this client's stubs do not name yet.
         order_status=(
             order_pb2.OrderStatus.Name(found.status)
@@ -385,7 +437,8 @@ def read_token(token_file: Optional[str]) -> Optional[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description="Submit orders with the safe caller protocol, or reconcile one; JSON lines out."
+        description="Submit, amend or cancel orders with the safe caller protocol, or reconcile one; "
+        "JSON lines out."
     )
     parser.add_argument("--target", default="127.0.0.1:50051", help="order service host:port")
     parser.add_argument(
@@ -401,7 +454,15 @@ def main() -> int:
     submit.add_argument(
         "--order", action="append", help="one order; repeatable. Without it, one order a line on stdin"
     )
-    reconcile = commands.add_parser("reconcile", help="look an order up by its idempotency key")
+    amend = commands.add_parser("amend", help="amend orders (proto JSON AmendOrderRequest)")
+    amend.add_argument(
+        "--change", action="append", help="one amendment; repeatable. Without it, one a line on stdin"
+    )
+    cancel = commands.add_parser("cancel", help="cancel orders (proto JSON CancelOrderRequest)")
+    cancel.add_argument(
+        "--change", action="append", help="one cancellation; repeatable. Without it, one a line on stdin"
+    )
+    reconcile = commands.add_parser("reconcile", help="look an operation up by its idempotency key")
     reconcile.add_argument("--tenant-id", type=int, required=True)
     reconcile.add_argument("--request-id", required=True)
     args = parser.parse_args()
@@ -416,8 +477,9 @@ def main() -> int:
         submitter = SafeSubmitter(channel, policy, on_call=emit)
         if args.command == "reconcile":
             return reconcile_command(submitter, args.tenant_id, args.request_id)
-        orders = args.order if args.order else [line for line in sys.stdin if line.strip()]
-        return submit_command(submitter, orders)
+        given = args.order if args.command == "submit" else args.change
+        requests = given if given else [line for line in sys.stdin if line.strip()]
+        return write_command(submitter, args.command, requests)
 
 
 if __name__ == "__main__":

@@ -28,3 +28,20 @@ pub(crate) fn event_id(backend: DbBackend, column: impl IntoIden) -> ColumnDef {
     };
     def
 }
+
+/// A caller's key (visible ASCII, at most `len` characters) compared byte for byte: two keys that
+/// differ only in case or trailing spaces are two keys on every backend.
+///
+/// PostgreSQL and SQLite compare `VARCHAR`/`TEXT` byte for byte already (SQLite's default
+/// collation is BINARY); MariaDB/MySQL would compare with the table's case- and pad-insensitive
+/// default collation, so they get `ascii_bin`.
+pub(crate) fn ascii_key(backend: DbBackend, column: impl IntoIden, len: u32) -> ColumnDef {
+    let mut def = ColumnDef::new(column);
+    match backend {
+        DbBackend::MySql => {
+            def.custom(Alias::new(format!("VARCHAR({len}) CHARACTER SET ascii COLLATE ascii_bin")))
+        }
+        _ => def.string_len(len),
+    };
+    def
+}

@@ -25,15 +25,38 @@ pub enum UniqueKey {
     /// `dead_letter (consumer_name, topic, partition_id, offset_id)`: the record is already
     /// in the dead-letter table.
     DeadLetterCoordinates,
+    /// `order_version (tenant_id, request_id)`: some operation (submission, amendment,
+    /// cancellation) already used the key.
+    OrderVersionTenantRequest,
+    /// `order_version (event_id)`: the event id belongs to an operation already.
+    OrderVersionEvent,
 }
 
 impl UniqueKey {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 6] = [
         Self::OrdersTenantRequest,
         Self::OrdersAcceptanceEvent,
         Self::ConsumedEventIdentity,
         Self::DeadLetterCoordinates,
+        Self::OrderVersionTenantRequest,
+        Self::OrderVersionEvent,
     ];
+
+    /// A key of the order tables: one a submission can clash with.
+    pub const fn is_order_key(self) -> bool {
+        matches!(
+            self,
+            Self::OrdersTenantRequest
+                | Self::OrdersAcceptanceEvent
+                | Self::OrderVersionTenantRequest
+                | Self::OrderVersionEvent
+        )
+    }
+
+    /// A key on an event id (rather than on a request's key).
+    pub const fn is_event_key(self) -> bool {
+        matches!(self, Self::OrdersAcceptanceEvent | Self::OrderVersionEvent)
+    }
 
     /// The constraint's name in the schema.
     pub const fn name(self) -> &'static str {
@@ -42,6 +65,8 @@ impl UniqueKey {
             Self::OrdersAcceptanceEvent => "uq_orders_acceptance_event",
             Self::ConsumedEventIdentity => "uq_consumed_event_identity",
             Self::DeadLetterCoordinates => "uq_dead_letter_coordinates",
+            Self::OrderVersionTenantRequest => "uq_order_version_tenant_request",
+            Self::OrderVersionEvent => "uq_order_version_event",
         }
     }
 
@@ -54,6 +79,8 @@ impl UniqueKey {
             Self::DeadLetterCoordinates => {
                 "dead_letter.consumer_name, dead_letter.topic, dead_letter.partition_id, dead_letter.offset_id"
             }
+            Self::OrderVersionTenantRequest => "order_version.tenant_id, order_version.request_id",
+            Self::OrderVersionEvent => "order_version.event_id",
         }
     }
 }

@@ -7,8 +7,10 @@ use super::{EventId, FieldViolation, InvalidInput, RequestId, TenantId, is_visib
 /// Where an order is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrderStatus {
-    /// The order and its acceptance event committed together.
+    /// The order and its acceptance event committed together; amendments keep it here.
     Accepted,
+    /// Cancelled: final, no change is accepted after it.
+    Cancelled,
 }
 
 impl OrderStatus {
@@ -16,12 +18,13 @@ impl OrderStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Accepted => "ACCEPTED",
+            Self::Cancelled => "CANCELLED",
         }
     }
 
     /// Reads a stored status; `None` for one this version does not know.
     pub fn from_stored(text: &str) -> Option<Self> {
-        (text == "ACCEPTED").then_some(Self::Accepted)
+        [Self::Accepted, Self::Cancelled].into_iter().find(|s| s.as_str() == text)
     }
 }
 
@@ -119,6 +122,21 @@ impl NewOrder {
                 "must be an ISO 4217 alphabetic code in upper case, such as EUR",
             ));
         }
+        let lines = Self::parse_lines(lines, violations);
+        if !violations.is_empty() {
+            return None;
+        }
+        let (lines, total_minor) = lines?;
+        Some(Self { customer_id: customer_id?, currency, lines, total_minor })
+    }
+
+    /// Validates 1 to [`Self::MAX_LINES`] raw `(sku, quantity, unit_price_minor)` lines under the
+    /// field `line_items`, and totals them. `None` when any violation was recorded.
+    pub(crate) fn parse_lines(
+        lines: Vec<(String, u32, i64)>,
+        violations: &mut Vec<FieldViolation>,
+    ) -> Option<(Vec<LineItem>, i64)> {
+        let before_all = violations.len();
         if lines.is_empty() || lines.len() > Self::MAX_LINES {
             violations.push(FieldViolation::new("line_items", "must hold 1 to 100 items"));
         }
@@ -145,10 +163,7 @@ impl NewOrder {
                 items.push(LineItem { sku, quantity, unit_price_minor });
             }
         }
-        if !violations.is_empty() {
-            return None;
-        }
-        Some(Self { customer_id: customer_id?, currency, lines: items, total_minor: total })
+        (violations.len() == before_all).then_some((items, total))
     }
 
     /// Rebuilds an order from stored facts, which were validated when they were accepted.
@@ -179,6 +194,15 @@ impl NewOrder {
     /// Sum of quantity times unit price over all lines, in minor units.
     pub fn total_minor(&self) -> i64 {
         self.total_minor
+    }
+
+    /// SHA-256 (lower-case hex) of the facts as submitted: kept with the order's first version,
+    /// so that a resubmission is still told from a reused key once amendments changed the
+    /// order.
+    pub fn fingerprint(&self) -> String {
+        let mut text = format!("SUBMIT\n{}\n{}\n", self.customer_id.as_str(), self.currency);
+        super::push_lines(&mut text, &self.lines);
+        super::sha256_hex(&text)
     }
 }
 
@@ -316,6 +340,7 @@ mod tests {
     #[test]
     fn the_stored_status_reads_back() {
         assert_eq!(OrderStatus::from_stored(OrderStatus::Accepted.as_str()), Some(OrderStatus::Accepted));
+        assert_eq!(OrderStatus::from_stored(OrderStatus::Cancelled.as_str()), Some(OrderStatus::Cancelled));
         assert_eq!(OrderStatus::from_stored("accepted"), None);
     }
 }

@@ -12,9 +12,10 @@ use super::event::encode_order_accepted;
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 use crate::db::{TxFailure, UniqueKey};
 use crate::domain::{
-    CustomerId, EventId, LineItem, NewOrder, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder, TenantId,
+    CustomerId, EventId, LineItem, NewOrder, Operation, OrderStatus, OutboxStatus, RequestId, Sku,
+    SubmitOrder, TenantId,
 };
-use crate::entity::{order_line, orders, outbox_event};
+use crate::entity::{order_line, order_version, orders, outbox_event};
 use crate::telemetry::TraceHeaders;
 
 /// The version of an order's facts when it is accepted.
@@ -153,16 +154,80 @@ pub(super) async fn find_row(
         .await
 }
 
-/// The order with this key and its facts as `conn` sees them, for comparison with a
-/// resubmission.
+/// What holds an idempotency key a submission clashed with.
+#[derive(Debug)]
+pub(super) enum KeyHolder {
+    /// An order submitted under it (as it was accepted), and its content as submitted.
+    Order(AcceptedOrder, Submission),
+    /// An amendment or cancellation, by its event id.
+    Change(EventId),
+}
+
+/// The content an order was submitted with, to compare a resubmission with.
+#[derive(Debug)]
+pub(super) enum Submission {
+    /// The order's facts, while it is at its first version (they are the submitted ones).
+    Facts(NewOrder),
+    /// The fingerprint of the submitted facts, once a change replaced them (`None` only if an
+    /// order accepted before fingerprints existed was changed without one being kept).
+    Fingerprint(Option<String>),
+}
+
+impl Submission {
+    fn matches(&self, order: &NewOrder) -> bool {
+        match self {
+            Self::Facts(facts) => facts == order,
+            Self::Fingerprint(fingerprint) => fingerprint.as_deref() == Some(order.fingerprint().as_str()),
+        }
+    }
+}
+
+/// The `order_version` row of the operation that used `(tenant_id, request_id)`, as `conn`
+/// sees it.
+pub(super) async fn find_version(
+    conn: &impl ConnectionTrait,
+    tenant_id: TenantId,
+    request_id: &RequestId,
+) -> Result<Option<order_version::Model>, DbErr> {
+    order_version::Entity::find()
+        .filter(order_version::Column::TenantId.eq(tenant_id.get()))
+        .filter(order_version::Column::RequestId.eq(request_id.as_str()))
+        .one(conn)
+        .await
+}
+
+/// What holds this key as `conn` sees it: an order with its facts (for comparison with a
+/// resubmission), or a change.
 pub(super) async fn find(
     conn: &impl ConnectionTrait,
     tenant_id: TenantId,
     request_id: &RequestId,
-) -> Result<Option<(AcceptedOrder, NewOrder)>, DbErr> {
+) -> Result<Option<KeyHolder>, DbErr> {
     let Some(row) = find_row(conn, tenant_id, request_id).await? else {
-        return Ok(None);
+        let change = find_version(conn, tenant_id, request_id).await?;
+        return change
+            .map(|v| EventId::parse(&v.event_id).map(KeyHolder::Change).map_err(corrupt))
+            .transpose();
     };
+    if row.version > FIRST_VERSION {
+        // Changed since: the answer and the content are those of the first version.
+        let first = order_version::Entity::find_by_id((row.id, FIRST_VERSION))
+            .one(conn)
+            .await?
+            .ok_or_else(|| corrupt("no first version"))?;
+        let order =
+            AcceptedOrder { version: FIRST_VERSION, total_minor: first.total, ..accepted_order(row)? };
+        return Ok(Some(KeyHolder::Order(order, Submission::Fingerprint(first.fingerprint))));
+    }
+    let facts = stored_facts(conn, &row).await?;
+    Ok(Some(KeyHolder::Order(accepted_order(row)?, Submission::Facts(facts))))
+}
+
+/// The order's facts as stored now: its customer, currency, lines and total.
+pub(super) async fn stored_facts(
+    conn: &impl ConnectionTrait,
+    row: &orders::Model,
+) -> Result<NewOrder, DbErr> {
     let lines = order_line::Entity::find()
         .filter(order_line::Column::OrderId.eq(row.id))
         .order_by_asc(order_line::Column::LineNo)
@@ -172,8 +237,7 @@ pub(super) async fn find(
         .map(stored_line)
         .collect::<Result<Vec<_>, _>>()?;
     let customer_id = CustomerId::parse(row.customer_id.clone()).map_err(corrupt)?;
-    let facts = NewOrder::from_stored(customer_id, row.currency.clone(), lines, row.total);
-    Ok(Some((accepted_order(row)?, facts)))
+    Ok(NewOrder::from_stored(customer_id, row.currency.clone(), lines, row.total))
 }
 
 /// Decides a submission whose insert violated `clash`, given the order that holds its key (if
@@ -184,19 +248,17 @@ pub(super) fn decide_clash(
     submit: &SubmitOrder,
     event_id: EventId,
     clash: UniqueKey,
-    existing: Option<(AcceptedOrder, NewOrder)>,
+    existing: Option<KeyHolder>,
 ) -> Result<Submitted, SubmitError> {
-    let Some((order, facts)) = existing else {
-        if clash == UniqueKey::OrdersAcceptanceEvent {
-            tracing::warn!(outcome = "ROLLED_BACK", "event id already belongs to another order");
-            return Err(SubmitError::EventIdInUse { event_id });
+    let (order, submitted) = match existing {
+        Some(KeyHolder::Order(order, submitted)) => (order, submitted),
+        Some(KeyHolder::Change(existing_event_id)) => {
+            tracing::warn!(%existing_event_id, "request id already used by an order change");
+            return Err(SubmitError::RequestIdReused { existing_event_id });
         }
-        // The order holding the key vanished (only manual deletion does that): this
-        // attempt wrote nothing, and a retry will tell.
-        let cause = TxFailure::from(DbErr::RecordNotFound("order holding the key".into()));
-        return Err(rolled_back(event_id, cause));
+        None => return Err(no_holder(event_id, clash)),
     };
-    if facts != submit.order {
+    if !submitted.matches(&submit.order) {
         tracing::warn!(existing_event_id = %order.event_id, "request id reused for a different order");
         return Err(SubmitError::RequestIdReused { existing_event_id: order.event_id });
     }
@@ -204,6 +266,19 @@ pub(super) fn decide_clash(
     // one back: the event id names the acceptance, which happened once.
     tracing::info!(order_id = order.order_id, replayed_event_id = %order.event_id, "replay of a committed order");
     Ok(Submitted { order, replayed: true })
+}
+
+/// A clash on `clash` while nothing holds the request's key: the event id is another request's,
+/// or the holder vanished.
+pub(super) fn no_holder(event_id: EventId, clash: UniqueKey) -> SubmitError {
+    if clash.is_event_key() {
+        tracing::warn!(outcome = "ROLLED_BACK", "event id already belongs to another request");
+        return SubmitError::EventIdInUse { event_id };
+    }
+    // The row holding the key vanished (only manual deletion does that): this attempt wrote
+    // nothing, and a retry will tell.
+    let cause = TxFailure::from(DbErr::RecordNotFound("order holding the key".into()));
+    rolled_back(event_id, cause)
 }
 
 /// Writes one order: its row, its lines and its PENDING outbox row, in `txn`.
@@ -216,7 +291,12 @@ pub(super) async fn insert_order(
 ) -> Result<i64, TxFailure> {
     let inserted = orders::Entity::insert(order_row(submit, event_id, accepted_at)).exec(txn).await?;
     let order_id = inserted.last_insert_id;
-    order_line::Entity::insert_many(line_rows(submit, order_id)).exec_without_returning(txn).await?;
+    order_line::Entity::insert_many(line_rows(submit.order.lines(), order_id))
+        .exec_without_returning(txn)
+        .await?;
+    order_version::Entity::insert(submitted_version_row(submit, event_id, accepted_at, order_id))
+        .exec_without_returning(txn)
+        .await?;
     outbox_event::Entity::insert(outbox_row(submit, event_id, accepted_at, trace, order_id))
         .exec_without_returning(txn)
         .await?;
@@ -245,12 +325,12 @@ pub(super) fn order_row(
     }
 }
 
-/// The `order_line` rows of the order stored under `order_id`, numbered from 1.
+/// The `order_line` rows of `lines` for the order stored under `order_id`, numbered from 1.
 pub(super) fn line_rows(
-    submit: &SubmitOrder,
+    lines: &[LineItem],
     order_id: i64,
 ) -> impl Iterator<Item = order_line::ActiveModel> + '_ {
-    submit.order.lines().iter().zip(1..).map(move |(line, line_no)| order_line::ActiveModel {
+    lines.iter().zip(1..).map(move |(line, line_no)| order_line::ActiveModel {
         order_id: Set(order_id),
         line_no: Set(line_no),
         sku: Set(line.sku.as_str().to_owned()),
@@ -258,6 +338,28 @@ pub(super) fn line_rows(
         quantity: Set(line.quantity as i32),
         unit_price_minor: Set(line.unit_price_minor),
     })
+}
+
+/// The `order_version` row of version 1 of the order stored under `order_id`: it holds the
+/// submission's key in the tenant's one key space, and the fingerprint of the submitted facts
+/// for the day a change replaces them.
+pub(super) fn submitted_version_row(
+    submit: &SubmitOrder,
+    event_id: EventId,
+    accepted_at: DateTime<Utc>,
+    order_id: i64,
+) -> order_version::ActiveModel {
+    order_version::ActiveModel {
+        order_id: Set(order_id),
+        version: Set(FIRST_VERSION),
+        tenant_id: Set(submit.tenant_id.get()),
+        request_id: Set(submit.request_id.to_string()),
+        event_id: Set(event_id.to_string()),
+        operation: Set(Operation::Submit.as_str().to_owned()),
+        fingerprint: Set(Some(submit.order.fingerprint())),
+        total: Set(submit.order.total_minor()),
+        committed_at: Set(accepted_at),
+    }
 }
 
 /// The PENDING outbox row that announces the order stored under `order_id`.
@@ -268,19 +370,45 @@ pub(super) fn outbox_row(
     trace: &TraceHeaders,
     order_id: i64,
 ) -> outbox_event::ActiveModel {
+    let event = OrderEvent {
+        event_id,
+        order_id,
+        version: FIRST_VERSION,
+        event_type: EVENT_TYPE,
+        payload: encode_order_accepted(event_id, order_id, FIRST_VERSION, submit, accepted_at),
+        created_at: accepted_at,
+    };
+    event_row(event, trace)
+}
+
+/// One event of an order, encoded, on its way into the outbox.
+#[derive(Debug)]
+pub(super) struct OrderEvent {
+    pub(super) event_id: EventId,
+    pub(super) order_id: i64,
+    /// The order's version the event describes.
+    pub(super) version: i64,
+    pub(super) event_type: &'static str,
+    pub(super) payload: Vec<u8>,
+    /// When the operation that made it committed.
+    pub(super) created_at: DateTime<Utc>,
+}
+
+/// The PENDING outbox row of `event`, carrying the trace context of the call that made it.
+pub(super) fn event_row(event: OrderEvent, trace: &TraceHeaders) -> outbox_event::ActiveModel {
     outbox_event::ActiveModel {
-        event_id: Set(event_id.to_string()),
+        event_id: Set(event.event_id.to_string()),
         aggregate_type: Set(AGGREGATE_TYPE.to_owned()),
-        aggregate_id: Set(order_id.to_string()),
-        event_type: Set(EVENT_TYPE.to_owned()),
-        event_version: Set(FIRST_VERSION),
-        payload: Set(encode_order_accepted(event_id, order_id, FIRST_VERSION, submit, accepted_at)),
+        aggregate_id: Set(event.order_id.to_string()),
+        event_type: Set(event.event_type.to_owned()),
+        event_version: Set(event.version),
+        payload: Set(event.payload),
         status: Set(OutboxStatus::Pending.as_str().to_owned()),
         lease_owner: Set(None),
         lease_until: Set(None),
         attempts: Set(0),
         last_error: Set(None),
-        created_at: Set(accepted_at),
+        created_at: Set(event.created_at),
         published_at: Set(None),
         published_topic: Set(None),
         published_partition: Set(None),
@@ -305,7 +433,7 @@ pub(super) fn accepted_order(row: orders::Model) -> Result<AcceptedOrder, DbErr>
     })
 }
 
-fn stored_line(row: order_line::Model) -> Result<LineItem, DbErr> {
+pub(super) fn stored_line(row: order_line::Model) -> Result<LineItem, DbErr> {
     Ok(LineItem {
         sku: Sku::parse(row.sku).map_err(corrupt)?,
         quantity: u32::try_from(row.quantity).map_err(|_| corrupt("negative quantity"))?,
@@ -314,7 +442,7 @@ fn stored_line(row: order_line::Model) -> Result<LineItem, DbErr> {
 }
 
 /// A stored value that no version of Outpost writes.
-fn corrupt(what: &str) -> DbErr {
+pub(super) fn corrupt(what: &str) -> DbErr {
     DbErr::Type(format!("stored order is not valid: {what}"))
 }
 

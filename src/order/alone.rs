@@ -2,17 +2,16 @@
 //! group commit falls back to for an order that must not wait for a batch.
 
 use chrono::{DateTime, Utc};
-use opentelemetry::KeyValue;
-use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait};
+use sea_orm::{DatabaseConnection, DatabaseTransaction};
 
 use super::accepting::{
-    LOCK_CONFLICT_RETRIES, SubmitError, Submitted, accepted, decide_clash, find, insert_order, rolled_back,
-    unknown,
+    SubmitError, Submitted, accepted, decide_clash, find, insert_order, rolled_back, unknown,
 };
-use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
+use super::transaction::{begin, commit, rerun_lock_conflicts};
+use crate::db::{TxFailure, UniqueKey, lock_conflict, violated_unique_key};
 use crate::domain::{EventId, SubmitOrder};
 use crate::failpoint;
-use crate::telemetry::{TraceHeaders, metrics};
+use crate::telemetry::TraceHeaders;
 
 /// Writes each order in a transaction of its own on the primary.
 #[derive(Debug, Clone)]
@@ -34,35 +33,7 @@ impl Alone {
         accepted_at: DateTime<Utc>,
         trace: &TraceHeaders,
     ) -> Result<Submitted, SubmitError> {
-        // A deadlock or lock-wait-timeout victim was rolled back by the server (and then by us,
-        // confirmed): nothing of it remains, so it runs again with the same ids before the
-        // caller hears ROLLED_BACK.
-        let mut retries = 0;
-        loop {
-            match self.attempt(submit, event_id, accepted_at, trace).await {
-                Err(SubmitError::RolledBack { event_id, cause }) => {
-                    let Some(conflict) = cause.db_err().and_then(lock_conflict) else {
-                        // Final, and already logged.
-                        return Err(SubmitError::RolledBack { event_id, cause });
-                    };
-                    if retries == LOCK_CONFLICT_RETRIES {
-                        return Err(rolled_back(event_id, cause));
-                    }
-                    retries += 1;
-                    metrics().order_lock_retries.add(1, &[KeyValue::new("reason", conflict.as_str())]);
-                    let wait = LockConflict::backoff(retries);
-                    tracing::warn!(
-                        reason = conflict.as_str(),
-                        retry = retries,
-                        ?wait,
-                        error = %cause,
-                        "order transaction lost a lock conflict and was rolled back; retrying with the same ids"
-                    );
-                    tokio::time::sleep(wait).await;
-                }
-                outcome => return outcome,
-            }
-        }
+        rerun_lock_conflicts(|| self.attempt(submit, event_id, accepted_at, trace)).await
     }
 
     /// One run of the order transaction. A lock-conflict victim comes back as an unlogged
@@ -74,15 +45,7 @@ impl Alone {
         accepted_at: DateTime<Utc>,
         trace: &TraceHeaders,
     ) -> Result<Submitted, SubmitError> {
-        let txn = match self.db.begin().await {
-            Ok(txn) => txn,
-            // No transaction began, so nothing can have been written.
-            Err(e) => {
-                let cause = TxFailure::from(e);
-                tracing::warn!(outcome = "UNAVAILABLE", error = %cause, "no transaction began; nothing written");
-                return Err(SubmitError::Unavailable { event_id, cause });
-            }
-        };
+        let txn = begin(&self.db, None, event_id).await?;
         let written = async {
             let order_id = insert_order(&txn, submit, event_id, accepted_at, trace).await?;
             failpoint::hit(failpoint::BEFORE_ORDER_TRANSACTION_COMMIT)?;
@@ -94,18 +57,7 @@ impl Alone {
             Err(cause) => return self.after_failed_write(txn, submit, event_id, cause).await,
         };
 
-        if let Err(injected) = failpoint::hit(failpoint::COMMIT_FAILS_WITHOUT_COMMITTING) {
-            let _ = txn.rollback().await;
-            return Err(unknown(event_id, injected.into()));
-        }
-        if let Err(e) = txn.commit().await {
-            // The server may have committed and only the acknowledgement was lost. Never turn
-            // this into ROLLED_BACK: a later rollback cannot prove the commit did not happen.
-            return Err(unknown(event_id, e.into()));
-        }
-        failpoint::hit(failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION)
-            .map_err(|injected| unknown(event_id, injected.into()))?;
-
+        commit(txn, event_id).await?;
         tracing::info!(
             order_id,
             outcome = "COMMITTED",
@@ -130,9 +82,7 @@ impl Alone {
             // SQLite reports only one violated index, and names the event id key when both
             // keys clash. Either way the decision below rests on the stored row that holds
             // this request's key, never on a guess from some other constraint.
-            Some(key @ (UniqueKey::OrdersTenantRequest | UniqueKey::OrdersAcceptanceEvent)) => {
-                self.replay(submit, event_id, key).await
-            }
+            Some(key) if key.is_order_key() => self.replay(submit, event_id, key).await,
             // Logged by `submit` once it knows whether the transaction runs again.
             _ if cause.db_err().and_then(lock_conflict).is_some() => {
                 Err(SubmitError::RolledBack { event_id, cause })

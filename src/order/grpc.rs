@@ -1,5 +1,6 @@
-//! The gRPC edge of the order service: proto to domain on the way in, outcomes to statuses on
-//! the way out. Nothing here touches the database directly.
+//! The gRPC edge of the order service (SubmitOrder, AmendOrder, CancelOrder, Reconcile): proto to
+//! domain on the way in, outcomes to statuses on the way out. Nothing here touches the database
+//! directly.
 
 use std::collections::HashMap;
 
@@ -7,10 +8,14 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::Instrument as _;
 
-use super::accepting::{AcceptedOrder, SubmitError, Submitted};
-use super::store::OrderStore;
+use super::accepting::{SubmitError, Submitted};
+use super::change::{Changed, Refusal, Refused};
+use super::store::{OrderStore, Reconciled};
 use crate::contract::ERROR_DOMAIN;
-use crate::domain::{InvalidInput, LineItem, OrderStatus, RequestId, SubmitOrder, TenantId};
+use crate::domain::{
+    CancelReason, ChangeKey, ChangeOrder, InvalidInput, LineItem, Operation, OrderStatus, RequestId,
+    SubmitOrder, TenantId,
+};
 use crate::edge::{CORRELATION_ID, incident, record_status, refusal_status, rpc_span, timestamp};
 use crate::proto::v1::{
     self as pb,
@@ -66,16 +71,82 @@ impl OrderService for OrderGrpc {
 
     async fn amend_order(
         &self,
-        _request: Request<pb::AmendOrderRequest>,
+        request: Request<pb::AmendOrderRequest>,
     ) -> Result<Response<pb::AmendOrderResponse>, Status> {
-        Err(Status::unimplemented("AmendOrder is not implemented yet"))
+        let span = rpc_span(SERVICE, "AmendOrder", request.metadata());
+        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
+        let answer = self.change_inner(caller, request.into_inner()).instrument(span.clone()).await;
+        record_status(&span, &answer);
+        answer
     }
 
     async fn cancel_order(
         &self,
-        _request: Request<pb::CancelOrderRequest>,
+        request: Request<pb::CancelOrderRequest>,
     ) -> Result<Response<pb::CancelOrderResponse>, Status> {
-        Err(Status::unimplemented("CancelOrder is not implemented yet"))
+        let span = rpc_span(SERVICE, "CancelOrder", request.metadata());
+        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
+        let answer = self.change_inner(caller, request.into_inner()).instrument(span.clone()).await;
+        record_status(&span, &answer);
+        answer
+    }
+}
+
+/// A change request as the edge receives it: its key, and how it becomes a domain change and its
+/// answer.
+trait ChangeRequest: Sized {
+    type Response: From<Changed>;
+    fn key(&self) -> (i64, &str);
+    fn set_tenant(&mut self, tenant_id: i64);
+    fn parse(self) -> Result<ChangeOrder, InvalidInput>;
+}
+
+impl ChangeRequest for pb::AmendOrderRequest {
+    type Response = pb::AmendOrderResponse;
+
+    fn key(&self) -> (i64, &str) {
+        (self.tenant_id, &self.request_id)
+    }
+
+    fn set_tenant(&mut self, tenant_id: i64) {
+        self.tenant_id = tenant_id;
+    }
+
+    fn parse(self) -> Result<ChangeOrder, InvalidInput> {
+        let lines = self.line_items.into_iter().map(|l| (l.sku, l.quantity, l.unit_price_minor)).collect();
+        let key = ChangeKey {
+            tenant_id: self.tenant_id,
+            request_id: self.request_id,
+            event_id: self.event_id,
+            order_id: self.order_id,
+            expected_version: self.expected_version,
+        };
+        ChangeOrder::amend(key, self.customer_id, lines)
+    }
+}
+
+impl ChangeRequest for pb::CancelOrderRequest {
+    type Response = pb::CancelOrderResponse;
+
+    fn key(&self) -> (i64, &str) {
+        (self.tenant_id, &self.request_id)
+    }
+
+    fn set_tenant(&mut self, tenant_id: i64) {
+        self.tenant_id = tenant_id;
+    }
+
+    fn parse(self) -> Result<ChangeOrder, InvalidInput> {
+        let reason =
+            pb::CancelReason::try_from(self.reason).ok().and_then(|r| CancelReason::try_from(r).ok());
+        let key = ChangeKey {
+            tenant_id: self.tenant_id,
+            request_id: self.request_id,
+            event_id: self.event_id,
+            order_id: self.order_id,
+            expected_version: self.expected_version,
+        };
+        ChangeOrder::cancel(key, reason, self.note)
     }
 }
 
@@ -89,9 +160,9 @@ impl OrderGrpc {
         // The tenant comes from the credentials: checked before anything is parsed or written.
         request.tenant_id = caller
             .and_then(|caller| caller.tenant_for_write(request.tenant_id))
-            .map_err(|e| SubmitOrderError::Denied(e).into_status(key.clone()))?;
-        let submit = SubmitOrder::try_from(request)
-            .map_err(|e| SubmitOrderError::Invalid(e).into_status(key.clone()))?;
+            .map_err(|e| WriteError::Denied(e).into_status(key.clone()))?;
+        let submit =
+            SubmitOrder::try_from(request).map_err(|e| WriteError::Invalid(e).into_status(key.clone()))?;
         match self.store.submit(&submit).await {
             Ok(submitted) => {
                 if !submitted.replayed {
@@ -101,7 +172,35 @@ impl OrderGrpc {
                     .record("outpost.event_id", tracing::field::display(submitted.order.event_id));
                 Ok(Response::new(submitted.into()))
             }
-            Err(e) => Err(SubmitOrderError::Store(e).into_status(key)),
+            Err(e) => Err(WriteError::Store(e).into_status(key)),
+        }
+    }
+
+    /// AmendOrder and CancelOrder: the tenant from the credentials exactly as for SubmitOrder,
+    /// then the change, answered with the same outcomes and errors.
+    async fn change_inner<R: ChangeRequest>(
+        &self,
+        caller: Result<Caller, AuthError>,
+        mut request: R,
+    ) -> Result<Response<R::Response>, Status> {
+        let (tenant_id, request_id) = request.key();
+        let key = ErrorKey::of(tenant_id, request_id);
+        let tenant_id = caller
+            .and_then(|caller| caller.tenant_for_write(tenant_id))
+            .map_err(|e| WriteError::Denied(e).into_status(key.clone()))?;
+        request.set_tenant(tenant_id);
+        let change = request.parse().map_err(|e| WriteError::Invalid(e).into_status(key.clone()))?;
+        match self.store.change(&change).await {
+            Ok(Ok(changed)) => {
+                if !changed.replayed {
+                    self.wake.wake();
+                }
+                tracing::Span::current()
+                    .record("outpost.event_id", tracing::field::display(changed.event_id));
+                Ok(Response::new(changed.into()))
+            }
+            Ok(Err(refused)) => Err(WriteError::Refused(refused).into_status(key)),
+            Err(e) => Err(WriteError::Store(e).into_status(key)),
         }
     }
 
@@ -171,7 +270,46 @@ impl From<OrderStatus> for pb::OrderStatus {
     fn from(status: OrderStatus) -> Self {
         match status {
             OrderStatus::Accepted => Self::Accepted,
+            OrderStatus::Cancelled => Self::Cancelled,
         }
+    }
+}
+
+impl From<Operation> for pb::OrderOperation {
+    fn from(operation: Operation) -> Self {
+        match operation {
+            Operation::Submit => Self::Submit,
+            Operation::Amend => Self::Amend,
+            Operation::Cancel => Self::Cancel,
+        }
+    }
+}
+
+impl From<CancelReason> for pb::CancelReason {
+    fn from(reason: CancelReason) -> Self {
+        match reason {
+            CancelReason::CustomerRequest => Self::CustomerRequest,
+            CancelReason::OutOfStock => Self::OutOfStock,
+            CancelReason::PaymentFailed => Self::PaymentFailed,
+            CancelReason::FraudSuspected => Self::FraudSuspected,
+            CancelReason::Other => Self::Other,
+        }
+    }
+}
+
+impl TryFrom<pb::CancelReason> for CancelReason {
+    /// `CANCEL_REASON_UNSPECIFIED`.
+    type Error = ();
+
+    fn try_from(reason: pb::CancelReason) -> Result<Self, ()> {
+        Ok(match reason {
+            pb::CancelReason::Unspecified => return Err(()),
+            pb::CancelReason::CustomerRequest => Self::CustomerRequest,
+            pb::CancelReason::OutOfStock => Self::OutOfStock,
+            pb::CancelReason::PaymentFailed => Self::PaymentFailed,
+            pb::CancelReason::FraudSuspected => Self::FraudSuspected,
+            pb::CancelReason::Other => Self::Other,
+        })
     }
 }
 
@@ -190,18 +328,45 @@ impl From<Submitted> for pb::SubmitOrderResponse {
     }
 }
 
-impl From<AcceptedOrder> for pb::ReconcileResponse {
-    fn from(order: AcceptedOrder) -> Self {
+impl From<Reconciled> for pb::ReconcileResponse {
+    fn from(found: Reconciled) -> Self {
         Self {
-            order_id: order.order_id,
-            event_id: order.event_id.to_string(),
-            version: order.version,
-            status: pb::OrderStatus::from(order.status).into(),
-            total_minor: order.total_minor,
-            accepted_at: Some(timestamp(order.accepted_at)),
-            operation: pb::OrderOperation::Submit.into(),
-            current_version: order.version,
-            committed_at: Some(timestamp(order.accepted_at)),
+            order_id: found.order_id,
+            event_id: found.event_id.to_string(),
+            version: found.version,
+            status: pb::OrderStatus::from(found.status).into(),
+            total_minor: found.total_minor,
+            accepted_at: Some(timestamp(found.accepted_at)),
+            operation: pb::OrderOperation::from(found.operation).into(),
+            current_version: found.current_version,
+            committed_at: Some(timestamp(found.committed_at)),
+        }
+    }
+}
+
+impl From<Changed> for pb::AmendOrderResponse {
+    fn from(changed: Changed) -> Self {
+        Self {
+            outcome: pb::TransactionOutcome::Committed.into(),
+            replayed: changed.replayed,
+            order_id: changed.order_id,
+            event_id: changed.event_id.to_string(),
+            version: changed.version,
+            total_minor: changed.total_minor,
+            amended_at: Some(timestamp(changed.committed_at)),
+        }
+    }
+}
+
+impl From<Changed> for pb::CancelOrderResponse {
+    fn from(changed: Changed) -> Self {
+        Self {
+            outcome: pb::TransactionOutcome::Committed.into(),
+            replayed: changed.replayed,
+            order_id: changed.order_id,
+            event_id: changed.event_id.to_string(),
+            version: changed.version,
+            cancelled_at: Some(timestamp(changed.committed_at)),
         }
     }
 }
@@ -221,23 +386,36 @@ impl ErrorKey {
     }
 }
 
-/// Everything SubmitOrder can answer besides OK.
+/// Everything SubmitOrder, AmendOrder and CancelOrder can answer besides OK: one table of
+/// outcomes for every write.
 #[derive(Debug, thiserror::Error)]
-enum SubmitOrderError {
+enum WriteError {
     #[error(transparent)]
     Invalid(InvalidInput),
     #[error(transparent)]
     Store(SubmitError),
     #[error(transparent)]
     Denied(AuthError),
+    /// A change's refusal (never a submission's).
+    #[error(transparent)]
+    Refused(Refused),
 }
 
-impl SubmitOrderError {
-    /// The one place SubmitOrder failures become gRPC statuses; the table in
-    /// `order_service.proto` documents it.
+impl WriteError {
+    /// The one place write failures become gRPC statuses; the tables in `order_service.proto`
+    /// document it.
     fn into_status(self, key: ErrorKey) -> Status {
         let (code, reason, event_id) = match &self {
             Self::Denied(e) => return refusal_status(*e, metadata(key, None)),
+            Self::Refused(Refused { refusal, event_id }) => match refusal {
+                Refusal::VersionConflict { .. } => {
+                    (Code::FailedPrecondition, "VERSION_CONFLICT", Some(event_id))
+                }
+                Refusal::OrderCancelled { .. } => {
+                    (Code::FailedPrecondition, "ORDER_CANCELLED", Some(event_id))
+                }
+                Refusal::OrderNotFound => (Code::NotFound, "ORDER_NOT_FOUND", Some(event_id)),
+            },
             Self::Invalid(_) => (Code::InvalidArgument, "INVALID_ORDER", None),
             Self::Store(SubmitError::RequestIdReused { existing_event_id }) => {
                 (Code::AlreadyExists, "REQUEST_ID_REUSED", Some(existing_event_id))
@@ -270,6 +448,14 @@ impl SubmitOrderError {
             metadata.insert(CORRELATION_ID.to_owned(), incident("SubmitOrder failed on the database", cause));
         }
         let mut details = ErrorDetails::new();
+        if let Self::Refused(Refused {
+            refusal:
+                Refusal::VersionConflict { current_version } | Refusal::OrderCancelled { current_version },
+            ..
+        }) = &self
+        {
+            metadata.insert("current_version".to_owned(), current_version.to_string());
+        }
         details.set_error_info(reason, ERROR_DOMAIN, metadata);
         let message = match self {
             Self::Invalid(invalid) => {
@@ -298,6 +484,7 @@ impl SubmitOrderError {
                 "this event_id cannot be used: make a new one, or send none and the service makes one".to_owned()
             }
             Self::Denied(e) => e.to_string(),
+            Self::Refused(refusal) => refusal.to_string(),
         };
         Status::with_error_details(code, message, details)
     }

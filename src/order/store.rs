@@ -1,12 +1,15 @@
 //! Writes an order and its outbox event in one local transaction and reports the exact outcome.
 
-use chrono::{SubsecRound, Utc};
-use sea_orm::{DatabaseConnection, DbErr};
+use chrono::{DateTime, SubsecRound, Utc};
+use sea_orm::{DatabaseConnection, DbErr, EntityTrait};
 
-use super::accepting::{AcceptedOrder, Accepting, SubmitError, Submitted, accepted_order, find_row};
+use super::accepting::{
+    Accepting, FIRST_VERSION, SubmitError, Submitted, accepted_order, corrupt, find_row, find_version,
+};
 use super::alone::Alone;
 use super::group::{BatchStats, GroupCommit, GroupCommitSettings};
-use crate::domain::{EventId, RequestId, SubmitOrder, TenantId};
+use crate::domain::{EventId, Operation, OrderStatus, RequestId, SubmitOrder, TenantId};
+use crate::entity::orders;
 use crate::telemetry::{self, TraceHeaders};
 
 /// Orders and their outbox events in one database.
@@ -40,6 +43,11 @@ impl OrderStore {
     /// `db.system.name` of the database, for spans.
     fn db_system(&self) -> &'static str {
         crate::db::system_name(&self.db)
+    }
+
+    /// The primary database.
+    pub(super) fn db(&self) -> &DatabaseConnection {
+        &self.db
     }
 
     /// Accepts `submit` idempotently by `(tenant_id, request_id)`.
@@ -80,14 +88,74 @@ impl OrderStore {
         self.alone.submit_alone(submit, event_id, accepted_at, &trace).await
     }
 
-    /// The committed order with `(tenant_id, request_id)`, read from this store's database.
+    /// The committed operation (submission, amendment or cancellation) with
+    /// `(tenant_id, request_id)` and its order, read from this store's database.
     ///
-    /// Never returns another tenant's order.
+    /// Never returns another tenant's operation.
     pub async fn reconcile(
         &self,
         tenant_id: TenantId,
         request_id: &RequestId,
-    ) -> Result<Option<AcceptedOrder>, DbErr> {
-        find_row(&self.db, tenant_id, request_id).await?.map(accepted_order).transpose()
+    ) -> Result<Option<Reconciled>, DbErr> {
+        let Some(operation) = find_version(&self.db, tenant_id, request_id).await? else {
+            // An order service older than `order_version` (beside this one in a rolling upgrade)
+            // writes submissions without it: the order's own key still finds them.
+            return find_row(&self.db, tenant_id, request_id).await?.map(reconciled_submission).transpose();
+        };
+        let order = orders::Entity::find_by_id(operation.order_id)
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| corrupt("an operation without its order"))?;
+        Ok(Some(Reconciled {
+            order_id: order.id,
+            event_id: EventId::parse(&operation.event_id).map_err(corrupt)?,
+            version: operation.version,
+            operation: Operation::from_stored(&operation.operation)
+                .ok_or_else(|| corrupt("unknown operation"))?,
+            total_minor: operation.total,
+            committed_at: operation.committed_at,
+            status: OrderStatus::from_stored(&order.status).ok_or_else(|| corrupt("unknown order status"))?,
+            current_version: order.version,
+            accepted_at: order.created_at,
+        }))
     }
+}
+
+/// A submission found by the order's own key: version 1 of the order.
+fn reconciled_submission(order: orders::Model) -> Result<Reconciled, DbErr> {
+    let accepted = accepted_order(order.clone())?;
+    Ok(Reconciled {
+        order_id: order.id,
+        event_id: accepted.event_id,
+        version: FIRST_VERSION,
+        operation: Operation::Submit,
+        total_minor: order.total,
+        committed_at: order.created_at,
+        status: accepted.status,
+        current_version: order.version,
+        accepted_at: order.created_at,
+    })
+}
+
+/// The operation that used an idempotency key, and its order as it is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    /// The order.
+    pub order_id: i64,
+    /// The event committed with the operation.
+    pub event_id: EventId,
+    /// The order's version the operation made (1 for a submission).
+    pub version: i64,
+    /// Which operation used the key.
+    pub operation: Operation,
+    /// The order's total after the operation, in minor units.
+    pub total_minor: i64,
+    /// When the operation committed.
+    pub committed_at: DateTime<Utc>,
+    /// The order's status now.
+    pub status: OrderStatus,
+    /// The order's version now.
+    pub current_version: i64,
+    /// When the order was accepted.
+    pub accepted_at: DateTime<Utc>,
 }

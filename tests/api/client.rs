@@ -3,6 +3,7 @@
 use outpost::client::{Confirmation, RetryPolicy, SafeSubmitError, SafeSubmitter};
 use tonic::Code;
 
+use crate::change_order::{amend, cancel};
 use crate::helpers::{Backend, TestApp, on_every_backend, order};
 
 fn submitter(app: &TestApp) -> SafeSubmitter {
@@ -26,6 +27,28 @@ async fn the_safe_submitter_commits_once_and_reports_a_replay_the_second_time(ba
     assert_eq!(app.count("orders").await, 1);
 }
 
+on_every_backend!(the_safe_submitter_amends_and_cancels_and_does_not_retry_a_version_conflict);
+
+async fn the_safe_submitter_amends_and_cancels_and_does_not_retry_a_version_conflict(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut submitter = submitter(&app);
+    let order_id = submitter.submit(order(7, "req-1")).await.unwrap().order_id;
+
+    let amended = submitter.amend(amend("amend-1", order_id, 1, 3)).await.unwrap();
+    let replayed = submitter.amend(amend("amend-1", order_id, 1, 3)).await.unwrap();
+    let conflict = submitter.amend(amend("amend-2", order_id, 1, 4)).await.unwrap_err();
+    let cancelled = submitter.cancel(cancel("cancel-1", order_id, 2)).await.unwrap();
+
+    assert_eq!((amended.confirmation, amended.version, amended.calls), (Confirmation::Committed, 2, 1));
+    assert_eq!((replayed.confirmation, &replayed.event_id), (Confirmation::Replayed, &amended.event_id));
+    let SafeSubmitError::Rejected(status) = conflict else {
+        panic!("expected a rejection, got {conflict:?}")
+    };
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!((cancelled.confirmation, cancelled.version), (Confirmation::Committed, 3));
+    assert_eq!(app.count("outbox_event").await, 3);
+}
+
 #[tokio::test]
 async fn the_safe_submitter_does_not_retry_a_rejected_order() {
     let app = TestApp::spawn(Backend::Sqlite).await;
@@ -46,13 +69,35 @@ mod faults {
     use outpost::proto::v1 as pb;
 
     use super::submitter;
+    use crate::change_order::cancel;
     use crate::helpers::{Backend, TestApp, arm, on_every_backend, order};
 
     on_every_backend!(
+        after_an_unknown_outcome_of_a_change_the_submitter_reconciles_and_finds_it,
         after_an_unknown_outcome_the_submitter_reconciles_and_finds_the_committed_order,
         after_an_unknown_outcome_that_did_not_commit_the_submitter_resubmits_with_the_same_ids,
         after_a_rollback_the_submitter_resubmits_with_the_same_ids,
     );
+
+    async fn after_an_unknown_outcome_of_a_change_the_submitter_reconciles_and_finds_it(backend: Backend) {
+        let app = TestApp::spawn(backend).await;
+        let order_id = app.submit(order(7, "req-1")).await.unwrap().order_id;
+        arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let request =
+            pb::CancelOrderRequest { event_id: event_id.clone(), ..cancel("cancel-1", order_id, 1) };
+
+        let confirmed = submitter(&app).cancel(request).await.unwrap();
+
+        assert_eq!(confirmed.confirmation, Confirmation::Reconciled);
+        assert_eq!(
+            (confirmed.calls, confirmed.version),
+            (2, 2),
+            "one cancel with an unknown outcome, one reconcile"
+        );
+        assert_eq!(confirmed.event_id, event_id);
+        assert_eq!(app.count("outbox_event").await, 2);
+    }
 
     async fn after_an_unknown_outcome_the_submitter_reconciles_and_finds_the_committed_order(
         backend: Backend,

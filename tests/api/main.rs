@@ -11,6 +11,7 @@ mod private_db;
 
 mod admin;
 mod callers;
+mod change_order;
 #[cfg(feature = "failpoints")]
 mod chaos;
 mod classify;

@@ -146,6 +146,85 @@ async fn submit(app: &TestApp, orders: &[Value]) -> PythonRun {
     submit_to(&format!("127.0.0.1:{}", app.port), &[], orders).await
 }
 
+/// `submit.py amend` or `submit.py cancel` against `app` with each change on a line of its
+/// standard input.
+async fn change(app: &TestApp, command: &str, changes: &[Value]) -> PythonRun {
+    let args = [
+        format!("--target=127.0.0.1:{}", app.port),
+        "--initial-backoff=0.005".to_owned(),
+        command.to_owned(),
+    ];
+    let stdin = changes.iter().map(|change| format!("{change}\n")).collect::<String>();
+    run_python("submit.py", &args, &stdin).await
+}
+
+/// An amendment of `order_id` at `expected_version` as proto JSON (64-bit integers as strings).
+fn amend_json(request_id: &str, order_id: i64, expected_version: i64, event_id: Option<&str>) -> Value {
+    let mut amend = json!({
+        "tenant_id": 7,
+        "request_id": request_id,
+        "order_id": order_id.to_string(),
+        "expected_version": expected_version.to_string(),
+        "line_items": [{"sku": "SKU-BLUE-MUG", "quantity": 3, "unit_price_minor": 1000}],
+    });
+    if let Some(event_id) = event_id {
+        amend["event_id"] = event_id.into();
+    }
+    amend
+}
+
+fn cancel_json(request_id: &str, order_id: i64, expected_version: i64) -> Value {
+    json!({
+        "tenant_id": 7,
+        "request_id": request_id,
+        "order_id": order_id.to_string(),
+        "expected_version": expected_version.to_string(),
+        "reason": "CANCEL_REASON_CUSTOMER_REQUEST",
+        "note": "changed their mind",
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_client_amends_and_cancels_replays_a_change_and_stops_at_a_version_conflict() {
+    let app = TestApp::spawn(Backend::MariaDb).await;
+    let submitted = submit(&app, &[order_json("req-py-1", None)]).await;
+    let order_id = submitted.result()["order_id"].as_i64().unwrap();
+    let event_id = uuid::Uuid::now_v7().to_string();
+
+    let amended = change(&app, "amend", &[amend_json("amend-py-1", order_id, 1, Some(&event_id))]).await;
+    let replayed = change(&app, "amend", &[amend_json("amend-py-1", order_id, 1, None)]).await;
+    let conflict = change(&app, "amend", &[amend_json("amend-py-2", order_id, 1, None)]).await;
+    let cancelled = change(&app, "cancel", &[cancel_json("cancel-py-1", order_id, 2)]).await;
+    let found = reconcile(&app, "cancel-py-1").await;
+
+    assert!(amended.status.success(), "{amended}");
+    let result = amended.result();
+    assert_eq!((text(&result["confirmation"]), text(&result["event_id"])), ("committed", event_id.as_str()));
+    assert_eq!((result["order_id"].as_i64(), result["version"].as_i64()), (Some(order_id), Some(2)));
+    assert_eq!(amended.calls(), ["amend OK"], "{amended}");
+    assert!(replayed.status.success(), "{replayed}");
+    assert_eq!(text(&replayed.result()["confirmation"]), "replayed");
+    assert_eq!(text(&replayed.result()["event_id"]), event_id, "the original change's event");
+    assert!(!conflict.status.success(), "{conflict}");
+    let refused = conflict.result();
+    assert_eq!(
+        (text(&refused["status"]), text(&refused["code"]), text(&refused["reason"])),
+        ("rejected", "FAILED_PRECONDITION", "VERSION_CONFLICT"),
+        "{conflict}"
+    );
+    assert_eq!(conflict.calls().len(), 1, "a refusal is not retried: {conflict}");
+    assert!(cancelled.status.success(), "{cancelled}");
+    assert_eq!(cancelled.result()["version"].as_i64(), Some(3));
+    assert!(found.status.success(), "{found}");
+    let found = found.result();
+    assert_eq!((text(&found["operation"]), found["version"].as_i64()), ("ORDER_OPERATION_CANCEL", Some(3)));
+    assert_eq!(
+        (text(&found["order_status"]), found["current_version"].as_i64()),
+        ("ORDER_STATUS_CANCELLED", Some(3))
+    );
+    assert_eq!(app.count("outbox_event").await, 3);
+}
+
 async fn reconcile(app: &TestApp, request_id: &str) -> PythonRun {
     let args = [
         format!("--target=127.0.0.1:{}", app.port),
@@ -269,7 +348,7 @@ mod faults {
 
     use std::collections::BTreeSet;
 
-    use super::{PythonRun, order_json, orders_with, submit, text};
+    use super::{PythonRun, amend_json, change, order_json, orders_with, submit, text};
     use crate::helpers::{Backend, TestApp, arm};
 
     /// Submits one order with a fixed event id after arming `point`, and checks that the order
@@ -296,6 +375,26 @@ mod faults {
 
         assert_eq!(run.calls(), ["submit UNKNOWN OUTCOME_UNKNOWN", "reconcile OK"], "{run}");
         assert_eq!(text(&run.result()["confirmation"]), "reconciled");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_an_unknown_outcome_of_an_amendment_the_python_client_reconciles_and_finds_the_change() {
+        let app = TestApp::spawn(Backend::MariaDb).await;
+        let order_id = app.submit(crate::helpers::order(7, "req-py-1")).await.unwrap().order_id;
+        arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
+        let event_id = uuid::Uuid::now_v7().to_string();
+
+        let run = change(&app, "amend", &[amend_json("amend-py-1", order_id, 1, Some(&event_id))]).await;
+
+        assert!(run.status.success(), "{run}");
+        assert_eq!(run.calls(), ["amend UNKNOWN OUTCOME_UNKNOWN", "reconcile OK"], "{run}");
+        let result = run.result();
+        assert_eq!(
+            (text(&result["confirmation"]), text(&result["event_id"])),
+            ("reconciled", event_id.as_str())
+        );
+        assert_eq!(result["version"].as_i64(), Some(2));
+        assert_eq!(app.count("outbox_event").await, 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

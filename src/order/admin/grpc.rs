@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use tonic::{Code, Request, Response, Status};
 
-use super::inspect::{Backlog, Inspector, Timeline};
+use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
 use super::retention::{PurgeReport, Retention};
-use crate::domain::{FieldViolation, InvalidInput, OutboxStatus, RequestId, TenantId};
+use crate::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
+use crate::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{orders, outbox_event};
 use crate::outbox::{self, Redrive, RedriveAudit};
@@ -241,7 +242,7 @@ enum AdminError {
     Call(CallError),
     #[error("no order or outbox row has event {0}")]
     EventNotFound(String),
-    #[error("no committed order has tenant_id {tenant_id} and request_id {request_id}")]
+    #[error("no operation committed under tenant_id {tenant_id} and request_id {request_id}")]
     OrderNotFound { tenant_id: i64, request_id: String },
     #[error("event {event_id} is {}, not FAILED: only FAILED events are redriven", status.as_str())]
     NotFailed { event_id: String, status: OutboxStatus },
@@ -305,8 +306,37 @@ impl From<Timeline> for pb::EventTimeline {
             event_id: t.event_id,
             order: t.order.map(Into::into),
             outbox: t.outbox.map(Into::into),
+            order_events: t.order_events.into_iter().map(Into::into).collect(),
             ..Self::default()
         }
+    }
+}
+
+impl From<OrderEvent> for pb::OrderEventRecord {
+    fn from(e: OrderEvent) -> Self {
+        let v = e.version;
+        // A purged row's type still follows from the operation that made it.
+        let (event_type, outbox_status) =
+            e.outbox.unwrap_or_else(|| (event_type(&v.operation).to_owned(), String::new()));
+        Self {
+            event_id: v.event_id,
+            version: v.version,
+            event_type,
+            operation: v.operation,
+            request_id: v.request_id,
+            committed_at: Some(timestamp(v.committed_at)),
+            outbox_status,
+        }
+    }
+}
+
+/// The event type a stored operation commits.
+fn event_type(operation: &str) -> &'static str {
+    match Operation::from_stored(operation) {
+        Some(Operation::Submit) => EVENT_TYPE,
+        Some(Operation::Amend) => ORDER_AMENDED_EVENT_TYPE,
+        Some(Operation::Cancel) => ORDER_CANCELLED_EVENT_TYPE,
+        None => "",
     }
 }
 

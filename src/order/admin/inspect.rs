@@ -1,5 +1,6 @@
 //! Read-only queries behind the order side's timeline and backlog: the order database only.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -7,7 +8,7 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 
 use crate::db::{self, purge};
 use crate::domain::OutboxStatus;
-use crate::entity::{orders, outbox_event};
+use crate::entity::{order_version, orders, outbox_event};
 use crate::outbox;
 
 /// What the order database holds for one event.
@@ -16,6 +17,17 @@ pub(crate) struct Timeline {
     pub(crate) event_id: String,
     pub(crate) order: Option<orders::Model>,
     pub(crate) outbox: Option<outbox_event::Model>,
+    /// Every version of the event's order, oldest first.
+    pub(crate) order_events: Vec<OrderEvent>,
+}
+
+/// One version of an order: the operation that made it and its event's outbox row, if retention
+/// has not purged it.
+#[derive(Debug, Clone)]
+pub(crate) struct OrderEvent {
+    pub(crate) version: order_version::Model,
+    /// The outbox row's `event_type` and `status`.
+    pub(crate) outbox: Option<(String, String)>,
 }
 
 impl Timeline {
@@ -48,25 +60,68 @@ impl Inspector {
         &self.db
     }
 
-    /// The event's timeline; empty when no table knows it.
+    /// The event's timeline; empty when no table knows it. Every event of an order (its
+    /// acceptance, amendments, cancellation) has its `order_version` row, which names the order.
     pub(crate) async fn timeline(&self, event_id: &str) -> Result<Timeline, DbErr> {
-        let order = orders::Entity::find()
-            .filter(orders::Column::AcceptanceEventId.eq(event_id))
+        let version = order_version::Entity::find()
+            .filter(order_version::Column::EventId.eq(event_id))
             .one(&self.db)
             .await?;
+        let order = match &version {
+            Some(version) => orders::Entity::find_by_id(version.order_id).one(&self.db).await?,
+            // Accepted by an order service older than `order_version` (a rolling upgrade).
+            None => {
+                orders::Entity::find()
+                    .filter(orders::Column::AcceptanceEventId.eq(event_id))
+                    .one(&self.db)
+                    .await?
+            }
+        };
         let outbox = outbox_event::Entity::find_by_id(event_id.to_owned()).one(&self.db).await?;
-        Ok(Timeline { event_id: event_id.to_owned(), order, outbox })
+        let order_events = match &order {
+            Some(order) => self.order_events(order.id).await?,
+            None => Vec::new(),
+        };
+        Ok(Timeline { event_id: event_id.to_owned(), order, outbox, order_events })
     }
 
-    /// The timeline of the order accepted under `(tenant_id, request_id)`, if one committed.
+    /// Every version of the order, oldest first, with its event's outbox type and status: one
+    /// read of the order's `order_version` rows (its primary key) and one of their outbox rows
+    /// (by event id).
+    async fn order_events(&self, order_id: i64) -> Result<Vec<OrderEvent>, DbErr> {
+        let versions = order_version::Entity::find()
+            .filter(order_version::Column::OrderId.eq(order_id))
+            .order_by_asc(order_version::Column::Version)
+            .all(&self.db)
+            .await?;
+        let mut outbox: HashMap<String, (String, String)> = outbox_event::Entity::find()
+            .select_only()
+            .column(outbox_event::Column::EventId)
+            .column(outbox_event::Column::EventType)
+            .column(outbox_event::Column::Status)
+            .filter(outbox_event::Column::EventId.is_in(versions.iter().map(|v| v.event_id.clone())))
+            .into_tuple::<(String, String, String)>()
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|(event_id, event_type, status)| (event_id, (event_type, status)))
+            .collect();
+        Ok(versions
+            .into_iter()
+            .map(|version| OrderEvent { outbox: outbox.remove(&version.event_id), version })
+            .collect())
+    }
+
+    /// The timeline of the event committed under `(tenant_id, request_id)` (a submission,
+    /// amendment or cancellation), if one committed.
     pub(crate) async fn find(&self, tenant_id: i64, request_id: &str) -> Result<Option<Timeline>, DbErr> {
-        let order = orders::Entity::find()
-            .filter(orders::Column::TenantId.eq(tenant_id))
-            .filter(orders::Column::RequestId.eq(request_id))
+        let version = order_version::Entity::find()
+            .filter(order_version::Column::TenantId.eq(tenant_id))
+            .filter(order_version::Column::RequestId.eq(request_id))
             .one(&self.db)
             .await?;
-        match order {
-            Some(order) => Ok(Some(self.timeline(&order.acceptance_event_id).await?)),
+        match version {
+            Some(version) => Ok(Some(self.timeline(&version.event_id).await?)),
             None => Ok(None),
         }
     }

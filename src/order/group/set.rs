@@ -1,5 +1,6 @@
 //! The set-based write of a batch: one multi-row INSERT per table (orders, order_line,
-//! outbox_event) for all its orders, instead of three statements and a savepoint per order.
+//! order_version, outbox_event) for all its orders, instead of four statements and a savepoint
+//! per order.
 //!
 //! The rows are the ones an order written alone gets ([`order_row`], [`line_rows`],
 //! [`outbox_row`]). Each order's id comes back by its acceptance event id, never from the
@@ -17,8 +18,8 @@ use sea_orm::{
 use tokio::sync::OnceCell;
 
 use crate::db::TxFailure;
-use crate::entity::{order_line, orders, outbox_event};
-use crate::order::accepting::{Accepting, line_rows, order_row, outbox_row};
+use crate::entity::{order_line, order_version, orders, outbox_event};
+use crate::order::accepting::{Accepting, line_rows, order_row, outbox_row, submitted_version_row};
 
 /// Bound parameters per statement: far below the smallest limit of the three backends
 /// (SQLite's 32,766), so that a large batch of long orders splits into a few statements
@@ -33,6 +34,7 @@ fn rows_per_statement(columns: usize) -> usize {
 /// Columns bound per row (every column but the ones the database fills).
 const ORDER_COLUMNS: usize = 9;
 const LINE_COLUMNS: usize = 5;
+const VERSION_COLUMNS: usize = 9;
 const OUTBOX_COLUMNS: usize = 22;
 
 /// Whether a MySQL-protocol server that reports `version` (`SELECT VERSION()`) takes
@@ -89,10 +91,23 @@ pub(super) async fn write(
     for chunk in orders.chunks(rows_per_statement(ORDER_COLUMNS)) {
         order_ids.extend(insert_orders(txn, chunk, returning).await?);
     }
-    let lines: Vec<order_line::ActiveModel> =
-        orders.iter().zip(&order_ids).flat_map(|(a, &order_id)| line_rows(&a.submit, order_id)).collect();
+    let lines: Vec<order_line::ActiveModel> = orders
+        .iter()
+        .zip(&order_ids)
+        .flat_map(|(a, &order_id)| line_rows(a.submit.order.lines(), order_id))
+        .collect();
     for chunk in lines.chunks(rows_per_statement(LINE_COLUMNS)) {
         order_line::Entity::insert_many(chunk.iter().cloned()).exec_without_returning(txn).await?;
+    }
+    for (chunk, ids) in orders
+        .chunks(rows_per_statement(VERSION_COLUMNS))
+        .zip(order_ids.chunks(rows_per_statement(VERSION_COLUMNS)))
+    {
+        let rows = chunk
+            .iter()
+            .zip(ids)
+            .map(|(a, &order_id)| submitted_version_row(&a.submit, a.event_id, a.accepted_at, order_id));
+        order_version::Entity::insert_many(rows).exec_without_returning(txn).await?;
     }
     for (chunk, ids) in orders
         .chunks(rows_per_statement(OUTBOX_COLUMNS))
@@ -170,7 +185,7 @@ mod tests {
 
     #[test]
     fn statements_stay_below_every_backends_parameter_limit() {
-        for columns in [ORDER_COLUMNS, LINE_COLUMNS, OUTBOX_COLUMNS] {
+        for columns in [ORDER_COLUMNS, LINE_COLUMNS, VERSION_COLUMNS, OUTBOX_COLUMNS] {
             let rows = rows_per_statement(columns);
             assert!(rows >= 64, "{columns} columns: {rows} rows");
             assert!(rows * columns <= 32_766, "{columns} columns: {rows} rows");

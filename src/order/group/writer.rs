@@ -24,9 +24,7 @@ use std::sync::Arc;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt as _;
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, IsolationLevel, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -34,14 +32,15 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use super::Job;
 use super::batch::{BatchStats, Fate, follow, set_candidates};
 use super::set::{self, IdsBack};
-use crate::db::{LockConflict, TxFailure, UniqueKey, lock_conflict, violated_unique_key};
+use crate::db::{LockConflict, TxFailure, lock_conflict, violated_unique_key};
 use crate::domain::EventId;
 use crate::failpoint;
 use crate::order::accepting::{
-    Accepting, LOCK_CONFLICT_RETRIES, SubmitError, Submitted, decide_clash, find, insert_order, rolled_back,
-    unknown,
+    Accepting, KeyHolder, LOCK_CONFLICT_RETRIES, SubmitError, Submitted, decide_clash, find, insert_order,
+    rolled_back, unknown,
 };
 use crate::order::alone::Alone;
+use crate::order::transaction::read_committed;
 use crate::telemetry::metrics;
 
 /// The savepoint around each order. One name serves every order: each is released (or rolled
@@ -368,9 +367,7 @@ async fn write_row(txn: &DatabaseTransaction, row: &Row, batch: &Written) -> Row
         tracing::warn!(error = %cause, "savepoint rollback failed after this error");
         return RowEnd::Abort(e);
     }
-    let Some(clash @ (UniqueKey::OrdersTenantRequest | UniqueKey::OrdersAcceptanceEvent)) =
-        cause.db_err().and_then(violated_unique_key)
-    else {
+    let Some(clash) = cause.db_err().and_then(violated_unique_key).filter(|key| key.is_order_key()) else {
         // Any other error, including other unique keys: this order alone rolled back.
         return RowEnd::Final(Err(rolled_back(event_id, cause)));
     };
@@ -390,8 +387,10 @@ async fn write_row(txn: &DatabaseTransaction, row: &Row, batch: &Written) -> Row
         }
     };
     let from_this_batch = match &existing {
-        Some((order, _)) => batch.order_ids.contains(&order.order_id),
-        None => clash == UniqueKey::OrdersAcceptanceEvent && batch.event_ids.contains(&event_id),
+        Some(KeyHolder::Order(order, _)) => batch.order_ids.contains(&order.order_id),
+        // A batch holds submissions only.
+        Some(KeyHolder::Change(_)) => false,
+        None => clash.is_event_key() && batch.event_ids.contains(&event_id),
     };
     let answer = decide_clash(submit, event_id, clash, existing);
     if from_this_batch { RowEnd::IfCommitted(answer) } else { RowEnd::Final(answer) }
@@ -437,14 +436,6 @@ fn settle_unknown(rows: &mut [Row], cause: &TxFailure) {
     for row in rows.iter_mut() {
         row.settle(|row| unknown(row.event_id(), cause.clone()));
     }
-}
-
-/// READ COMMITTED on MariaDB/MySQL, so that the read after a key clash sees the order that
-/// another transaction committed while this one waited for its lock (REPEATABLE READ would read
-/// an older snapshot), and inserts take no gap locks. PostgreSQL's default is READ COMMITTED;
-/// SQLite has one writer at a time.
-fn read_committed(db: &DatabaseConnection) -> Option<IsolationLevel> {
-    (db.get_database_backend() == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted)
 }
 
 /// One order of a batch.

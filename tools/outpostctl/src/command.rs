@@ -1,12 +1,13 @@
 //! The commands: each calls the order side's AdminService, the consumer's
-//! ConsumerAdminService, or both and joins their answers.
+//! ConsumerAdminService, or both and joins their answers; `amend` and `cancel` call the
+//! OrderService with the safe caller protocol.
 
 use std::time::Duration;
 
-use outpost::client::{self, BearerToken, ClientTls};
+use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitError, SafeSubmitter};
 use outpost::proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
-    consumer_admin_service_client::ConsumerAdminServiceClient,
+    consumer_admin_service_client::ConsumerAdminServiceClient, order_service_client::OrderServiceClient,
 };
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -24,6 +25,9 @@ pub(crate) struct Cli {
     /// loopback address; any other host is refused.
     #[arg(long, env = "OUTPOST_ADMIN_URL", default_value = "127.0.0.1:50054", global = true)]
     admin_url: String,
+    /// The order service's OrderService endpoint (its `--listen`), for `amend` and `cancel`.
+    #[arg(long, env = "OUTPOST_ORDER_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    order_url: String,
     /// The consumer's endpoint (its `--listen`): its records of each event, its dead letters and
     /// its dedup history's purge. Schemes as for --admin-url.
     #[arg(long, env = "OUTPOST_CONSUMER_ADMIN_URL", default_value = "127.0.0.1:50053", global = true)]
@@ -55,7 +59,8 @@ enum Command {
         /// The event id.
         event_id: String,
     },
-    /// The timeline of the order accepted under a tenant's request id.
+    /// The timeline of the event committed under a tenant's request id (an order's acceptance,
+    /// amendment or cancellation).
     Find {
         /// The tenant id.
         tenant_id: i64,
@@ -95,6 +100,31 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
+    /// Amend an order (OrderService.AmendOrder) with the safe caller protocol: replace its lines
+    /// and/or its customer if it is still at --expected-version. Running the same command again
+    /// (same --request-id) is a replay, never a second change.
+    Amend {
+        #[command(flatten)]
+        change: ChangeArgs,
+        /// A new line as SKU:QUANTITY:UNIT_PRICE_MINOR; repeatable. Given lines replace all lines.
+        #[arg(long = "line", value_parser = parse_line)]
+        lines: Vec<pb::LineItem>,
+        /// The new customer id.
+        #[arg(long, default_value = "")]
+        customer_id: String,
+    },
+    /// Cancel an order (OrderService.CancelOrder) with the safe caller protocol, if it is still
+    /// at --expected-version.
+    Cancel {
+        #[command(flatten)]
+        change: ChangeArgs,
+        /// Why.
+        #[arg(long, value_enum)]
+        reason: CancelReasonArg,
+        /// Free text, up to 512 characters.
+        #[arg(long, default_value = "")]
+        note: String,
+    },
     /// Delete PUBLISHED outbox rows (order side) and consumed_event rows (consumer side) past
     /// their retention.
     Purge {
@@ -114,6 +144,59 @@ enum Command {
     Console(console::ConsoleArgs),
 }
 
+/// What every change names: whose order, which one, at which version, under which key.
+#[derive(Debug, clap::Args)]
+struct ChangeArgs {
+    /// The tenant (0: the token's).
+    tenant_id: i64,
+    /// The order to change.
+    order_id: i64,
+    /// The version read before deciding on the change (see `find` / `timeline`).
+    #[arg(long)]
+    expected_version: i64,
+    /// The idempotency key of this change, unique within the tenant: reuse it to retry.
+    #[arg(long)]
+    request_id: String,
+    /// The event id to commit with the change (a canonical lower-case UUID); made if absent.
+    #[arg(long, default_value = "")]
+    event_id: String,
+}
+
+/// `--reason` of `cancel`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CancelReasonArg {
+    CustomerRequest,
+    OutOfStock,
+    PaymentFailed,
+    FraudSuspected,
+    Other,
+}
+
+impl From<CancelReasonArg> for pb::CancelReason {
+    fn from(reason: CancelReasonArg) -> Self {
+        match reason {
+            CancelReasonArg::CustomerRequest => Self::CustomerRequest,
+            CancelReasonArg::OutOfStock => Self::OutOfStock,
+            CancelReasonArg::PaymentFailed => Self::PaymentFailed,
+            CancelReasonArg::FraudSuspected => Self::FraudSuspected,
+            CancelReasonArg::Other => Self::Other,
+        }
+    }
+}
+
+/// `SKU:QUANTITY:UNIT_PRICE_MINOR`; the server checks the values.
+fn parse_line(text: &str) -> Result<pb::LineItem, String> {
+    let mut parts = text.rsplitn(3, ':');
+    let (Some(price), Some(quantity), Some(sku)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("expected SKU:QUANTITY:UNIT_PRICE_MINOR".to_owned());
+    };
+    Ok(pb::LineItem {
+        sku: sku.to_owned(),
+        quantity: quantity.parse().map_err(|_| format!("quantity {quantity:?} is not a number"))?,
+        unit_price_minor: price.parse().map_err(|_| format!("unit price {price:?} is not a number"))?,
+    })
+}
+
 /// A call that did not succeed, as one line for people.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CtlError {
@@ -127,6 +210,27 @@ pub(crate) enum CtlError {
     Console(#[from] console::ConsoleError),
     #[error("the order side answered, the consumer side did not: {error}\n{done}")]
     ConsumerSide { done: String, error: Box<CtlError> },
+    #[error("{}", describe_change(.0))]
+    Change(#[from] SafeSubmitError),
+}
+
+fn describe_change(error: &SafeSubmitError) -> String {
+    match error {
+        SafeSubmitError::Rejected(status) => {
+            let mut line = format!("refused, nothing written: {}", describe(status));
+            if let Some(version) =
+                status.get_details_error_info().and_then(|info| info.metadata.get("current_version").cloned())
+            {
+                line.push_str(&format!(" (current version {version})"));
+            }
+            line
+        }
+        SafeSubmitError::GaveUp { calls, event_id, last } => format!(
+            "gave up after {calls} calls; the change may have committed: run the same command again (same \
+             --request-id, --event-id {event_id}). Last error: {}",
+            describe(last)
+        ),
+    }
 }
 
 fn describe(status: &tonic::Status) -> String {
@@ -237,6 +341,30 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
                 .into_inner();
             render::dead_letters(&reply.dead_letters, json)
         }
+        Command::Amend { change, lines, customer_id } => {
+            let request = pb::AmendOrderRequest {
+                tenant_id: change.tenant_id,
+                request_id: change.request_id.clone(),
+                order_id: change.order_id,
+                expected_version: change.expected_version,
+                line_items: lines.clone(),
+                customer_id: customer_id.clone(),
+                event_id: change.event_id.clone(),
+            };
+            render::changed("amended", &cli.submitter().await?.amend(request).await?, json)
+        }
+        Command::Cancel { change, reason, note } => {
+            let request = pb::CancelOrderRequest {
+                tenant_id: change.tenant_id,
+                request_id: change.request_id.clone(),
+                order_id: change.order_id,
+                expected_version: change.expected_version,
+                reason: pb::CancelReason::from(*reason).into(),
+                note: note.clone(),
+                event_id: change.event_id.clone(),
+            };
+            render::changed("cancelled", &cli.submitter().await?.cancel(request).await?, json)
+        }
         Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
             let outbox = cli
                 .admin()
@@ -320,6 +448,16 @@ impl Cli {
     async fn admin(&self) -> Result<AdminServiceClient<Authorized>, CtlError> {
         let (channel, token) = self.channel(ADMIN_URL, &self.admin_url).await?;
         Ok(AdminServiceClient::new(InterceptedService::new(channel, bearer(token))))
+    }
+
+    /// The safe caller protocol over the OrderService, with the token if there is one.
+    async fn submitter(&self) -> Result<SafeSubmitter, client::ClientError> {
+        let (channel, token) = self.channel(&self.order_url).await?;
+        let submitter = SafeSubmitter::new(OrderServiceClient::new(channel), RetryPolicy::default());
+        Ok(match token {
+            Some(token) => submitter.with_token(token),
+            None => submitter,
+        })
     }
 
     /// A client of the consumer's ConsumerAdminService.

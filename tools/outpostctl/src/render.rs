@@ -2,6 +2,7 @@
 //! JSON mapping (lowerCamelCase), timestamps are RFC 3339, durations in seconds.
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use outpost::client::Confirmation;
 use outpost::proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -80,6 +81,15 @@ fn timeline_json(t: &pb::EventTimeline) -> Value {
         "notificationJob": t.notification_job.as_ref().map(job_json),
         "notificationJobs": t.notification_jobs.iter().map(job_json).collect::<Vec<_>>(),
         "deadLetters": t.dead_letters.iter().map(dead_letter_json).collect::<Vec<_>>(),
+        "orderEvents": t.order_events.iter().map(|e| json!({
+            "eventId": e.event_id,
+            "version": e.version,
+            "eventType": e.event_type,
+            "operation": e.operation,
+            "requestId": e.request_id,
+            "committedAt": time(e.committed_at.as_ref()),
+            "outboxStatus": non_empty(&e.outbox_status),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -167,7 +177,44 @@ pub(crate) fn timeline(t: pb::EventTimeline, consumer_unavailable: Option<&str>,
     for (when, what, details) in rows {
         out.add_row(vec![text(when), what, details]);
     }
-    format!("event {}\n{out}", t.event_id)
+    if t.order_events.is_empty() {
+        return format!("event {}\n{out}", t.event_id);
+    }
+    let mut versions = table(&["version", "committed", "operation", "request id", "event id", "outbox"]);
+    for e in &t.order_events {
+        let marker = if e.event_id == t.event_id { " (this event)" } else { "" };
+        versions.add_row(vec![
+            format!("v{}", e.version),
+            text(time(e.committed_at.as_ref())),
+            e.operation.clone(),
+            e.request_id.clone(),
+            format!("{}{marker}", e.event_id),
+            non_empty(&e.outbox_status).unwrap_or_else(|| "purged".to_owned()),
+        ]);
+    }
+    format!("event {}\n{out}\nevery version of the order:\n{versions}", t.event_id)
+}
+
+/// A committed change of an order.
+pub(crate) fn changed(verb: &str, confirmed: &outpost::client::ConfirmedOrder, as_json: bool) -> String {
+    let how = match confirmed.confirmation {
+        Confirmation::Committed => "committed",
+        Confirmation::Replayed => "replayed",
+        Confirmation::Reconciled => "reconciled",
+    };
+    if as_json {
+        return pretty(&json!({
+            "orderId": confirmed.order_id,
+            "version": confirmed.version,
+            "eventId": confirmed.event_id,
+            "confirmation": how,
+            "calls": confirmed.calls,
+        }));
+    }
+    format!(
+        "order {} {verb}: now version {}, event {} ({how} after {} call(s))",
+        confirmed.order_id, confirmed.version, confirmed.event_id, confirmed.calls
+    )
 }
 
 /// Dead letters, oldest first.
