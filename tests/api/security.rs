@@ -198,6 +198,43 @@ async fn tenants_see_only_their_own_orders_and_operators_see_all(backend: Backen
 on_every_backend!(tenants_see_only_their_own_orders_and_operators_see_all);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_acts_only_for_the_tokens_tenant_and_an_operator_token_changes_nothing() {
+    use crate::change_order::{amend, cancel};
+    let (app, pki, _dir) = authenticated(Backend::Sqlite, |_| {}).await;
+    let mut orders = app.client.clone();
+    let (seven, eight, ops) = (tenant(&pki, 7), tenant(&pki, 8), operator(&pki, "alice"));
+    let order_id =
+        orders.submit_order(with_token(order(0, "submit-1"), &seven)).await.unwrap().into_inner().order_id;
+    let mine = |request: pb::AmendOrderRequest| pb::AmendOrderRequest { tenant_id: 0, ..request };
+
+    let answer = orders.amend_order(mine(amend("amend-x", order_id, 1, 3))).await;
+    assert_eq!(refusal(answer, ""), (Code::Unauthenticated, "TOKEN_MISSING".into()));
+    // Tenant 8 naming tenant 7 is refused; naming no tenant, it has no such order.
+    let answer = orders.amend_order(with_token(amend("amend-x", order_id, 1, 3), &eight)).await;
+    assert_eq!(refusal(answer, &eight), (Code::PermissionDenied, "TENANT_MISMATCH".into()));
+    let answer = orders.amend_order(with_token(mine(amend("amend-x", order_id, 1, 3)), &eight)).await;
+    assert_eq!(refusal(answer, &eight), (Code::NotFound, "ORDER_NOT_FOUND".into()));
+    let cancel_mine = pb::CancelOrderRequest { tenant_id: 0, ..cancel("cancel-x", order_id, 1) };
+    let answer = orders.cancel_order(with_token(cancel_mine.clone(), &eight)).await;
+    assert_eq!(refusal(answer, &eight), (Code::NotFound, "ORDER_NOT_FOUND".into()));
+    // The operator scope reads every tenant's, but writes for none.
+    let answer = orders.cancel_order(with_token(cancel("cancel-x", order_id, 1), &ops)).await;
+    assert_eq!(refusal(answer, &ops), (Code::PermissionDenied, "TENANT_MISMATCH".into()));
+    assert_eq!(app.count("outbox_event").await, 1, "no refused change wrote anything");
+
+    let amended =
+        orders.amend_order(with_token(mine(amend("amend-1", order_id, 1, 3)), &seven)).await.unwrap();
+    assert_eq!(amended.into_inner().version, 2);
+    let found = orders
+        .reconcile(with_token(pb::ReconcileRequest { tenant_id: 7, request_id: "amend-1".into() }, &ops))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((found.operation(), found.current_version), (pb::OrderOperation::Amend, 2));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redrive_records_the_tokens_subject_and_keeps_the_typed_name_as_a_note() {
     let (app, pki, _dir) = authenticated(Backend::Sqlite, |_| {}).await;
     let accepted =
