@@ -51,42 +51,46 @@ impl OrderService for OrderGrpc {
         &self,
         request: Request<pb::SubmitOrderRequest>,
     ) -> Result<Response<pb::SubmitOrderResponse>, Status> {
-        let span = rpc_span(SERVICE, "SubmitOrder", request.metadata());
-        let caller = span.in_scope(|| self.auth.caller(&request));
-        let answer = self.submit_order_inner(caller, request.into_inner()).instrument(span.clone()).await;
-        record_status(&span, &answer);
-        answer
+        self.traced("SubmitOrder", request, |caller, r| self.submit_order_inner(caller, r)).await
     }
 
     async fn reconcile(
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let span = rpc_span(SERVICE, "Reconcile", request.metadata());
-        let caller = span.in_scope(|| self.auth.caller(&request));
-        let answer = self.reconcile_inner(caller, request.into_inner()).instrument(span.clone()).await;
-        record_status(&span, &answer);
-        answer
+        self.traced("Reconcile", request, |caller, r| self.reconcile_inner(caller, r)).await
     }
 
     async fn amend_order(
         &self,
         request: Request<pb::AmendOrderRequest>,
     ) -> Result<Response<pb::AmendOrderResponse>, Status> {
-        let span = rpc_span(SERVICE, "AmendOrder", request.metadata());
-        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
-        let answer = self.change_inner(caller, request.into_inner()).instrument(span.clone()).await;
-        record_status(&span, &answer);
-        answer
+        self.traced("AmendOrder", request, |caller, r| self.change_inner(caller, r)).await
     }
 
     async fn cancel_order(
         &self,
         request: Request<pb::CancelOrderRequest>,
     ) -> Result<Response<pb::CancelOrderResponse>, Status> {
-        let span = rpc_span(SERVICE, "CancelOrder", request.metadata());
-        let caller = span.in_scope(|| self.auth.authenticate(request.metadata()));
-        let answer = self.change_inner(caller, request.into_inner()).instrument(span.clone()).await;
+        self.traced("CancelOrder", request, |caller, r| self.change_inner(caller, r)).await
+    }
+}
+
+impl OrderGrpc {
+    /// Runs one call inside its server span (continuing the caller's trace): authenticates the
+    /// caller there, hands the outcome to `call`, and records the answer's status on the span.
+    async fn traced<R, T, F>(
+        &self,
+        method: &'static str,
+        request: Request<R>,
+        call: impl FnOnce(Result<Caller, AuthError>, R) -> F,
+    ) -> Result<Response<T>, Status>
+    where
+        F: Future<Output = Result<Response<T>, Status>>,
+    {
+        let span = rpc_span(SERVICE, method, request.metadata());
+        let caller = span.in_scope(|| self.auth.caller(&request));
+        let answer = call(caller, request.into_inner()).instrument(span.clone()).await;
         record_status(&span, &answer);
         answer
     }
