@@ -7,7 +7,7 @@ use std::time::Duration;
 use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitError, SafeSubmitter};
 use outpost::proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
-    consumer_admin_service_client::ConsumerAdminServiceClient, order_service_client::OrderServiceClient,
+    consumer_admin_service_client::ConsumerAdminServiceClient,
 };
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -26,7 +26,8 @@ pub(crate) struct Cli {
     #[arg(long, env = "OUTPOST_ADMIN_URL", default_value = "127.0.0.1:50054", global = true)]
     admin_url: String,
     /// The order service's OrderService endpoint (its `--listen`), for `amend` and `cancel`.
-    #[arg(long, env = "OUTPOST_ORDER_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    /// Schemes as for --admin-url.
+    #[arg(long, env = "OUTPOST_ORDER_URL", default_value = "127.0.0.1:50051", global = true)]
     order_url: String,
     /// The consumer's endpoint (its `--listen`): its records of each event, its dead letters and
     /// its dedup history's purge. Schemes as for --admin-url.
@@ -255,6 +256,7 @@ fn duration(flag: &str, value: Option<Duration>) -> Result<Option<prost_types::D
 /// The settings naming the two endpoints, as errors name them.
 const ADMIN_URL: &str = "--admin-url (OUTPOST_ADMIN_URL)";
 const CONSUMER_ADMIN_URL: &str = "--consumer-admin-url (OUTPOST_CONSUMER_ADMIN_URL)";
+const ORDER_URL: &str = "--order-url (OUTPOST_ORDER_URL)";
 
 type Authorized = InterceptedService<
     Channel,
@@ -451,13 +453,11 @@ impl Cli {
     }
 
     /// The safe caller protocol over the OrderService, with the token if there is one.
-    async fn submitter(&self) -> Result<SafeSubmitter, client::ClientError> {
-        let (channel, token) = self.channel(&self.order_url).await?;
-        let submitter = SafeSubmitter::new(OrderServiceClient::new(channel), RetryPolicy::default());
-        Ok(match token {
-            Some(token) => submitter.with_token(token),
-            None => submitter,
-        })
+    async fn submitter(&self) -> Result<SafeSubmitter, CtlError> {
+        let token = self.token()?;
+        SafeSubmitter::connect(&self.order_url, &self.tls(), token, RetryPolicy::default())
+            .await
+            .map_err(|source| CtlError::Connect { setting: ORDER_URL, source })
     }
 
     /// A client of the consumer's ConsumerAdminService.
