@@ -43,6 +43,10 @@ pub const BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE: &str =
 pub const BREAK_MARK_WITHOUT_OWNER_CONDITION: &str = "BREAK_MARK_WITHOUT_OWNER_CONDITION";
 /// Test-only switch: the consumer commits the offset before its local transaction.
 pub const BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT: &str = "BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT";
+/// In the relay's publisher, armed `return(<aggregate id>)`: every publish of that aggregate's
+/// events fails as a record the broker refused, so each spends an attempt and backs off (and is
+/// FAILED once its attempts are used up); other aggregates publish normally.
+pub const RELAY_PUBLISH_REJECTED_FOR_AGGREGATE: &str = "RELAY_PUBLISH_REJECTED_FOR_AGGREGATE";
 
 /// Whether a test armed a `BREAK_*` switch. The switches exist so that the verifier can be shown
 /// to catch the guarantee each one breaks; without the `failpoints` feature they are always off.
@@ -91,6 +95,16 @@ pub fn arm_from_env() -> Result<(), FailpointsNotAllowed> {
         std::mem::forget(fail::FailScenario::setup());
     }
     Ok(())
+}
+
+/// The argument a test armed `point` with (`return(<argument>)`), if it armed it.
+pub(crate) fn argument(point: &'static str) -> Option<String> {
+    #[cfg(feature = "failpoints")]
+    if let Some(argument) = fail::eval(point, |argument| argument) {
+        return argument;
+    }
+    let _ = point;
+    None
 }
 
 /// Passes through `point`: `Err` when a test armed it to fail.

@@ -154,6 +154,12 @@ impl Outbox {
     /// which takes no gap locks, so a claim never blocks an order's insert or another relay's
     /// claim or mark. SQLite has one writer at a time, so one
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
+    ///
+    /// Per-aggregate order: a due event is a candidate only while no earlier version of its
+    /// aggregate is unpublished ([`first_unpublished`]), so an aggregate has at most one event
+    /// leased at a time, and version n + 1 is claimed only after version n was marked PUBLISHED,
+    /// which only the broker's confirm leads to. An event in backoff, leased elsewhere, or FAILED
+    /// therefore holds back the later events of its own aggregate and nothing else.
     pub async fn claim(
         &self,
         worker: &WorkerId,
@@ -222,10 +228,11 @@ impl Outbox {
             .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
             .collect::<Result<_, _>>()?;
         let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
+        let first = first_unpublished(DbBackend::MySql, "o");
         let due = format!(
             "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({DUE_INDEX}) \
               WHERE o.status = '{pending}' AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
-              ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
+              AND {first} ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
         );
         let statement = if expired.is_empty() {
             Statement::from_sql_and_values(DbBackend::MySql, due, [limit.into()])
@@ -263,6 +270,12 @@ impl Outbox {
         found.truncate(usize::try_from(batch_size).unwrap_or(usize::MAX));
         let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, row)| row).collect();
         rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+        let held = still_behind_an_unpublished_version(&txn, &rows).await?;
+        rows.retain(|row| !held.contains(&row.event_id));
+        if rows.is_empty() {
+            txn.commit().await?;
+            return Ok(Vec::new());
+        }
         // At most `batch_size` placeholders, and never an empty `IN ()`.
         let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
         lease_to(outbox_event::Entity::update_many(), token, lease_until)
@@ -300,15 +313,17 @@ impl Outbox {
              expired AS MATERIALIZED (SELECT event_id FROM outbox_event \
                WHERE status = '{publishing}' AND lease_until < (SELECT now FROM clock) \
                ORDER BY lease_until, created_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
-             due AS MATERIALIZED (SELECT event_id FROM outbox_event \
-               WHERE status = '{pending}' AND (lease_until IS NULL OR lease_until <= (SELECT now FROM clock)) \
-               ORDER BY created_at, event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED) \
+             due AS MATERIALIZED (SELECT o.event_id FROM outbox_event AS o \
+               WHERE o.status = '{pending}' AND (o.lease_until IS NULL OR o.lease_until <= (SELECT now FROM clock)) \
+               AND {first} \
+               ORDER BY o.created_at, o.event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE OF o SKIP LOCKED) \
              UPDATE outbox_event AS o SET status = '{publishing}', lease_owner = $1, \
                lease_until = (SELECT now FROM clock) + $3 * interval '1 microsecond', attempts = o.attempts + 1 \
              WHERE o.event_id IN (SELECT event_id FROM expired UNION ALL SELECT event_id FROM due) \
              RETURNING o.*",
             publishing = OutboxStatus::Publishing.as_str(),
             pending = OutboxStatus::Pending.as_str(),
+            first = first_unpublished(DbBackend::Postgres, "o"),
         );
         let statement = Statement::from_sql_and_values(
             DbBackend::Postgres,
@@ -339,7 +354,11 @@ impl Outbox {
         let candidates = Query::select()
             .column(Column::EventId)
             .from(outbox_event::Entity)
-            .cond_where(claimable(now))
+            .cond_where(
+                Condition::all()
+                    .add(claimable(now))
+                    .add(Expr::cust(first_unpublished(DbBackend::Sqlite, "outbox_event"))),
+            )
             .order_by(Column::CreatedAt, sea_orm::Order::Asc)
             .order_by(Column::EventId, sea_orm::Order::Asc)
             .limit(batch_size)
@@ -578,6 +597,51 @@ fn expired(now: DateTime<Utc>) -> Condition {
     Condition::all().add(Column::Status.eq(OutboxStatus::Publishing.as_str())).add(Column::LeaseUntil.lt(now))
 }
 
+/// SQL true when the outbox row `alias` is its aggregate's earliest event not yet PUBLISHED: no
+/// earlier version of the same aggregate waits (PENDING, in backoff, PUBLISHING or FAILED). A
+/// claim takes only such events, so at most one event of an aggregate is ever leased, and version
+/// n + 1 is claimed only after version n's mark, which follows the broker's confirm. The probe
+/// reads `idx_outbox_aggregate` over the aggregate's own earlier versions only (retention deletes
+/// published ones), never the table.
+fn first_unpublished(backend: DbBackend, alias: &str) -> String {
+    let index = if backend == DbBackend::MySql { format!(" FORCE INDEX ({AGGREGATE_INDEX})") } else { String::new() };
+    format!(
+        "NOT EXISTS (SELECT 1 FROM outbox_event AS p{index} \
+         WHERE p.aggregate_type = {alias}.aggregate_type AND p.aggregate_id = {alias}.aggregate_id \
+         AND p.event_version < {alias}.event_version AND p.status <> '{}')",
+        OutboxStatus::Published.as_str()
+    )
+}
+
+/// Which of `rows` (locked by this claim) have an earlier version of their aggregate not yet
+/// PUBLISHED, by a read that starts after their locks were taken.
+///
+/// On MariaDB/MySQL the claim's locking read sees the newest committed rows, while its `NOT
+/// EXISTS` probe reads the snapshot taken when the statement began: versions n and n + 1 both
+/// committed during the statement would show n + 1 and hide n. This plain read is a new
+/// statement, so (at READ COMMITTED) a new snapshot, which holds n whenever the claim saw n + 1
+/// (n committed first). What it finds PUBLISHED stays so, so an event it clears stays clear.
+/// PostgreSQL's claim reads one snapshot throughout and SQLite has one writer: neither needs it.
+async fn still_behind_an_unpublished_version(
+    txn: &sea_orm::DatabaseTransaction,
+    rows: &[outbox_event::Model],
+) -> Result<HashSet<String>, DbErr> {
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let keys = vec!["?"; rows.len()].join(", ");
+    let sql = format!(
+        "SELECT o.event_id FROM outbox_event AS o WHERE o.event_id IN ({keys}) AND NOT {}",
+        first_unpublished(DbBackend::MySql, "o")
+    );
+    let values = rows.iter().map(|row| Value::from(row.event_id.as_str()));
+    txn.query_all_raw(Statement::from_sql_and_values(DbBackend::MySql, sql, values))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0))
+        .collect()
+}
+
 /// A row's event id and status, and the record (topic, partition, offset) it was marked at.
 type PublishedRow = (String, String, Option<String>, Option<i32>, Option<i64>);
 
@@ -585,6 +649,8 @@ type PublishedRow = (String, String, Option<String>, Option<i32>, Option<i64>);
 const DUE_INDEX: &str = "idx_outbox_due";
 /// The index expired leases are claimed through.
 const CLAIM_INDEX: &str = "idx_outbox_claim";
+/// The index that finds an aggregate's earlier versions.
+const AGGREGATE_INDEX: &str = "idx_outbox_aggregate";
 
 fn lease_to(
     update: sea_orm::UpdateMany<outbox_event::Entity>,

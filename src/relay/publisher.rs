@@ -255,8 +255,12 @@ impl Publisher for KafkaPublisher {
         }
         // The delivery report, not the enqueue, is the confirmation: `send` resolves only when
         // librdkafka has the broker's answer for this record, or gave up on it.
+        let refused = failpoint::argument(failpoint::RELAY_PUBLISH_REJECTED_FOR_AGGREGATE)
+            .is_some_and(|aggregate| aggregate == event.aggregate_id);
         let sent = if producer.poisoned.load(Ordering::Relaxed) {
             Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))
+        } else if refused {
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord))
         } else {
             producer
                 .client

@@ -63,7 +63,7 @@ fn ordinary_relay_args(app: &TestApp, brokers: &str, topic: &str) -> Vec<String>
 }
 
 /// A relay running in this process until dropped or stopped.
-async fn start_relay(settings: relay::Settings) -> InProcess {
+pub(crate) async fn start_relay(settings: relay::Settings) -> InProcess {
     let app = relay::Application::build(settings).await.unwrap();
     InProcess::spawn(|shutdown| app.run_until_stopped(shutdown))
 }
