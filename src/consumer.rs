@@ -6,13 +6,21 @@
 //! violation of `uq_consumed_event_identity` and nothing else. Undecodable records go to the
 //! dead-letter table, in one transaction, before their offset is stored.
 //!
-//! The consumer owns its tables (`consumed_event`, `notification_job`, `dead_letter`), in its
+//! Each order's events also update the consumer's read model of the order (`order_view`) in that
+//! transaction, in version order: an event at or below the model's version is a duplicate; one
+//! that skips ahead (its predecessor was dead-lettered, or not delivered yet) or whose type this
+//! consumer does not know is parked (`parked_event`) and applied once the gap fills, or when an
+//! operator releases the gap (`ConsumerAdminService.ReleaseParkedGap`, audited in `gap_release`).
+//!
+//! The consumer owns its tables (`consumed_event`, `notification_job`, `dead_letter`,
+//! `order_view`, `parked_event`, `gap_release`), in its
 //! own database: it purges its dedup history itself (never inside the redelivery horizon) and
 //! serves operators its records of each event on its listener (`ConsumerAdminService`).
 
 mod admin;
 mod application;
 mod decode;
+mod gap;
 mod inbox;
 mod instance;
 mod retention;
@@ -20,7 +28,7 @@ mod settings;
 mod worker;
 
 pub use application::{Application, StartupError};
-pub use decode::{OrderAcceptedEvent, Poison, decode};
+pub use decode::{ORDER_AMENDED, ORDER_CANCELLED, OrderAcceptedEvent, OrderEvent, OrderState, Poison, decode};
 pub use inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
 pub use instance::InstanceError;
 pub use retention::{PurgeReport, Retention, RetentionError};

@@ -6,16 +6,24 @@ use sea_orm::{
     TransactionTrait,
 };
 
-use super::decode::OrderAcceptedEvent;
+use super::decode::OrderEvent;
 use crate::db::{TxFailure, UniqueKey, violated_unique_key};
 use crate::entity::{consumed_event, dead_letter, notification_job};
 use crate::failpoint;
+use model::Applied;
+
+pub(crate) mod model;
 
 /// What handling an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Consumed {
-    /// The dedup row and the notification job committed together.
+    /// The dedup row, the notification job and the read model's change committed together (an
+    /// event at or below the model's version changes nothing in it: a duplicate, absorbed).
     Committed,
+    /// The dedup row and the notification job committed with the event parked: its version skips
+    /// ahead of the read model, or its type is unknown here. It is applied when the gap fills
+    /// or an operator releases it.
+    Parked,
     /// `uq_consumed_event_identity` already held this (consumer, event): nothing was written.
     AlreadyConsumed,
 }
@@ -78,15 +86,16 @@ impl Inbox {
         &self.consumer_name
     }
 
-    /// Records `event` as consumed and creates its notification job, in one transaction.
+    /// Records `event` as consumed, creates its notification job and applies it to the order's
+    /// read model (or parks it, see [`model::apply`]), in one transaction.
     ///
     /// `Err` means the message must not be acknowledged: the failure was anything but a
     /// violation of `uq_consumed_event_identity`, or the commit's outcome is unknown (a
     /// redelivery then meets the unique key).
-    pub async fn consume(&self, event: &OrderAcceptedEvent) -> Result<Consumed, TxFailure> {
+    pub async fn consume(&self, event: &OrderEvent) -> Result<Consumed, TxFailure> {
         let txn = self.db.begin().await?;
-        match self.write(&txn, event, Utc::now().trunc_subsecs(6)).await {
-            Ok(()) => {}
+        let consumed = match self.write(&txn, event, Utc::now().trunc_subsecs(6)).await {
+            Ok(consumed) => consumed,
             Err(Write::AlreadyConsumed) => {
                 txn.rollback().await?;
                 return Ok(Consumed::AlreadyConsumed);
@@ -95,11 +104,11 @@ impl Inbox {
                 txn.rollback().await?;
                 return Err(failure);
             }
-        }
+        };
         // A failed commit may still have committed: the caller must not acknowledge, and the
         // redelivery will meet the unique key if it did.
         txn.commit().await?;
-        Ok(Consumed::Committed)
+        Ok(consumed)
     }
 
     /// [`Inbox::consume`] for several events in one transaction (one durable commit), each in
@@ -117,7 +126,7 @@ impl Inbox {
     /// before; a commit that fails is answered as above.
     pub async fn consume_all(
         &self,
-        events: &[OrderAcceptedEvent],
+        events: &[OrderEvent],
     ) -> Result<Vec<Consumed>, (Option<usize>, TxFailure)> {
         let whole = |e: sea_orm::DbErr| (None, TxFailure::from(e));
         let now = Utc::now().trunc_subsecs(6);
@@ -135,9 +144,9 @@ impl Inbox {
         for (index, event) in events.iter().enumerate() {
             let savepoint = txn.begin().await.map_err(whole)?;
             match self.write(&savepoint, event, now).await {
-                Ok(()) => {
+                Ok(consumed) => {
                     savepoint.commit().await.map_err(whole)?;
-                    outcomes.push(Consumed::Committed);
+                    outcomes.push(consumed);
                 }
                 Err(Write::AlreadyConsumed) => {
                     savepoint.rollback().await.map_err(whole)?;
@@ -162,7 +171,7 @@ impl Inbox {
     async fn write_all(
         &self,
         txn: &DatabaseTransaction,
-        events: &[OrderAcceptedEvent],
+        events: &[OrderEvent],
         now: DateTime<Utc>,
     ) -> Result<(), sea_orm::DbErr> {
         let claims = events.iter().map(|event| consumed_event::ActiveModel {
@@ -181,6 +190,9 @@ impl Inbox {
             created_at: Set(now),
         });
         notification_job::Entity::insert_many(jobs).exec_without_returning(txn).await?;
+        if !model::apply_all(txn, &self.consumer_name, events, now).await? {
+            return Err(sea_orm::DbErr::Custom("the read model is decided event by event".into()));
+        }
         if failpoint::hit(failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING).is_err() {
             // The failpoint's integrity error lands in the savepoints, event by event.
             return Err(sea_orm::DbErr::Custom("failpoint: decided event by event".into()));
@@ -188,13 +200,13 @@ impl Inbox {
         Ok(())
     }
 
-    /// The dedup row, then the effect, in the caller's transaction.
+    /// The dedup row, then the effect and the read model, in the caller's transaction.
     async fn write(
         &self,
         txn: &DatabaseTransaction,
-        event: &OrderAcceptedEvent,
+        event: &OrderEvent,
         now: DateTime<Utc>,
-    ) -> Result<(), Write> {
+    ) -> Result<Consumed, Write> {
         let event_id = event.event_id.to_string();
         let claim = consumed_event::Entity::insert(consumed_event::ActiveModel {
             id: NotSet,
@@ -240,7 +252,11 @@ impl Inbox {
             }
             return Err(Write::Failed(failure));
         }
-        Ok(())
+        match model::apply(txn, &self.consumer_name, event, now).await {
+            Ok(Applied::Parked) => Ok(Consumed::Parked),
+            Ok(Applied::Applied | Applied::Stale) => Ok(Consumed::Committed),
+            Err(e) => Err(Write::Failed(e.into())),
+        }
     }
 
     /// Stores an undecodable record in the dead-letter table, in one transaction. A record already

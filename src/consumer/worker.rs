@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use tracing::{Instrument as _, Span};
 
-use super::decode::{OrderAcceptedEvent, decode};
+use super::decode::{OrderEvent, decode};
 use super::inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
 use crate::backoff::Backoff;
 use crate::db::TxFailure;
@@ -39,6 +39,7 @@ pub struct ConsumerStats {
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
     dead_letter_duplicates: AtomicU64,
+    parked: AtomicU64,
     failures: AtomicU64,
     batched: AtomicU64,
 }
@@ -58,6 +59,9 @@ pub struct StatsSnapshot {
     pub dead_lettered: u64,
     /// Deliveries of records already in the dead-letter table: acknowledged without a new row.
     pub dead_letter_duplicates: u64,
+    /// Events parked (recorded, not applied to the read model): a version that skips ahead, or
+    /// a type this consumer does not know.
+    pub parked: u64,
     /// Attempts that failed and were not acknowledged.
     pub failures: u64,
     /// Deliveries handled in a transaction together with others (a subset of `handled`).
@@ -75,6 +79,7 @@ impl ConsumerStats {
             duplicates: get(&self.duplicates),
             dead_lettered: get(&self.dead_lettered),
             dead_letter_duplicates: get(&self.dead_letter_duplicates),
+            parked: get(&self.parked),
             failures: get(&self.failures),
             batched: get(&self.batched),
         }
@@ -496,7 +501,7 @@ impl Worker<'_> {
     fn consumed(
         &self,
         message: &BorrowedMessage<'_>,
-        event: &OrderAcceptedEvent,
+        event: &OrderEvent,
         outcome: Consumed,
         received: std::time::Instant,
     ) -> Result<(), failpoint::Injected> {
@@ -512,6 +517,21 @@ impl Worker<'_> {
                     partition = message.partition(),
                     offset = message.offset(),
                     "dedup miss: consumed_event row and notification job committed"
+                );
+                failpoint::hit(failpoint::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK)?;
+            }
+            Consumed::Parked => {
+                ConsumerStats::bump(&self.stats.parked);
+                metrics().consumed.add(1, &[]);
+                tracing::warn!(
+                    outpost.event_id = %event.event_id,
+                    messaging.message.id = %event.event_id,
+                    order_id = event.order_id,
+                    event_version = event.version,
+                    event_type = %event.event_type,
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    "dedup miss: recorded and parked until the order's gap is filled or released"
                 );
                 failpoint::hit(failpoint::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK)?;
             }
