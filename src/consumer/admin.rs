@@ -1,16 +1,18 @@
 //! The consumer's operators' edge, served as the gRPC `ConsumerAdminService` on its health
-//! listener: what its own database holds for an event, its dead letters, and the purge of its
-//! dedup history. Every call needs the operator scope: these tables do not know tenants.
+//! listener: what its own database holds for an event, its dead letters, its parked events and
+//! the release of an order's gap, and the purge of its dedup history. Every call needs the
+//! operator scope: these tables do not know tenants.
 
 use std::collections::HashMap;
 
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use tonic::{Code, Request, Response, Status};
 
+use super::gap::{self, Audit};
 use super::retention::{Retention, RetentionError};
-use crate::domain::InvalidInput;
+use crate::domain::{FieldViolation, InvalidInput};
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
-use crate::entity::{consumed_event, dead_letter, notification_job};
+use crate::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
 use crate::proto::v1::{
     self as pb,
     consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
@@ -23,6 +25,8 @@ const SERVICE: &str = "outpost.v1.ConsumerAdminService";
 #[derive(Debug, Clone)]
 pub(crate) struct ConsumerAdminGrpc {
     db: DatabaseConnection,
+    /// The consumer name whose read model and parked events this listener serves.
+    consumer_name: String,
     retention: Retention,
     auth: Authenticator,
 }
@@ -30,10 +34,11 @@ pub(crate) struct ConsumerAdminGrpc {
 impl ConsumerAdminGrpc {
     pub(crate) fn server(
         db: DatabaseConnection,
+        consumer_name: String,
         retention: Retention,
         auth: Authenticator,
     ) -> ConsumerAdminServiceServer<Self> {
-        ConsumerAdminServiceServer::new(Self { db, retention, auth })
+        ConsumerAdminServiceServer::new(Self { db, consumer_name, retention, auth })
     }
 
     /// Authenticates the caller, requires the operator scope, and runs one call inside its
@@ -127,6 +132,104 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
         })
         .await
     }
+
+    async fn list_parked_events(
+        &self,
+        request: Request<pb::ListParkedEventsRequest>,
+    ) -> Result<Response<pb::ListParkedEventsResponse>, Status> {
+        let ask = *request.get_ref();
+        self.operator("ListParkedEvents", &request, None, |_| async move {
+            let mut violations = Vec::new();
+            let limit = edge::limit(ask.limit, &mut violations);
+            InvalidInput::check(violations)?;
+            let parked_events = parked(&self.db, &self.consumer_name, ask.order_id, limit).await?;
+            Ok(pb::ListParkedEventsResponse { parked_events })
+        })
+        .await
+    }
+
+    async fn release_parked_gap(
+        &self,
+        request: Request<pb::ReleaseParkedGapRequest>,
+    ) -> Result<Response<pb::ReleaseParkedGapResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.operator("ReleaseParkedGap", &request, None, |caller| async move {
+            let mut violations = Vec::new();
+            if ask.order_id <= 0 {
+                violations.push(FieldViolation::new("order_id", "must be positive"));
+            }
+            if ask.reason.trim().is_empty() {
+                violations.push(FieldViolation::new("reason", "is required: a release is audited"));
+            } else if ask.reason.chars().count() > 512 {
+                violations.push(FieldViolation::new("reason", "must be at most 512 characters"));
+            }
+            InvalidInput::check(violations)?;
+            let released_by = caller.subject.as_deref().unwrap_or("unauthenticated");
+            let audit = Audit { released_by, reason: &ask.reason };
+            let released = gap::release(&self.db, &self.consumer_name, ask.order_id, &audit)
+                .await?
+                .ok_or(ConsumerAdminError::NothingParked(ask.order_id))?;
+            tracing::warn!(
+                released_by,
+                reason = %ask.reason,
+                order_id = ask.order_id,
+                from_version = released.from,
+                to_version = released.to,
+                applied = ?released.applied,
+                "gap released in the read model"
+            );
+            Ok(pb::ReleaseParkedGapResponse {
+                released_from_version: released.from,
+                released_to_version: released.to,
+                applied_versions: released.applied,
+                read_model_version: released.version,
+                still_parked: u32::try_from(released.still_parked).unwrap_or(u32::MAX),
+            })
+        })
+        .await
+    }
+}
+
+/// `consumer`'s parked events (of `order_id`, or of every order for 0), by order and version,
+/// each with the version its order's read model is at.
+async fn parked(
+    db: &DatabaseConnection,
+    consumer: &str,
+    order_id: i64,
+    limit: u32,
+) -> Result<Vec<pb::ParkedEventRecord>, DbErr> {
+    let mut query = parked_event::Entity::find().filter(parked_event::Column::ConsumerName.eq(consumer));
+    if order_id != 0 {
+        query = query.filter(parked_event::Column::OrderId.eq(order_id));
+    }
+    let rows = query
+        .order_by_asc(parked_event::Column::OrderId)
+        .order_by_asc(parked_event::Column::Version)
+        .limit(u64::from(limit))
+        .all(db)
+        .await?;
+    let orders: Vec<i64> = rows.iter().map(|row| row.order_id).collect();
+    let versions: HashMap<i64, i64> = order_view::Entity::find()
+        .filter(order_view::Column::ConsumerName.eq(consumer))
+        .filter(order_view::Column::OrderId.is_in(orders))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|view| (view.order_id, view.version))
+        .collect();
+    Ok(rows
+        .into_iter()
+        .map(|row| pb::ParkedEventRecord {
+            read_model_version: versions.get(&row.order_id).copied().unwrap_or(0),
+            consumer_name: row.consumer_name,
+            event_id: row.event_id,
+            order_id: row.order_id,
+            event_version: row.version,
+            event_type: row.event_type,
+            reason: row.reason,
+            parked_at: Some(timestamp(row.parked_at)),
+        })
+        .collect())
 }
 
 /// Everything the database holds for `event_id`, oldest first.
@@ -162,6 +265,8 @@ enum ConsumerAdminError {
     Call(CallError),
     #[error(transparent)]
     BelowHorizon(RetentionError),
+    #[error("order {0} has no parked event in this consumer's read model")]
+    NothingParked(i64),
 }
 
 edge::from_call_error!(ConsumerAdminError);
@@ -181,6 +286,9 @@ impl ConsumerAdminError {
     fn into_status(self) -> Status {
         match self {
             Self::Call(e) => e.into_status(),
+            nothing @ Self::NothingParked(_) => {
+                error_status(Code::FailedPrecondition, "NOTHING_PARKED", nothing.to_string(), HashMap::new(), None)
+            }
             refused @ Self::BelowHorizon(_) => {
                 let message = refused.to_string();
                 error_status(

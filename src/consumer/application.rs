@@ -152,6 +152,7 @@ impl Application {
         });
         let mut routes = tonic::service::Routes::new(ConsumerAdminGrpc::server(
             self.db.clone(),
+            self.settings.consumer_name.clone(),
             self.retention.clone(),
             self.auth.clone(),
         ));

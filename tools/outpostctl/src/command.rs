@@ -126,6 +126,25 @@ enum Command {
         #[arg(long, default_value = "")]
         note: String,
     },
+    /// The consumer's parked events: recorded but not applied to its read model yet, each
+    /// waiting behind a missing earlier version of its order or of a type it does not know.
+    Parked {
+        /// Only this order's.
+        #[arg(long)]
+        order_id: Option<i64>,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Give up an order's missing versions in the consumer's read model and apply what waits
+    /// behind them, in version order; the token's subject and the reason are recorded.
+    ReleaseGap {
+        /// The order.
+        order_id: i64,
+        /// Why the missing versions may be given up.
+        #[arg(long)]
+        reason: String,
+    },
     /// Delete PUBLISHED outbox rows (order side) and consumed_event rows (consumer side) past
     /// their retention.
     Purge {
@@ -366,6 +385,24 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
                 event_id: change.event_id.clone(),
             };
             render::changed("cancelled", &cli.submitter().await?.cancel(request).await?, json)
+        }
+        Command::Parked { order_id, limit } => {
+            let reply = cli
+                .consumer_admin()
+                .await?
+                .list_parked_events(pb::ListParkedEventsRequest { order_id: order_id.unwrap_or(0), limit: *limit })
+                .await?
+                .into_inner();
+            render::parked(&reply.parked_events, json)
+        }
+        Command::ReleaseGap { order_id, reason } => {
+            let reply = cli
+                .consumer_admin()
+                .await?
+                .release_parked_gap(pb::ReleaseParkedGapRequest { order_id: *order_id, reason: reason.clone() })
+                .await?
+                .into_inner();
+            render::released(*order_id, &reply, json)
         }
         Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
             let outbox = cli

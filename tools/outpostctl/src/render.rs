@@ -236,6 +236,64 @@ pub(crate) fn dead_letters(letters: &[pb::DeadLetterRecord], as_json: bool) -> S
     out.to_string()
 }
 
+/// Parked events, by order and version.
+pub(crate) fn parked(events: &[pb::ParkedEventRecord], as_json: bool) -> String {
+    if as_json {
+        let events: Vec<Value> = events
+            .iter()
+            .map(|p| {
+                json!({
+                    "consumerName": p.consumer_name,
+                    "eventId": p.event_id,
+                    "orderId": p.order_id,
+                    "eventVersion": p.event_version,
+                    "eventType": p.event_type,
+                    "reason": p.reason,
+                    "parkedAt": time(p.parked_at.as_ref()),
+                    "readModelVersion": p.read_model_version,
+                })
+            })
+            .collect();
+        return pretty(&json!({ "parkedEvents": events }));
+    }
+    let mut out = table(&["order", "version", "model at", "event type", "event id", "parked", "reason"]);
+    for p in events {
+        out.add_row(vec![
+            p.order_id.to_string(),
+            p.event_version.to_string(),
+            p.read_model_version.to_string(),
+            p.event_type.clone(),
+            p.event_id.clone(),
+            text(time(p.parked_at.as_ref())),
+            p.reason.clone(),
+        ]);
+    }
+    out.to_string()
+}
+
+/// What releasing an order's gap did.
+pub(crate) fn released(order_id: i64, r: &pb::ReleaseParkedGapResponse, as_json: bool) -> String {
+    if as_json {
+        return pretty(&json!({
+            "orderId": order_id,
+            "releasedFromVersion": r.released_from_version,
+            "releasedToVersion": r.released_to_version,
+            "appliedVersions": r.applied_versions,
+            "readModelVersion": r.read_model_version,
+            "stillParked": r.still_parked,
+        }));
+    }
+    let given_up = if r.released_to_version < r.released_from_version {
+        "none".to_owned()
+    } else {
+        format!("{}..={}", r.released_from_version, r.released_to_version)
+    };
+    format!(
+        "order {order_id}: versions given up {given_up}; applied {:?}; read model at version {}; {} still parked",
+        r.applied_versions, r.read_model_version, r.still_parked
+    )
+}
+
 /// The backlog listing and its counts.
 pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
     let stats = reply.stats.unwrap_or_default();
