@@ -28,7 +28,9 @@ mod settings;
 mod worker;
 
 pub use application::{Application, StartupError};
-pub use decode::{ORDER_AMENDED, ORDER_CANCELLED, OrderAcceptedEvent, OrderEvent, OrderState, Poison, decode};
+pub use decode::{
+    ORDER_AMENDED, ORDER_CANCELLED, OrderAcceptedEvent, OrderEvent, OrderState, Poison, decode,
+};
 pub use inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
 pub use instance::InstanceError;
 pub use retention::{PurgeReport, Retention, RetentionError};

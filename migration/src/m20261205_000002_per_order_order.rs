@@ -91,7 +91,13 @@ impl MigrationTrait for Migration {
             .create_table(
                 Table::create()
                     .table(GapRelease::Table)
-                    .col(ColumnDef::new(GapRelease::Id).big_integer().not_null().auto_increment().primary_key())
+                    .col(
+                        ColumnDef::new(GapRelease::Id)
+                            .big_integer()
+                            .not_null()
+                            .auto_increment()
+                            .primary_key(),
+                    )
                     .col(ColumnDef::new(GapRelease::ConsumerName).string_len(128).not_null())
                     .col(ColumnDef::new(GapRelease::OrderId).big_integer().not_null())
                     .col(ColumnDef::new(GapRelease::FromVersion).big_integer().not_null())
@@ -113,7 +119,9 @@ impl MigrationTrait for Migration {
                 Index::drop().name("idx_notification_job_order").table(NotificationJob::Table).to_owned(),
             )
             .await?;
-        manager.drop_index(Index::drop().name("idx_outbox_aggregate").table(OutboxEvent::Table).to_owned()).await
+        manager
+            .drop_index(Index::drop().name("idx_outbox_aggregate").table(OutboxEvent::Table).to_owned())
+            .await
     }
 }
 

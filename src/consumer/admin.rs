@@ -286,9 +286,13 @@ impl ConsumerAdminError {
     fn into_status(self) -> Status {
         match self {
             Self::Call(e) => e.into_status(),
-            nothing @ Self::NothingParked(_) => {
-                error_status(Code::FailedPrecondition, "NOTHING_PARKED", nothing.to_string(), HashMap::new(), None)
-            }
+            nothing @ Self::NothingParked(_) => error_status(
+                Code::FailedPrecondition,
+                "NOTHING_PARKED",
+                nothing.to_string(),
+                HashMap::new(),
+                None,
+            ),
             refused @ Self::BelowHorizon(_) => {
                 let message = refused.to_string();
                 error_status(

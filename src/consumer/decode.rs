@@ -59,10 +59,7 @@ pub struct Poison {
 /// checking it against the `event_id` header when there is one. A type this consumer does not
 /// know is not poison when the headers name its event, order and version: it comes back with no
 /// [`OrderEvent::change`], to be parked.
-pub fn decode(
-    payload: Option<&[u8]>,
-    header: impl Fn(&str) -> Option<String>,
-) -> Result<OrderEvent, Poison> {
+pub fn decode(payload: Option<&[u8]>, header: impl Fn(&str) -> Option<String>) -> Result<OrderEvent, Poison> {
     let header_event_id = header("event_id");
     let poison = |reason: String| Poison { reason, event_id: header_event_id.clone() };
     let payload = payload.ok_or_else(|| poison("the record has no value".to_owned()))?;
@@ -159,21 +156,39 @@ mod tests {
     use super::*;
 
     fn headers(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let pairs: Vec<(String, String)> =
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
 
     #[test]
     fn an_amendment_and_a_cancellation_decode_to_the_state_they_leave() {
         let id = EventId::new().to_string();
-        let amended =
-            OrderAmended { event_id: id.clone(), event_version: 2, order_id: 9, tenant_id: 3, total_minor: 50, ..Default::default() };
-        let event =
-            decode(Some(&amended.encode_to_vec()), headers(&[("event_type", ORDER_AMENDED), ("event_id", &id)])).unwrap();
+        let amended = OrderAmended {
+            event_id: id.clone(),
+            event_version: 2,
+            order_id: 9,
+            tenant_id: 3,
+            total_minor: 50,
+            ..Default::default()
+        };
+        let event = decode(
+            Some(&amended.encode_to_vec()),
+            headers(&[("event_type", ORDER_AMENDED), ("event_id", &id)]),
+        )
+        .unwrap();
         assert_eq!((event.order_id, event.version), (9, 2));
         assert_eq!(event.change, Some(OrderState { tenant_id: 3, status: ACCEPTED, total_minor: 50 }));
-        let cancelled = OrderCancelled { event_id: id, event_version: 3, order_id: 9, tenant_id: 3, total_minor: 50, ..Default::default() };
-        let event = decode(Some(&cancelled.encode_to_vec()), headers(&[("event_type", ORDER_CANCELLED)])).unwrap();
+        let cancelled = OrderCancelled {
+            event_id: id,
+            event_version: 3,
+            order_id: 9,
+            tenant_id: 3,
+            total_minor: 50,
+            ..Default::default()
+        };
+        let event =
+            decode(Some(&cancelled.encode_to_vec()), headers(&[("event_type", ORDER_CANCELLED)])).unwrap();
         assert_eq!(event.change.map(|c| c.status), Some(CANCELLED));
     }
 

@@ -10,7 +10,7 @@ use super::decode::OrderEvent;
 use crate::db::{TxFailure, UniqueKey, violated_unique_key};
 use crate::entity::{consumed_event, dead_letter, notification_job};
 use crate::failpoint;
-use model::Applied;
+use model::Outcome;
 
 pub(crate) mod model;
 
@@ -253,8 +253,8 @@ impl Inbox {
             return Err(Write::Failed(failure));
         }
         match model::apply(txn, &self.consumer_name, event, now).await {
-            Ok(Applied::Parked) => Ok(Consumed::Parked),
-            Ok(Applied::Applied | Applied::Stale) => Ok(Consumed::Committed),
+            Ok(Outcome::Parked) => Ok(Consumed::Parked),
+            Ok(Outcome::Applied | Outcome::Stale) => Ok(Consumed::Committed),
             Err(e) => Err(Write::Failed(e.into())),
         }
     }

@@ -604,7 +604,8 @@ fn expired(now: DateTime<Utc>) -> Condition {
 /// reads `idx_outbox_aggregate` over the aggregate's own earlier versions only (retention deletes
 /// published ones), never the table.
 fn first_unpublished(backend: DbBackend, alias: &str) -> String {
-    let index = if backend == DbBackend::MySql { format!(" FORCE INDEX ({AGGREGATE_INDEX})") } else { String::new() };
+    let index =
+        if backend == DbBackend::MySql { format!(" FORCE INDEX ({AGGREGATE_INDEX})") } else { String::new() };
     format!(
         "NOT EXISTS (SELECT 1 FROM outbox_event AS p{index} \
          WHERE p.aggregate_type = {alias}.aggregate_type AND p.aggregate_id = {alias}.aggregate_id \

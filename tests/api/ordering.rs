@@ -34,7 +34,12 @@ fn total_of(order_id: i64, version: i64) -> i64 {
 
 /// The event type and payload of version `version` of order `order_id`: OrderAccepted at 1,
 /// OrderCancelled at `last` for even orders, OrderAmended otherwise.
-pub(crate) fn change_payload(order_id: i64, version: i64, last: i64, event_id: &str) -> (&'static str, Vec<u8>) {
+pub(crate) fn change_payload(
+    order_id: i64,
+    version: i64,
+    last: i64,
+    event_id: &str,
+) -> (&'static str, Vec<u8>) {
     let total_minor = total_of(order_id, version);
     if version == 1 {
         let accepted = pb::OrderAccepted {
@@ -101,7 +106,8 @@ pub(crate) async fn seed_changes(
     last: i64,
 ) -> HashMap<(i64, i64), String> {
     let backend = conn.get_database_backend();
-    let placeholder = |n: usize| if backend == DbBackend::Postgres { format!("${n}") } else { "?".to_owned() };
+    let placeholder =
+        |n: usize| if backend == DbBackend::Postgres { format!("${n}") } else { "?".to_owned() };
     let mut ids = HashMap::new();
     for version in versions {
         for chunk in orders.chunks(100) {
@@ -226,8 +232,12 @@ async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_eve
     }
 
     fail::remove("RELAY_PUBLISH_REJECTED_FOR_AGGREGATE");
-    let audit = RedriveAudit { requested_by: "test".to_owned(), reason: "the broker takes it now".to_owned() };
-    assert_eq!(outpost::outbox::redrive(&app.conn, &ids[&(501, 1)], &audit).await.unwrap(), Redrive::Redriven);
+    let audit =
+        RedriveAudit { requested_by: "test".to_owned(), reason: "the broker takes it now".to_owned() };
+    assert_eq!(
+        outpost::outbox::redrive(&app.conn, &ids[&(501, 1)], &audit).await.unwrap(),
+        Redrive::Redriven
+    );
     assert_eventually("order 501's versions are published after the redrive", WAIT, || async {
         probe.count_with_status("PUBLISHED").await == 18
     })
@@ -318,13 +328,18 @@ async fn four_relay_processes_killed_and_restarted_keep_every_orders_versions_in
     }
     let want: BTreeMap<i64, Expected> = orders.iter().map(|&id| (id, expected(id, CHANGES))).collect();
     let name = outpost::consumer::Settings::new(&app.db.url, broker.address()).consumer_name;
-    let caught_up = crate::helpers::eventually(WAIT, || async { read_model(&app.conn, &name).await == want }).await;
+    let caught_up =
+        crate::helpers::eventually(WAIT, || async { read_model(&app.conn, &name).await == want }).await;
     let seen = read_model(&app.conn, &name).await;
     consumer.stop().await;
     for relay in &mut relays {
         relay.kill().await;
     }
-    assert!(caught_up, "the read model differs from the orders' last versions: {:?}", differences(&seen, &want));
+    assert!(
+        caught_up,
+        "the read model differs from the orders' last versions: {:?}",
+        differences(&seen, &want)
+    );
 }
 
 /// Where the read model differs from what it should be (at most ten orders).

@@ -42,7 +42,11 @@ impl Consumer {
         reply.parked_events.into_iter().map(|p| (p.event_version, p.event_type)).collect()
     }
 
-    async fn release(&self, order_id: i64, reason: &str) -> Result<pb::ReleaseParkedGapResponse, tonic::Status> {
+    async fn release(
+        &self,
+        order_id: i64,
+        reason: &str,
+    ) -> Result<pb::ReleaseParkedGapResponse, tonic::Status> {
         let request = pb::ReleaseParkedGapRequest { order_id, reason: reason.to_owned() };
         self.admin.clone().release_parked_gap(request).await.map(tonic::Response::into_inner)
     }

@@ -18,7 +18,7 @@ use crate::entity::{notification_job, order_view, parked_event};
 
 /// What the read model did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Applied {
+pub(crate) enum Outcome {
     /// The event was the model's next version (and parked successors may have followed it).
     Applied,
     /// The model is at or past the event's version already: absorbed.
@@ -37,7 +37,7 @@ pub(crate) async fn apply(
     consumer: &str,
     event: &OrderEvent,
     now: DateTime<Utc>,
-) -> Result<Applied, DbErr> {
+) -> Result<Outcome, DbErr> {
     let view = locked_view(txn, consumer, event.order_id).await?;
     let mut exists = view.is_some();
     let mut current = match &view {
@@ -55,20 +55,20 @@ pub(crate) async fn apply(
         }
     }
     if event.version <= current {
-        return Ok(Applied::Stale);
+        return Ok(Outcome::Stale);
     }
     let reason = match &event.change {
         Some(state) if event.version == current + 1 => {
             let id = event.event_id.to_string();
             put_view(txn, consumer, event.order_id, exists, (&id, event.version, state), now).await?;
             drain(txn, consumer, event.order_id, event.version, true, now).await?;
-            return Ok(Applied::Applied);
+            return Ok(Outcome::Applied);
         }
         Some(_) => format!("version {} skips ahead of the read model's {current}", event.version),
         None => format!("event type `{}` is unknown to this consumer", event.event_type),
     };
     park(txn, consumer, event, &reason, now).await?;
-    Ok(Applied::Parked)
+    Ok(Outcome::Parked)
 }
 
 /// The set-based path for a batch: every event either is its order's next version (in the batch's
@@ -111,7 +111,10 @@ pub(crate) async fn apply_all(
         let Some(state) = event.change.as_ref().filter(|_| event.version == current + 1) else {
             return Ok(false);
         };
-        next.insert(event.order_id, model(consumer, event.order_id, (&event.event_id.to_string(), event.version, state), now));
+        next.insert(
+            event.order_id,
+            model(consumer, event.order_id, (&event.event_id.to_string(), event.version, state), now),
+        );
     }
     if next.is_empty() {
         return Ok(true);
@@ -157,7 +160,8 @@ pub(crate) async fn drain(
             let Ok(Some((_, _, _, state))) = decode_known(&event.event_type, &event.payload) else {
                 break;
             };
-            put_view(txn, consumer, order_id, view_exists, (&event.event_id, event.version, &state), now).await?;
+            put_view(txn, consumer, order_id, view_exists, (&event.event_id, event.version, &state), now)
+                .await?;
             view_exists = true;
             current = event.version;
             applied.push(event.version);
@@ -204,7 +208,10 @@ pub(crate) async fn locked_view(
     .await
 }
 
-fn locked<E: sea_orm::EntityTrait>(query: sea_orm::Select<E>, txn: &DatabaseTransaction) -> sea_orm::Select<E> {
+fn locked<E: sea_orm::EntityTrait>(
+    query: sea_orm::Select<E>,
+    txn: &DatabaseTransaction,
+) -> sea_orm::Select<E> {
     if txn.get_database_backend() == DbBackend::Sqlite { query } else { query.lock(LockType::Update) }
 }
 
@@ -218,7 +225,8 @@ pub(crate) async fn legacy_version(
     order_id: i64,
     except: Option<&str>,
 ) -> Result<i64, DbErr> {
-    let parked: Vec<String> = parked(txn, consumer, order_id).await?.into_iter().map(|p| p.event_id).collect();
+    let parked: Vec<String> =
+        parked(txn, consumer, order_id).await?.into_iter().map(|p| p.event_id).collect();
     let mut query = notification_job::Entity::find()
         .select_only()
         .expr_as(Func::max(Expr::col(notification_job::Column::SourceVersion)), "v")
@@ -269,7 +277,12 @@ pub(crate) async fn skip_to(
     Ok(())
 }
 
-fn model(consumer: &str, order_id: i64, (event_id, version, state): (&str, i64, &OrderState), now: DateTime<Utc>) -> order_view::Model {
+fn model(
+    consumer: &str,
+    order_id: i64,
+    (event_id, version, state): (&str, i64, &OrderState),
+    now: DateTime<Utc>,
+) -> order_view::Model {
     order_view::Model {
         consumer_name: consumer.to_owned(),
         order_id,

@@ -390,7 +390,10 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let reply = cli
                 .consumer_admin()
                 .await?
-                .list_parked_events(pb::ListParkedEventsRequest { order_id: order_id.unwrap_or(0), limit: *limit })
+                .list_parked_events(pb::ListParkedEventsRequest {
+                    order_id: order_id.unwrap_or(0),
+                    limit: *limit,
+                })
                 .await?
                 .into_inner();
             render::parked(&reply.parked_events, json)
@@ -399,7 +402,10 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let reply = cli
                 .consumer_admin()
                 .await?
-                .release_parked_gap(pb::ReleaseParkedGapRequest { order_id: *order_id, reason: reason.clone() })
+                .release_parked_gap(pb::ReleaseParkedGapRequest {
+                    order_id: *order_id,
+                    reason: reason.clone(),
+                })
                 .await?
                 .into_inner();
             render::released(*order_id, &reply, json)
