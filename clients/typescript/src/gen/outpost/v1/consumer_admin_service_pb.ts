@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file outpost/v1/consumer_admin_service.proto.
  */
 export const file_outpost_v1_consumer_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("CidvdXRwb3N0L3YxL2NvbnN1bWVyX2FkbWluX3NlcnZpY2UucHJvdG8SCm91dHBvc3QudjEiLgoaR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkiTQobR2V0Q29uc3VtZXJUaW1lbGluZVJlc3BvbnNlEi4KCHRpbWVsaW5lGAEgASgLMhwub3V0cG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsUBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi0KCWNvbnN1bWVycxgCIAMoCzIaLm91dHBvc3QudjEuQ29uc3VtZXJSZWNvcmQSPAoRbm90aWZpY2F0aW9uX2pvYnMYAyADKAsyIS5vdXRwb3N0LnYxLk5vdGlmaWNhdGlvbkpvYlJlY29yZBIyCgxkZWFkX2xldHRlcnMYBCADKAsyHC5vdXRwb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiPgoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNIk0KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEjIKDGRlYWRfbGV0dGVycxgBIAMoCzIcLm91dHBvc3QudjEuRGVhZExldHRlclJlY29yZCJfChRQdXJnZUNvbnN1bWVkUmVxdWVzdBI2ChNjb25zdW1lZF9vbGRlcl90aGFuGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2RyeV9ydW4YAiABKAgimgEKFVB1cmdlQ29uc3VtZWRSZXNwb25zZRIVCg1jb25zdW1lZF9yb3dzGAEgASgEEjMKD2NvbnN1bWVkX2N1dG9mZhgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNQoScmVkZWxpdmVyeV9ob3Jpem9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uMrACChRDb25zdW1lckFkbWluU2VydmljZRJmChNHZXRDb25zdW1lclRpbWVsaW5lEiYub3V0cG9zdC52MS5HZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBonLm91dHBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlc3BvbnNlEloKD0xpc3REZWFkTGV0dGVycxIiLm91dHBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBojLm91dHBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVzcG9uc2USVAoNUHVyZ2VDb25zdW1lZBIgLm91dHBvc3QudjEuUHVyZ2VDb25zdW1lZFJlcXVlc3QaIS5vdXRwb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_outpost_v1_admin_service]);
+  fileDesc("CidvdXRwb3N0L3YxL2NvbnN1bWVyX2FkbWluX3NlcnZpY2UucHJvdG8SCm91dHBvc3QudjEiLgoaR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkiTQobR2V0Q29uc3VtZXJUaW1lbGluZVJlc3BvbnNlEi4KCHRpbWVsaW5lGAEgASgLMhwub3V0cG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsUBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi0KCWNvbnN1bWVycxgCIAMoCzIaLm91dHBvc3QudjEuQ29uc3VtZXJSZWNvcmQSPAoRbm90aWZpY2F0aW9uX2pvYnMYAyADKAsyIS5vdXRwb3N0LnYxLk5vdGlmaWNhdGlvbkpvYlJlY29yZBIyCgxkZWFkX2xldHRlcnMYBCADKAsyHC5vdXRwb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiPgoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNIk0KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEjIKDGRlYWRfbGV0dGVycxgBIAMoCzIcLm91dHBvc3QudjEuRGVhZExldHRlclJlY29yZCJfChRQdXJnZUNvbnN1bWVkUmVxdWVzdBI2ChNjb25zdW1lZF9vbGRlcl90aGFuGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2RyeV9ydW4YAiABKAgimgEKFVB1cmdlQ29uc3VtZWRSZXNwb25zZRIVCg1jb25zdW1lZF9yb3dzGAEgASgEEjMKD2NvbnN1bWVkX2N1dG9mZhgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNQoScmVkZWxpdmVyeV9ob3Jpem9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjoKF0xpc3RQYXJrZWRFdmVudHNSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEg0KBWxpbWl0GAIgASgNItQBChFQYXJrZWRFdmVudFJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEhAKCGV2ZW50X2lkGAIgASgJEhAKCG9yZGVyX2lkGAMgASgDEhUKDWV2ZW50X3ZlcnNpb24YBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZyZWFzb24YBiABKAkSLQoJcGFya2VkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWFkX21vZGVsX3ZlcnNpb24YCCABKAMiUAoYTGlzdFBhcmtlZEV2ZW50c1Jlc3BvbnNlEjQKDXBhcmtlZF9ldmVudHMYASADKAsyHS5vdXRwb3N0LnYxLlBhcmtlZEV2ZW50UmVjb3JkIjsKF1JlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEg4KBnJlYXNvbhgCIAEoCSKiAQoYUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlEh0KFXJlbGVhc2VkX2Zyb21fdmVyc2lvbhgBIAEoAxIbChNyZWxlYXNlZF90b192ZXJzaW9uGAIgASgDEhgKEGFwcGxpZWRfdmVyc2lvbnMYAyADKAMSGgoScmVhZF9tb2RlbF92ZXJzaW9uGAQgASgDEhQKDHN0aWxsX3BhcmtlZBgFIAEoDTLuAwoUQ29uc3VtZXJBZG1pblNlcnZpY2USZgoTR2V0Q29uc3VtZXJUaW1lbGluZRImLm91dHBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QaJy5vdXRwb3N0LnYxLkdldENvbnN1bWVyVGltZWxpbmVSZXNwb25zZRJaCg9MaXN0RGVhZExldHRlcnMSIi5vdXRwb3N0LnYxLkxpc3REZWFkTGV0dGVyc1JlcXVlc3QaIy5vdXRwb3N0LnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElQKDVB1cmdlQ29uc3VtZWQSIC5vdXRwb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXF1ZXN0GiEub3V0cG9zdC52MS5QdXJnZUNvbnN1bWVkUmVzcG9uc2USXQoQTGlzdFBhcmtlZEV2ZW50cxIjLm91dHBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QaJC5vdXRwb3N0LnYxLkxpc3RQYXJrZWRFdmVudHNSZXNwb25zZRJdChBSZWxlYXNlUGFya2VkR2FwEiMub3V0cG9zdC52MS5SZWxlYXNlUGFya2VkR2FwUmVxdWVzdBokLm91dHBvc3QudjEuUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_outpost_v1_admin_service]);
 
 /**
  * Asks for the consumer's part of one event's timeline.
@@ -214,6 +214,204 @@ export const PurgeConsumedResponseSchema: GenMessage<PurgeConsumedResponse> = /*
   messageDesc(file_outpost_v1_consumer_admin_service, 6);
 
 /**
+ * Asks for parked events.
+ *
+ * @generated from message outpost.v1.ListParkedEventsRequest
+ */
+export type ListParkedEventsRequest = Message<"outpost.v1.ListParkedEventsRequest"> & {
+  /**
+   * Only this order's; 0 for every order.
+   *
+   * @generated from field: int64 order_id = 1;
+   */
+  orderId: bigint;
+
+  /**
+   * At most this many (1..1000; 0 means 100).
+   *
+   * @generated from field: uint32 limit = 2;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message outpost.v1.ListParkedEventsRequest.
+ * Use `create(ListParkedEventsRequestSchema)` to create a new message.
+ */
+export const ListParkedEventsRequestSchema: GenMessage<ListParkedEventsRequest> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_consumer_admin_service, 7);
+
+/**
+ * One parked event.
+ *
+ * @generated from message outpost.v1.ParkedEventRecord
+ */
+export type ParkedEventRecord = Message<"outpost.v1.ParkedEventRecord"> & {
+  /**
+   * The consumer name that parked it.
+   *
+   * @generated from field: string consumer_name = 1;
+   */
+  consumerName: string;
+
+  /**
+   * The event's id.
+   *
+   * @generated from field: string event_id = 2;
+   */
+  eventId: string;
+
+  /**
+   * Its order.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * Its version of the order.
+   *
+   * @generated from field: int64 event_version = 4;
+   */
+  eventVersion: bigint;
+
+  /**
+   * Its protobuf message name (the event_type header).
+   *
+   * @generated from field: string event_type = 5;
+   */
+  eventType: string;
+
+  /**
+   * Why it waits.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+
+  /**
+   * When it was parked.
+   *
+   * @generated from field: google.protobuf.Timestamp parked_at = 7;
+   */
+  parkedAt?: Timestamp | undefined;
+
+  /**
+   * The version the consumer's read model of the order is at (0: no model yet).
+   *
+   * @generated from field: int64 read_model_version = 8;
+   */
+  readModelVersion: bigint;
+};
+
+/**
+ * Describes the message outpost.v1.ParkedEventRecord.
+ * Use `create(ParkedEventRecordSchema)` to create a new message.
+ */
+export const ParkedEventRecordSchema: GenMessage<ParkedEventRecord> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_consumer_admin_service, 8);
+
+/**
+ * Parked events, by order id, then version.
+ *
+ * @generated from message outpost.v1.ListParkedEventsResponse
+ */
+export type ListParkedEventsResponse = Message<"outpost.v1.ListParkedEventsResponse"> & {
+  /**
+   * The parked events, at most the limit asked for.
+   *
+   * @generated from field: repeated outpost.v1.ParkedEventRecord parked_events = 1;
+   */
+  parkedEvents: ParkedEventRecord[];
+};
+
+/**
+ * Describes the message outpost.v1.ListParkedEventsResponse.
+ * Use `create(ListParkedEventsResponseSchema)` to create a new message.
+ */
+export const ListParkedEventsResponseSchema: GenMessage<ListParkedEventsResponse> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_consumer_admin_service, 9);
+
+/**
+ * Asks to release one order's gap.
+ *
+ * @generated from message outpost.v1.ReleaseParkedGapRequest
+ */
+export type ReleaseParkedGapRequest = Message<"outpost.v1.ReleaseParkedGapRequest"> & {
+  /**
+   * The order.
+   *
+   * @generated from field: int64 order_id = 1;
+   */
+  orderId: bigint;
+
+  /**
+   * Why the missing versions may be given up (required, up to 512 characters): stored with the
+   * caller's subject.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message outpost.v1.ReleaseParkedGapRequest.
+ * Use `create(ReleaseParkedGapRequestSchema)` to create a new message.
+ */
+export const ReleaseParkedGapRequestSchema: GenMessage<ReleaseParkedGapRequest> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_consumer_admin_service, 10);
+
+/**
+ * What the release did.
+ *
+ * @generated from message outpost.v1.ReleaseParkedGapResponse
+ */
+export type ReleaseParkedGapResponse = Message<"outpost.v1.ReleaseParkedGapResponse"> & {
+  /**
+   * The first version given up.
+   *
+   * @generated from field: int64 released_from_version = 1;
+   */
+  releasedFromVersion: bigint;
+
+  /**
+   * The last version given up (below released_from_version when none was: what waited already
+   * followed on).
+   *
+   * @generated from field: int64 released_to_version = 2;
+   */
+  releasedToVersion: bigint;
+
+  /**
+   * The versions applied to the read model, in order.
+   *
+   * @generated from field: repeated int64 applied_versions = 3;
+   */
+  appliedVersions: bigint[];
+
+  /**
+   * The read model's version after the release.
+   *
+   * @generated from field: int64 read_model_version = 4;
+   */
+  readModelVersion: bigint;
+
+  /**
+   * Parked events of the order still waiting (behind a further gap).
+   *
+   * @generated from field: uint32 still_parked = 5;
+   */
+  stillParked: number;
+};
+
+/**
+ * Describes the message outpost.v1.ReleaseParkedGapResponse.
+ * Use `create(ReleaseParkedGapResponseSchema)` to create a new message.
+ */
+export const ReleaseParkedGapResponseSchema: GenMessage<ReleaseParkedGapResponse> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_consumer_admin_service, 11);
+
+/**
  * The consumer's side of what operators need: its records of an event, its dead letters, and
  * the retention purge of its dedup history. Served by the consumer on its health listener
  * (`--listen`), from the consumer's own database, so it answers wherever that database lives.
@@ -225,8 +423,8 @@ export const PurgeConsumedResponseSchema: GenMessage<PurgeConsumedResponse> = /*
  * | FAILED_PRECONDITION | RETENTION_BELOW_HORIZON    | a consumed_event window shorter than the        |
  * |                     |                            | redelivery horizon: dedup history must outlive  |
  * |                     |                            | every possible redelivery                       |
- * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
- * |                     |                            | metadata's correlation_id names the log record  |
+ * | FAILED_PRECONDITION | NOTHING_PARKED             | ReleaseParkedGap: the order has no parked event |
+ * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed        |
  * | UNAUTHENTICATED     | TOKEN_MISSING / TOKEN_INVALID / TOKEN_EXPIRED | see OrderService             |
  * | PERMISSION_DENIED   | SCOPE_MISSING              | every call needs the operator scope             |
  * |                     |                            | (--auth-admin-scope, outpost:admin): the        |
@@ -271,6 +469,33 @@ export const ConsumerAdminService: GenService<{
     methodKind: "unary";
     input: typeof PurgeConsumedRequestSchema;
     output: typeof PurgeConsumedResponseSchema;
+  },
+  /**
+   * Events this consumer recorded (dedup row committed) but has not applied to its read model
+   * of their order yet, by order and version: each waits behind a missing earlier version of its
+   * order (dead-lettered, or not delivered yet) or has a type this consumer does not know.
+   *
+   * @generated from rpc outpost.v1.ConsumerAdminService.ListParkedEvents
+   */
+  listParkedEvents: {
+    methodKind: "unary";
+    input: typeof ListParkedEventsRequestSchema;
+    output: typeof ListParkedEventsResponseSchema;
+  },
+  /**
+   * Releases one order's gap in this consumer's read model, in one transaction: first applies
+   * whatever already follows on; then gives up the missing versions before the order's first
+   * parked event (or that event itself, when this consumer cannot apply it) and applies what
+   * waits behind, in version order, up to the next gap. Audited: the caller's subject, the
+   * required reason and the versions given up are stored (table gap_release) and logged.
+   * FAILED_PRECONDITION NOTHING_PARKED when the order has no parked event.
+   *
+   * @generated from rpc outpost.v1.ConsumerAdminService.ReleaseParkedGap
+   */
+  releaseParkedGap: {
+    methodKind: "unary";
+    input: typeof ReleaseParkedGapRequestSchema;
+    output: typeof ReleaseParkedGapResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_outpost_v1_consumer_admin_service, 0);
