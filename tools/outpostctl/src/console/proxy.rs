@@ -154,6 +154,20 @@ impl ConsumerAdminService for ConsumerAdminProxy {
     ) -> Result<Response<pb::PurgeConsumedResponse>, Status> {
         forward!(self.0, ConsumerAdminServiceClient, purge_consumed, request.into_inner())
     }
+
+    async fn list_parked_events(
+        &self,
+        request: Request<pb::ListParkedEventsRequest>,
+    ) -> Result<Response<pb::ListParkedEventsResponse>, Status> {
+        forward!(self.0, ConsumerAdminServiceClient, list_parked_events, request.into_inner())
+    }
+
+    async fn release_parked_gap(
+        &self,
+        request: Request<pb::ReleaseParkedGapRequest>,
+    ) -> Result<Response<pb::ReleaseParkedGapResponse>, Status> {
+        forward!(self.0, ConsumerAdminServiceClient, release_parked_gap, request.into_inner())
+    }
 }
 
 #[cfg(test)]
