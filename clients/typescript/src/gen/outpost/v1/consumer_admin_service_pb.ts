@@ -424,7 +424,8 @@ export const ReleaseParkedGapResponseSchema: GenMessage<ReleaseParkedGapResponse
  * |                     |                            | redelivery horizon: dedup history must outlive  |
  * |                     |                            | every possible redelivery                       |
  * | FAILED_PRECONDITION | NOTHING_PARKED             | ReleaseParkedGap: the order has no parked event |
- * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed        |
+ * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
+ * |                     |                            | metadata's correlation_id names the log record  |
  * | UNAUTHENTICATED     | TOKEN_MISSING / TOKEN_INVALID / TOKEN_EXPIRED | see OrderService             |
  * | PERMISSION_DENIED   | SCOPE_MISSING              | every call needs the operator scope             |
  * |                     |                            | (--auth-admin-scope, outpost:admin): the        |
