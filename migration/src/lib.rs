@@ -14,7 +14,7 @@ mod m20261203_000002_effect_per_consumer;
 mod m20261203_000003_event_id_lookup;
 mod m20261205_000001_exact_identifiers;
 mod m20261205_000002_order_version;
-mod m20261205_000002_per_order_order;
+mod m20261205_000003_per_order_order;
 
 /// Every migration Outpost knows, oldest first.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000003_event_id_lookup::Migration),
             Box::new(m20261205_000001_exact_identifiers::Migration),
             Box::new(m20261205_000002_order_version::Migration),
-            Box::new(m20261205_000002_per_order_order::Migration),
+            Box::new(m20261205_000003_per_order_order::Migration),
         ]
     }
 }

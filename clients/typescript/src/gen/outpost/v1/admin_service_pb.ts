@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file outpost/v1/admin_service.proto.
  */
 export const file_outpost_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5vdXRwb3N0L3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCm91dHBvc3QudjEiKwoXR2V0RXZlbnRUaW1lbGluZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkiRwoYR2V0RXZlbnRUaW1lbGluZVJlc3BvbnNlEisKCHRpbWVsaW5lGAEgASgLMhkub3V0cG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJIChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEisKCHRpbWVsaW5lGAEgASgLMhkub3V0cG9zdC52MS5FdmVudFRpbWVsaW5lItECCg1FdmVudFRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEiYKBW9yZGVyGAIgASgLMhcub3V0cG9zdC52MS5PcmRlclJlY29yZBIoCgZvdXRib3gYAyABKAsyGC5vdXRwb3N0LnYxLk91dGJveFJlY29yZBItCgljb25zdW1lcnMYBCADKAsyGi5vdXRwb3N0LnYxLkNvbnN1bWVyUmVjb3JkEjsKEG5vdGlmaWNhdGlvbl9qb2IYBSABKAsyIS5vdXRwb3N0LnYxLk5vdGlmaWNhdGlvbkpvYlJlY29yZBIyCgxkZWFkX2xldHRlcnMYBiADKAsyHC5vdXRwb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPAoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIS5vdXRwb3N0LnYxLk5vdGlmaWNhdGlvbkpvYlJlY29yZCK+AQoLT3JkZXJSZWNvcmQSEAoIb3JkZXJfaWQYASABKAMSEQoJdGVuYW50X2lkGAIgASgDEhIKCnJlcXVlc3RfaWQYAyABKAkSDwoHdmVyc2lvbhgEIAEoAxIOCgZzdGF0dXMYBSABKAkSEwoLdG90YWxfbWlub3IYBiABKAMSEAoIY3VycmVuY3kYByABKAkSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi2wMKDE91dGJveFJlY29yZBIOCgZzdGF0dXMYASABKAkSEAoIYXR0ZW1wdHMYAiABKAUSEgoKbGFzdF9lcnJvchgDIAEoCRITCgtsZWFzZV9vd25lchgEIAEoCRIvCgtsZWFzZV91bnRpbBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMcHVibGlzaGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgxwdWJsaXNoZWRfdG8YCCABKAsyHC5vdXRwb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr4BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMQoLY29vcmRpbmF0ZXMYAiABKAsyHC5vdXRwb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSDQoFZXJyb3IYAyABKAkSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZXZlbnRfaWQYBSABKAkSDwoHcGF5bG9hZBgGIAEoDCJiChJMaXN0QmFja2xvZ1JlcXVlc3QSDgoGc3RhdHVzGAEgASgJEi0KCm9sZGVyX3RoYW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFbGltaXQYAyABKA0iaQoTTGlzdEJhY2tsb2dSZXNwb25zZRIpCgdlbnRyaWVzGAEgAygLMhgub3V0cG9zdC52MS5CYWNrbG9nRW50cnkSJwoFc3RhdHMYAiABKAsyGC5vdXRwb3N0LnYxLkJhY2tsb2dTdGF0cyJgCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEigKBm91dGJveBgDIAEoCzIYLm91dHBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxCYWNrbG9nU3RhdHMSDwoHcGVuZGluZxgBIAEoBBISCgpwdWJsaXNoaW5nGAIgASgEEhUKCXB1Ymxpc2hlZBgDIAEoBEICGAESDgoGZmFpbGVkGAQgASgEEjUKEm9sZGVzdF9wZW5kaW5nX2FnZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJICg5SZWRyaXZlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYAiABKAkSDgoGcmVhc29uGAMgASgJIjsKD1JlZHJpdmVSZXNwb25zZRIoCgZvdXRib3gYASABKAsyGC5vdXRwb3N0LnYxLk91dGJveFJlY29yZCKRAQoMUHVyZ2VSZXF1ZXN0EjQKEW91dGJveF9vbGRlcl90aGFuGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjoKE2NvbnN1bWVkX29sZGVyX3RoYW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBEg8KB2RyeV9ydW4YAyABKAgi5gEKDVB1cmdlUmVzcG9uc2USEwoLb3V0Ym94X3Jvd3MYASABKAQSGQoNY29uc3VtZWRfcm93cxgCIAEoBEICGAESMQoNb3V0Ym94X2N1dG9mZhgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoPY29uc3VtZWRfY3V0b2ZmGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEICGAESOQoScmVkZWxpdmVyeV9ob3Jpem9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgIYATKhAwoMQWRtaW5TZXJ2aWNlEl0KEEdldEV2ZW50VGltZWxpbmUSIy5vdXRwb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXF1ZXN0GiQub3V0cG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USYAoRRmluZEJ5QnVzaW5lc3NLZXkSJC5vdXRwb3N0LnYxLkZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBolLm91dHBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXNwb25zZRJOCgtMaXN0QmFja2xvZxIeLm91dHBvc3QudjEuTGlzdEJhY2tsb2dSZXF1ZXN0Gh8ub3V0cG9zdC52MS5MaXN0QmFja2xvZ1Jlc3BvbnNlEkIKB1JlZHJpdmUSGi5vdXRwb3N0LnYxLlJlZHJpdmVSZXF1ZXN0Ghsub3V0cG9zdC52MS5SZWRyaXZlUmVzcG9uc2USPAoFUHVyZ2USGC5vdXRwb3N0LnYxLlB1cmdlUmVxdWVzdBoZLm91dHBvc3QudjEuUHVyZ2VSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Ch5vdXRwb3N0L3YxL2FkbWluX3NlcnZpY2UucHJvdG8SCm91dHBvc3QudjEiKwoXR2V0RXZlbnRUaW1lbGluZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkiRwoYR2V0RXZlbnRUaW1lbGluZVJlc3BvbnNlEisKCHRpbWVsaW5lGAEgASgLMhkub3V0cG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJIChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEisKCHRpbWVsaW5lGAEgASgLMhkub3V0cG9zdC52MS5FdmVudFRpbWVsaW5lIoUDCg1FdmVudFRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEiYKBW9yZGVyGAIgASgLMhcub3V0cG9zdC52MS5PcmRlclJlY29yZBIoCgZvdXRib3gYAyABKAsyGC5vdXRwb3N0LnYxLk91dGJveFJlY29yZBItCgljb25zdW1lcnMYBCADKAsyGi5vdXRwb3N0LnYxLkNvbnN1bWVyUmVjb3JkEjsKEG5vdGlmaWNhdGlvbl9qb2IYBSABKAsyIS5vdXRwb3N0LnYxLk5vdGlmaWNhdGlvbkpvYlJlY29yZBIyCgxkZWFkX2xldHRlcnMYBiADKAsyHC5vdXRwb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPAoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIS5vdXRwb3N0LnYxLk5vdGlmaWNhdGlvbkpvYlJlY29yZBIyCgxvcmRlcl9ldmVudHMYCCADKAsyHC5vdXRwb3N0LnYxLk9yZGVyRXZlbnRSZWNvcmQiuQEKEE9yZGVyRXZlbnRSZWNvcmQSEAoIZXZlbnRfaWQYASABKAkSDwoHdmVyc2lvbhgCIAEoAxISCgpldmVudF90eXBlGAMgASgJEhEKCW9wZXJhdGlvbhgEIAEoCRISCgpyZXF1ZXN0X2lkGAUgASgJEjAKDGNvbW1pdHRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNb3V0Ym94X3N0YXR1cxgHIAEoCSK+AQoLT3JkZXJSZWNvcmQSEAoIb3JkZXJfaWQYASABKAMSEQoJdGVuYW50X2lkGAIgASgDEhIKCnJlcXVlc3RfaWQYAyABKAkSDwoHdmVyc2lvbhgEIAEoAxIOCgZzdGF0dXMYBSABKAkSEwoLdG90YWxfbWlub3IYBiABKAMSEAoIY3VycmVuY3kYByABKAkSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi2wMKDE91dGJveFJlY29yZBIOCgZzdGF0dXMYASABKAkSEAoIYXR0ZW1wdHMYAiABKAUSEgoKbGFzdF9lcnJvchgDIAEoCRITCgtsZWFzZV9vd25lchgEIAEoCRIvCgtsZWFzZV91bnRpbBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMcHVibGlzaGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCgxwdWJsaXNoZWRfdG8YCCABKAsyHC5vdXRwb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr4BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMQoLY29vcmRpbmF0ZXMYAiABKAsyHC5vdXRwb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSDQoFZXJyb3IYAyABKAkSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIZXZlbnRfaWQYBSABKAkSDwoHcGF5bG9hZBgGIAEoDCJiChJMaXN0QmFja2xvZ1JlcXVlc3QSDgoGc3RhdHVzGAEgASgJEi0KCm9sZGVyX3RoYW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFbGltaXQYAyABKA0iaQoTTGlzdEJhY2tsb2dSZXNwb25zZRIpCgdlbnRyaWVzGAEgAygLMhgub3V0cG9zdC52MS5CYWNrbG9nRW50cnkSJwoFc3RhdHMYAiABKAsyGC5vdXRwb3N0LnYxLkJhY2tsb2dTdGF0cyJgCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEigKBm91dGJveBgDIAEoCzIYLm91dHBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxCYWNrbG9nU3RhdHMSDwoHcGVuZGluZxgBIAEoBBISCgpwdWJsaXNoaW5nGAIgASgEEhUKCXB1Ymxpc2hlZBgDIAEoBEICGAESDgoGZmFpbGVkGAQgASgEEjUKEm9sZGVzdF9wZW5kaW5nX2FnZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJICg5SZWRyaXZlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYAiABKAkSDgoGcmVhc29uGAMgASgJIjsKD1JlZHJpdmVSZXNwb25zZRIoCgZvdXRib3gYASABKAsyGC5vdXRwb3N0LnYxLk91dGJveFJlY29yZCKRAQoMUHVyZ2VSZXF1ZXN0EjQKEW91dGJveF9vbGRlcl90aGFuGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjoKE2NvbnN1bWVkX29sZGVyX3RoYW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBEg8KB2RyeV9ydW4YAyABKAgi5gEKDVB1cmdlUmVzcG9uc2USEwoLb3V0Ym94X3Jvd3MYASABKAQSGQoNY29uc3VtZWRfcm93cxgCIAEoBEICGAESMQoNb3V0Ym94X2N1dG9mZhgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoPY29uc3VtZWRfY3V0b2ZmGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEICGAESOQoScmVkZWxpdmVyeV9ob3Jpem9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgIYATKhAwoMQWRtaW5TZXJ2aWNlEl0KEEdldEV2ZW50VGltZWxpbmUSIy5vdXRwb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXF1ZXN0GiQub3V0cG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USYAoRRmluZEJ5QnVzaW5lc3NLZXkSJC5vdXRwb3N0LnYxLkZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBolLm91dHBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXNwb25zZRJOCgtMaXN0QmFja2xvZxIeLm91dHBvc3QudjEuTGlzdEJhY2tsb2dSZXF1ZXN0Gh8ub3V0cG9zdC52MS5MaXN0QmFja2xvZ1Jlc3BvbnNlEkIKB1JlZHJpdmUSGi5vdXRwb3N0LnYxLlJlZHJpdmVSZXF1ZXN0Ghsub3V0cG9zdC52MS5SZWRyaXZlUmVzcG9uc2USPAoFUHVyZ2USGC5vdXRwb3N0LnYxLlB1cmdlUmVxdWVzdBoZLm91dHBvc3QudjEuUHVyZ2VSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Asks for one event's timeline.
@@ -92,7 +92,7 @@ export const FindByBusinessKeyRequestSchema: GenMessage<FindByBusinessKeyRequest
  */
 export type FindByBusinessKeyResponse = Message<"outpost.v1.FindByBusinessKeyResponse"> & {
   /**
-   * What the databases hold for the order's acceptance event.
+   * What the databases hold for the event committed under that key.
    *
    * @generated from field: outpost.v1.EventTimeline timeline = 1;
    */
@@ -122,7 +122,7 @@ export type EventTimeline = Message<"outpost.v1.EventTimeline"> & {
   eventId: string;
 
   /**
-   * The order whose acceptance this event records.
+   * The order this event belongs to (whichever version the event records), as it is now.
    *
    * @generated from field: outpost.v1.OrderRecord order = 2;
    */
@@ -166,6 +166,14 @@ export type EventTimeline = Message<"outpost.v1.EventTimeline"> & {
    * @generated from field: repeated outpost.v1.NotificationJobRecord notification_jobs = 7;
    */
   notificationJobs: NotificationJobRecord[];
+
+  /**
+   * Every version of the event's order, oldest first: the event each operation (submission,
+   * amendment, cancellation) committed, and where that event's outbox row is now.
+   *
+   * @generated from field: repeated outpost.v1.OrderEventRecord order_events = 8;
+   */
+  orderEvents: OrderEventRecord[];
 };
 
 /**
@@ -176,7 +184,71 @@ export const EventTimelineSchema: GenMessage<EventTimeline> = /*@__PURE__*/
   messageDesc(file_outpost_v1_admin_service, 4);
 
 /**
- * An order row.
+ * One version of an order and the event committed with it.
+ *
+ * @generated from message outpost.v1.OrderEventRecord
+ */
+export type OrderEventRecord = Message<"outpost.v1.OrderEventRecord"> & {
+  /**
+   * The event's id.
+   *
+   * @generated from field: string event_id = 1;
+   */
+  eventId: string;
+
+  /**
+   * The order's version this event describes (its event_version).
+   *
+   * @generated from field: int64 version = 2;
+   */
+  version: bigint;
+
+  /**
+   * "outpost.v1.OrderAccepted", "outpost.v1.OrderAmended" or "outpost.v1.OrderCancelled".
+   *
+   * @generated from field: string event_type = 3;
+   */
+  eventType: string;
+
+  /**
+   * SUBMIT, AMEND or CANCEL.
+   *
+   * @generated from field: string operation = 4;
+   */
+  operation: string;
+
+  /**
+   * The caller's idempotency key of that operation.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+
+  /**
+   * When the operation committed.
+   *
+   * @generated from field: google.protobuf.Timestamp committed_at = 6;
+   */
+  committedAt?: Timestamp | undefined;
+
+  /**
+   * The outbox row's status: PENDING, PUBLISHING, PUBLISHED or FAILED; empty once retention
+   * purged the row after publication.
+   *
+   * @generated from field: string outbox_status = 7;
+   */
+  outboxStatus: string;
+};
+
+/**
+ * Describes the message outpost.v1.OrderEventRecord.
+ * Use `create(OrderEventRecordSchema)` to create a new message.
+ */
+export const OrderEventRecordSchema: GenMessage<OrderEventRecord> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_admin_service, 5);
+
+/**
+ * An order row, as it is now (its latest version).
  *
  * @generated from message outpost.v1.OrderRecord
  */
@@ -210,7 +282,7 @@ export type OrderRecord = Message<"outpost.v1.OrderRecord"> & {
   version: bigint;
 
   /**
-   * The order's status, such as "ACCEPTED".
+   * The order's status: "ACCEPTED" or "CANCELLED".
    *
    * @generated from field: string status = 5;
    */
@@ -243,7 +315,7 @@ export type OrderRecord = Message<"outpost.v1.OrderRecord"> & {
  * Use `create(OrderRecordSchema)` to create a new message.
  */
 export const OrderRecordSchema: GenMessage<OrderRecord> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 5);
+  messageDesc(file_outpost_v1_admin_service, 6);
 
 /**
  * An outbox row. A caller without the operator scope, reading its own tenant's event, gets
@@ -366,7 +438,7 @@ export type OutboxRecord = Message<"outpost.v1.OutboxRecord"> & {
  * Use `create(OutboxRecordSchema)` to create a new message.
  */
 export const OutboxRecordSchema: GenMessage<OutboxRecord> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 6);
+  messageDesc(file_outpost_v1_admin_service, 7);
 
 /**
  * A record's place on the broker.
@@ -401,7 +473,7 @@ export type KafkaCoordinates = Message<"outpost.v1.KafkaCoordinates"> & {
  * Use `create(KafkaCoordinatesSchema)` to create a new message.
  */
 export const KafkaCoordinatesSchema: GenMessage<KafkaCoordinates> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 7);
+  messageDesc(file_outpost_v1_admin_service, 8);
 
 /**
  * A consumer's committed record of an event.
@@ -429,7 +501,7 @@ export type ConsumerRecord = Message<"outpost.v1.ConsumerRecord"> & {
  * Use `create(ConsumerRecordSchema)` to create a new message.
  */
 export const ConsumerRecordSchema: GenMessage<ConsumerRecord> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 8);
+  messageDesc(file_outpost_v1_admin_service, 9);
 
 /**
  * The notification consumer's effect.
@@ -478,7 +550,7 @@ export type NotificationJobRecord = Message<"outpost.v1.NotificationJobRecord"> 
  * Use `create(NotificationJobRecordSchema)` to create a new message.
  */
 export const NotificationJobRecordSchema: GenMessage<NotificationJobRecord> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 9);
+  messageDesc(file_outpost_v1_admin_service, 10);
 
 /**
  * A record a consumer set aside.
@@ -534,7 +606,7 @@ export type DeadLetterRecord = Message<"outpost.v1.DeadLetterRecord"> & {
  * Use `create(DeadLetterRecordSchema)` to create a new message.
  */
 export const DeadLetterRecordSchema: GenMessage<DeadLetterRecord> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 10);
+  messageDesc(file_outpost_v1_admin_service, 11);
 
 /**
  * Asks for the backlog.
@@ -569,7 +641,7 @@ export type ListBacklogRequest = Message<"outpost.v1.ListBacklogRequest"> & {
  * Use `create(ListBacklogRequestSchema)` to create a new message.
  */
 export const ListBacklogRequestSchema: GenMessage<ListBacklogRequest> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 11);
+  messageDesc(file_outpost_v1_admin_service, 12);
 
 /**
  * The backlog.
@@ -597,7 +669,7 @@ export type ListBacklogResponse = Message<"outpost.v1.ListBacklogResponse"> & {
  * Use `create(ListBacklogResponseSchema)` to create a new message.
  */
 export const ListBacklogResponseSchema: GenMessage<ListBacklogResponse> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 12);
+  messageDesc(file_outpost_v1_admin_service, 13);
 
 /**
  * One outbox row in a backlog listing.
@@ -632,7 +704,7 @@ export type BacklogEntry = Message<"outpost.v1.BacklogEntry"> & {
  * Use `create(BacklogEntrySchema)` to create a new message.
  */
 export const BacklogEntrySchema: GenMessage<BacklogEntry> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 13);
+  messageDesc(file_outpost_v1_admin_service, 14);
 
 /**
  * Counts of the outbox rows that still need something: the relay's backlog, the same numbers
@@ -685,7 +757,7 @@ export type BacklogStats = Message<"outpost.v1.BacklogStats"> & {
  * Use `create(BacklogStatsSchema)` to create a new message.
  */
 export const BacklogStatsSchema: GenMessage<BacklogStats> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 14);
+  messageDesc(file_outpost_v1_admin_service, 15);
 
 /**
  * Asks to return a FAILED event to PENDING.
@@ -722,7 +794,7 @@ export type RedriveRequest = Message<"outpost.v1.RedriveRequest"> & {
  * Use `create(RedriveRequestSchema)` to create a new message.
  */
 export const RedriveRequestSchema: GenMessage<RedriveRequest> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 15);
+  messageDesc(file_outpost_v1_admin_service, 16);
 
 /**
  * The redriven row.
@@ -743,7 +815,7 @@ export type RedriveResponse = Message<"outpost.v1.RedriveResponse"> & {
  * Use `create(RedriveResponseSchema)` to create a new message.
  */
 export const RedriveResponseSchema: GenMessage<RedriveResponse> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 16);
+  messageDesc(file_outpost_v1_admin_service, 17);
 
 /**
  * Asks for a retention purge.
@@ -782,7 +854,7 @@ export type PurgeRequest = Message<"outpost.v1.PurgeRequest"> & {
  * Use `create(PurgeRequestSchema)` to create a new message.
  */
 export const PurgeRequestSchema: GenMessage<PurgeRequest> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 17);
+  messageDesc(file_outpost_v1_admin_service, 18);
 
 /**
  * What a purge deleted (or, in a dry run, would delete).
@@ -834,7 +906,7 @@ export type PurgeResponse = Message<"outpost.v1.PurgeResponse"> & {
  * Use `create(PurgeResponseSchema)` to create a new message.
  */
 export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_admin_service, 18);
+  messageDesc(file_outpost_v1_admin_service, 19);
 
 /**
  * What operators need on day one from the order side: the order's and the outbox's state of an
@@ -848,7 +920,7 @@ export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
  * |---------------------|----------------------------|-------------------------------------------------|
  * | INVALID_ARGUMENT    | INVALID_REQUEST            | a field is invalid; BadRequest names it         |
  * | NOT_FOUND           | EVENT_NOT_FOUND            | no outbox row or order has it                   |
- * | NOT_FOUND           | ORDER_NOT_FOUND            | no order holds (tenant_id, request_id)          |
+ * | NOT_FOUND           | ORDER_NOT_FOUND            | no operation used (tenant_id, request_id)       |
  * | FAILED_PRECONDITION | NOT_FAILED                 | Redrive on an event that is not FAILED          |
  * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
  * |                     |                            | metadata's correlation_id names the log record  |
@@ -879,7 +951,8 @@ export const AdminService: GenService<{
     output: typeof GetEventTimelineResponseSchema;
   },
   /**
-   * The timeline of the order accepted under (tenant_id, request_id).
+   * The timeline of the event committed under (tenant_id, request_id): the acceptance of a
+   * submitted order, or an amendment or cancellation.
    *
    * @generated from rpc outpost.v1.AdminService.FindByBusinessKey
    */

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { LineItem, OrderStatus } from "./order_pb.js";
+import type { CancelReason, LineItem, OrderStatus } from "./order_pb.js";
 import { file_outpost_v1_order } from "./order_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,255 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file outpost/v1/order_service.proto.
  */
 export const file_outpost_v1_order_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5vdXRwb3N0L3YxL29yZGVyX3NlcnZpY2UucHJvdG8SCm91dHBvc3QudjEingEKElN1Ym1pdE9yZGVyUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCRITCgtjdXN0b21lcl9pZBgDIAEoCRIQCghjdXJyZW5jeRgEIAEoCRIoCgpsaW5lX2l0ZW1zGAUgAygLMhQub3V0cG9zdC52MS5MaW5lSXRlbRIQCghldmVudF9pZBgGIAEoCSLTAQoTU3VibWl0T3JkZXJSZXNwb25zZRIvCgdvdXRjb21lGAEgASgOMh4ub3V0cG9zdC52MS5UcmFuc2FjdGlvbk91dGNvbWUSEAoIcmVwbGF5ZWQYAiABKAgSEAoIb3JkZXJfaWQYAyABKAMSEAoIZXZlbnRfaWQYBCABKAkSEwoLdG90YWxfbWlub3IYBSABKAMSDwoHdmVyc2lvbhgGIAEoAxIvCgthY2NlcHRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiOQoQUmVjb25jaWxlUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSK3AQoRUmVjb25jaWxlUmVzcG9uc2USEAoIb3JkZXJfaWQYASABKAMSEAoIZXZlbnRfaWQYAiABKAkSDwoHdmVyc2lvbhgDIAEoAxInCgZzdGF0dXMYBCABKA4yFy5vdXRwb3N0LnYxLk9yZGVyU3RhdHVzEhMKC3RvdGFsX21pbm9yGAUgASgDEi8KC2FjY2VwdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqiAQoSVHJhbnNhY3Rpb25PdXRjb21lEiMKH1RSQU5TQUNUSU9OX09VVENPTUVfVU5TUEVDSUZJRUQQABIhCh1UUkFOU0FDVElPTl9PVVRDT01FX0NPTU1JVFRFRBABEiMKH1RSQU5TQUNUSU9OX09VVENPTUVfUk9MTEVEX0JBQ0sQAhIfChtUUkFOU0FDVElPTl9PVVRDT01FX1VOS05PV04QAzKoAQoMT3JkZXJTZXJ2aWNlEk4KC1N1Ym1pdE9yZGVyEh4ub3V0cG9zdC52MS5TdWJtaXRPcmRlclJlcXVlc3QaHy5vdXRwb3N0LnYxLlN1Ym1pdE9yZGVyUmVzcG9uc2USSAoJUmVjb25jaWxlEhwub3V0cG9zdC52MS5SZWNvbmNpbGVSZXF1ZXN0Gh0ub3V0cG9zdC52MS5SZWNvbmNpbGVSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_outpost_v1_order]);
+  fileDesc("Ch5vdXRwb3N0L3YxL29yZGVyX3NlcnZpY2UucHJvdG8SCm91dHBvc3QudjEitwEKEUFtZW5kT3JkZXJSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgJEhAKCG9yZGVyX2lkGAMgASgDEhgKEGV4cGVjdGVkX3ZlcnNpb24YBCABKAMSKAoKbGluZV9pdGVtcxgFIAMoCzIULm91dHBvc3QudjEuTGluZUl0ZW0SEwoLY3VzdG9tZXJfaWQYBiABKAkSEAoIZXZlbnRfaWQYByABKAki0QEKEkFtZW5kT3JkZXJSZXNwb25zZRIvCgdvdXRjb21lGAEgASgOMh4ub3V0cG9zdC52MS5UcmFuc2FjdGlvbk91dGNvbWUSEAoIcmVwbGF5ZWQYAiABKAgSEAoIb3JkZXJfaWQYAyABKAMSEAoIZXZlbnRfaWQYBCABKAkSDwoHdmVyc2lvbhgFIAEoAxITCgt0b3RhbF9taW5vchgGIAEoAxIuCgphbWVuZGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKxAQoSQ2FuY2VsT3JkZXJSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoAxISCgpyZXF1ZXN0X2lkGAIgASgJEhAKCG9yZGVyX2lkGAMgASgDEhgKEGV4cGVjdGVkX3ZlcnNpb24YBCABKAMSKAoGcmVhc29uGAUgASgOMhgub3V0cG9zdC52MS5DYW5jZWxSZWFzb24SDAoEbm90ZRgGIAEoCRIQCghldmVudF9pZBgHIAEoCSK/AQoTQ2FuY2VsT3JkZXJSZXNwb25zZRIvCgdvdXRjb21lGAEgASgOMh4ub3V0cG9zdC52MS5UcmFuc2FjdGlvbk91dGNvbWUSEAoIcmVwbGF5ZWQYAiABKAgSEAoIb3JkZXJfaWQYAyABKAMSEAoIZXZlbnRfaWQYBCABKAkSDwoHdmVyc2lvbhgFIAEoAxIwCgxjYW5jZWxsZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIp4BChJTdWJtaXRPcmRlclJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAkSEwoLY3VzdG9tZXJfaWQYAyABKAkSEAoIY3VycmVuY3kYBCABKAkSKAoKbGluZV9pdGVtcxgFIAMoCzIULm91dHBvc3QudjEuTGluZUl0ZW0SEAoIZXZlbnRfaWQYBiABKAki0wEKE1N1Ym1pdE9yZGVyUmVzcG9uc2USLwoHb3V0Y29tZRgBIAEoDjIeLm91dHBvc3QudjEuVHJhbnNhY3Rpb25PdXRjb21lEhAKCHJlcGxheWVkGAIgASgIEhAKCG9yZGVyX2lkGAMgASgDEhAKCGV2ZW50X2lkGAQgASgJEhMKC3RvdGFsX21pbm9yGAUgASgDEg8KB3ZlcnNpb24YBiABKAMSLwoLYWNjZXB0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjkKEFJlY29uY2lsZVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgDEhIKCnJlcXVlc3RfaWQYAiABKAkisQIKEVJlY29uY2lsZVJlc3BvbnNlEhAKCG9yZGVyX2lkGAEgASgDEhAKCGV2ZW50X2lkGAIgASgJEg8KB3ZlcnNpb24YAyABKAMSJwoGc3RhdHVzGAQgASgOMhcub3V0cG9zdC52MS5PcmRlclN0YXR1cxITCgt0b3RhbF9taW5vchgFIAEoAxIvCgthY2NlcHRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJb3BlcmF0aW9uGAcgASgOMhoub3V0cG9zdC52MS5PcmRlck9wZXJhdGlvbhIXCg9jdXJyZW50X3ZlcnNpb24YCCABKAMSMAoMY29tbWl0dGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqEAQoOT3JkZXJPcGVyYXRpb24SHwobT1JERVJfT1BFUkFUSU9OX1VOU1BFQ0lGSUVEEAASGgoWT1JERVJfT1BFUkFUSU9OX1NVQk1JVBABEhkKFU9SREVSX09QRVJBVElPTl9BTUVORBACEhoKFk9SREVSX09QRVJBVElPTl9DQU5DRUwQAyqiAQoSVHJhbnNhY3Rpb25PdXRjb21lEiMKH1RSQU5TQUNUSU9OX09VVENPTUVfVU5TUEVDSUZJRUQQABIhCh1UUkFOU0FDVElPTl9PVVRDT01FX0NPTU1JVFRFRBABEiMKH1RSQU5TQUNUSU9OX09VVENPTUVfUk9MTEVEX0JBQ0sQAhIfChtUUkFOU0FDVElPTl9PVVRDT01FX1VOS05PV04QAzLFAgoMT3JkZXJTZXJ2aWNlEk4KC1N1Ym1pdE9yZGVyEh4ub3V0cG9zdC52MS5TdWJtaXRPcmRlclJlcXVlc3QaHy5vdXRwb3N0LnYxLlN1Ym1pdE9yZGVyUmVzcG9uc2USSAoJUmVjb25jaWxlEhwub3V0cG9zdC52MS5SZWNvbmNpbGVSZXF1ZXN0Gh0ub3V0cG9zdC52MS5SZWNvbmNpbGVSZXNwb25zZRJLCgpBbWVuZE9yZGVyEh0ub3V0cG9zdC52MS5BbWVuZE9yZGVyUmVxdWVzdBoeLm91dHBvc3QudjEuQW1lbmRPcmRlclJlc3BvbnNlEk4KC0NhbmNlbE9yZGVyEh4ub3V0cG9zdC52MS5DYW5jZWxPcmRlclJlcXVlc3QaHy5vdXRwb3N0LnYxLkNhbmNlbE9yZGVyUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_timestamp, file_outpost_v1_order]);
+
+/**
+ * A change to an existing order's lines and/or customer. At least one of the two is given.
+ *
+ * @generated from message outpost.v1.AmendOrderRequest
+ */
+export type AmendOrderRequest = Message<"outpost.v1.AmendOrderRequest"> & {
+  /**
+   * As in SubmitOrderRequest.
+   *
+   * @generated from field: int64 tenant_id = 1;
+   */
+  tenantId: bigint;
+
+  /**
+   * The caller's idempotency key of this change: 1 to 128 visible ASCII characters, unique
+   * within the tenant across every operation (submit, amend, cancel). Every retry reuses it.
+   *
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+
+  /**
+   * The order to change.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * The version the caller read and changes; the change commits only if the order is still at
+   * it (VERSION_CONFLICT otherwise).
+   *
+   * @generated from field: int64 expected_version = 4;
+   */
+  expectedVersion: bigint;
+
+  /**
+   * The new lines (1 to 100, same rules as SubmitOrder), replacing all lines; empty to keep them.
+   *
+   * @generated from field: repeated outpost.v1.LineItem line_items = 5;
+   */
+  lineItems: LineItem[];
+
+  /**
+   * The new customer (1 to 128 visible ASCII characters); empty to keep it.
+   *
+   * @generated from field: string customer_id = 6;
+   */
+  customerId: string;
+
+  /**
+   * Optional. The OrderAmended event's id, as in SubmitOrderRequest.event_id.
+   *
+   * @generated from field: string event_id = 7;
+   */
+  eventId: string;
+};
+
+/**
+ * Describes the message outpost.v1.AmendOrderRequest.
+ * Use `create(AmendOrderRequestSchema)` to create a new message.
+ */
+export const AmendOrderRequestSchema: GenMessage<AmendOrderRequest> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_order_service, 0);
+
+/**
+ * The committed change. Sent only with status OK.
+ *
+ * @generated from message outpost.v1.AmendOrderResponse
+ */
+export type AmendOrderResponse = Message<"outpost.v1.AmendOrderResponse"> & {
+  /**
+   * Always TRANSACTION_OUTCOME_COMMITTED.
+   *
+   * @generated from field: outpost.v1.TransactionOutcome outcome = 1;
+   */
+  outcome: TransactionOutcome;
+
+  /**
+   * True when an earlier call with the same (tenant_id, request_id) and content had committed;
+   * every other field then describes that earlier change.
+   *
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+
+  /**
+   * The order's id.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * The id of the OrderAmended event committed with the change.
+   *
+   * @generated from field: string event_id = 4;
+   */
+  eventId: string;
+
+  /**
+   * The order's version after the change.
+   *
+   * @generated from field: int64 version = 5;
+   */
+  version: bigint;
+
+  /**
+   * The order's total after the change, in minor units.
+   *
+   * @generated from field: int64 total_minor = 6;
+   */
+  totalMinor: bigint;
+
+  /**
+   * When the change committed.
+   *
+   * @generated from field: google.protobuf.Timestamp amended_at = 7;
+   */
+  amendedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message outpost.v1.AmendOrderResponse.
+ * Use `create(AmendOrderResponseSchema)` to create a new message.
+ */
+export const AmendOrderResponseSchema: GenMessage<AmendOrderResponse> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_order_service, 1);
+
+/**
+ * A cancellation of an existing order.
+ *
+ * @generated from message outpost.v1.CancelOrderRequest
+ */
+export type CancelOrderRequest = Message<"outpost.v1.CancelOrderRequest"> & {
+  /**
+   * As in SubmitOrderRequest.
+   *
+   * @generated from field: int64 tenant_id = 1;
+   */
+  tenantId: bigint;
+
+  /**
+   * As in AmendOrderRequest.
+   *
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+
+  /**
+   * The order to cancel.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * As in AmendOrderRequest.
+   *
+   * @generated from field: int64 expected_version = 4;
+   */
+  expectedVersion: bigint;
+
+  /**
+   * Why; never CANCEL_REASON_UNSPECIFIED.
+   *
+   * @generated from field: outpost.v1.CancelReason reason = 5;
+   */
+  reason: CancelReason;
+
+  /**
+   * Free text, 0 to 512 characters.
+   *
+   * @generated from field: string note = 6;
+   */
+  note: string;
+
+  /**
+   * Optional. The OrderCancelled event's id, as in SubmitOrderRequest.event_id.
+   *
+   * @generated from field: string event_id = 7;
+   */
+  eventId: string;
+};
+
+/**
+ * Describes the message outpost.v1.CancelOrderRequest.
+ * Use `create(CancelOrderRequestSchema)` to create a new message.
+ */
+export const CancelOrderRequestSchema: GenMessage<CancelOrderRequest> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_order_service, 2);
+
+/**
+ * The committed cancellation. Sent only with status OK.
+ *
+ * @generated from message outpost.v1.CancelOrderResponse
+ */
+export type CancelOrderResponse = Message<"outpost.v1.CancelOrderResponse"> & {
+  /**
+   * Always TRANSACTION_OUTCOME_COMMITTED.
+   *
+   * @generated from field: outpost.v1.TransactionOutcome outcome = 1;
+   */
+  outcome: TransactionOutcome;
+
+  /**
+   * As in AmendOrderResponse.
+   *
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+
+  /**
+   * The order's id.
+   *
+   * @generated from field: int64 order_id = 3;
+   */
+  orderId: bigint;
+
+  /**
+   * The id of the OrderCancelled event committed with the cancellation.
+   *
+   * @generated from field: string event_id = 4;
+   */
+  eventId: string;
+
+  /**
+   * The order's version after the cancellation.
+   *
+   * @generated from field: int64 version = 5;
+   */
+  version: bigint;
+
+  /**
+   * When the cancellation committed.
+   *
+   * @generated from field: google.protobuf.Timestamp cancelled_at = 6;
+   */
+  cancelledAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message outpost.v1.CancelOrderResponse.
+ * Use `create(CancelOrderResponseSchema)` to create a new message.
+ */
+export const CancelOrderResponseSchema: GenMessage<CancelOrderResponse> = /*@__PURE__*/
+  messageDesc(file_outpost_v1_order_service, 3);
 
 /**
  * An order to accept.
@@ -73,7 +321,7 @@ export type SubmitOrderRequest = Message<"outpost.v1.SubmitOrderRequest"> & {
  * Use `create(SubmitOrderRequestSchema)` to create a new message.
  */
 export const SubmitOrderRequestSchema: GenMessage<SubmitOrderRequest> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_order_service, 0);
+  messageDesc(file_outpost_v1_order_service, 4);
 
 /**
  * The accepted order. Sent only with status OK.
@@ -137,7 +385,7 @@ export type SubmitOrderResponse = Message<"outpost.v1.SubmitOrderResponse"> & {
  * Use `create(SubmitOrderResponseSchema)` to create a new message.
  */
 export const SubmitOrderResponseSchema: GenMessage<SubmitOrderResponse> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_order_service, 1);
+  messageDesc(file_outpost_v1_order_service, 5);
 
 /**
  * An idempotency key to look up.
@@ -166,10 +414,10 @@ export type ReconcileRequest = Message<"outpost.v1.ReconcileRequest"> & {
  * Use `create(ReconcileRequestSchema)` to create a new message.
  */
 export const ReconcileRequestSchema: GenMessage<ReconcileRequest> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_order_service, 2);
+  messageDesc(file_outpost_v1_order_service, 6);
 
 /**
- * The committed order with that key, read from the primary database.
+ * The committed operation with that key and its order, read from the primary database.
  *
  * @generated from message outpost.v1.ReconcileResponse
  */
@@ -182,28 +430,30 @@ export type ReconcileResponse = Message<"outpost.v1.ReconcileResponse"> & {
   orderId: bigint;
 
   /**
-   * The id of the OrderAccepted event committed with the order.
+   * The id of the event committed with the operation that used this key (OrderAccepted for a
+   * submission, OrderAmended or OrderCancelled for a change).
    *
    * @generated from field: string event_id = 2;
    */
   eventId: string;
 
   /**
-   * The version of the order's facts.
+   * The version that operation produced (1 for a submission).
    *
    * @generated from field: int64 version = 3;
    */
   version: bigint;
 
   /**
-   * The order's status.
+   * The order's status now.
    *
    * @generated from field: outpost.v1.OrderStatus status = 4;
    */
   status: OrderStatus;
 
   /**
-   * The sum of quantity * unit_price_minor over all lines, in minor units.
+   * The order's total (sum of quantity * unit_price_minor over all lines, in minor units) as that
+   * operation left it.
    *
    * @generated from field: int64 total_minor = 5;
    */
@@ -215,6 +465,27 @@ export type ReconcileResponse = Message<"outpost.v1.ReconcileResponse"> & {
    * @generated from field: google.protobuf.Timestamp accepted_at = 6;
    */
   acceptedAt?: Timestamp | undefined;
+
+  /**
+   * Which operation used this key.
+   *
+   * @generated from field: outpost.v1.OrderOperation operation = 7;
+   */
+  operation: OrderOperation;
+
+  /**
+   * The order's version now (at or above `version`).
+   *
+   * @generated from field: int64 current_version = 8;
+   */
+  currentVersion: bigint;
+
+  /**
+   * When the operation that used this key committed (accepted_at for a submission).
+   *
+   * @generated from field: google.protobuf.Timestamp committed_at = 9;
+   */
+  committedAt?: Timestamp | undefined;
 };
 
 /**
@@ -222,7 +493,48 @@ export type ReconcileResponse = Message<"outpost.v1.ReconcileResponse"> & {
  * Use `create(ReconcileResponseSchema)` to create a new message.
  */
 export const ReconcileResponseSchema: GenMessage<ReconcileResponse> = /*@__PURE__*/
-  messageDesc(file_outpost_v1_order_service, 3);
+  messageDesc(file_outpost_v1_order_service, 7);
+
+/**
+ * Which operation a request id was used for.
+ *
+ * @generated from enum outpost.v1.OrderOperation
+ */
+export enum OrderOperation {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: ORDER_OPERATION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * SubmitOrder.
+   *
+   * @generated from enum value: ORDER_OPERATION_SUBMIT = 1;
+   */
+  SUBMIT = 1,
+
+  /**
+   * AmendOrder.
+   *
+   * @generated from enum value: ORDER_OPERATION_AMEND = 2;
+   */
+  AMEND = 2,
+
+  /**
+   * CancelOrder.
+   *
+   * @generated from enum value: ORDER_OPERATION_CANCEL = 3;
+   */
+  CANCEL = 3,
+}
+
+/**
+ * Describes the enum outpost.v1.OrderOperation.
+ */
+export const OrderOperationSchema: GenEnum<OrderOperation> = /*@__PURE__*/
+  enumDesc(file_outpost_v1_order_service, 0);
 
 /**
  * What the transaction outcome was.
@@ -263,7 +575,7 @@ export enum TransactionOutcome {
  * Describes the enum outpost.v1.TransactionOutcome.
  */
 export const TransactionOutcomeSchema: GenEnum<TransactionOutcome> = /*@__PURE__*/
-  enumDesc(file_outpost_v1_order_service, 0);
+  enumDesc(file_outpost_v1_order_service, 1);
 
 /**
  * Accepts orders and says exactly what happened to each one.
@@ -285,9 +597,26 @@ export const TransactionOutcomeSchema: GenEnum<TransactionOutcome> = /*@__PURE__
  * | gRPC status      | ErrorInfo.reason   | meaning                                                       |
  * |------------------|--------------------|---------------------------------------------------------------|
  * | INVALID_ARGUMENT | INVALID_ORDER      | a field is invalid; BadRequest details name every such field |
- * | ALREADY_EXISTS   | REQUEST_ID_REUSED  | (tenant_id, request_id) already holds a different order       |
+ * | ALREADY_EXISTS   | REQUEST_ID_REUSED  | (tenant_id, request_id) already holds a different order, or  |
+ * |                  |                    | an amendment or cancellation                                  |
  * | ALREADY_EXISTS   | EVENT_ID_IN_USE    | the event_id cannot be used (another request, of any tenant,  |
  * |                  |                    | holds it): make a new one                                     |
+ *
+ * AmendOrder and CancelOrder change an existing order: each writes the change and one outbox event
+ * (OrderAmended, OrderCancelled) in one local transaction, raises the order's version by exactly
+ * one, and has the same outcomes, idempotency by (tenant_id, request_id) (one key space for every
+ * operation of a tenant: a key used by any operation is REQUEST_ID_REUSED for every other
+ * content), errors above (INVALID_ORDER names the fields) and Reconcile as SubmitOrder. Their own
+ * refusals write nothing, and are checked after the key: a replay is answered as a replay even
+ * once the order has moved on.
+ *
+ * | gRPC status         | ErrorInfo.reason   | meaning                                                 |
+ * |---------------------|--------------------|---------------------------------------------------------|
+ * | FAILED_PRECONDITION | VERSION_CONFLICT   | expected_version is not the order's version; metadata   |
+ * |                     |                    | current_version holds it: read, decide, retry with a new|
+ * |                     |                    | request_id                                              |
+ * | FAILED_PRECONDITION | ORDER_CANCELLED    | the order is cancelled: no change is accepted after it  |
+ * | NOT_FOUND           | ORDER_NOT_FOUND    | the tenant has no order with that order_id              |
  *
  * While the database is unreachable and no transaction could begin, SubmitOrder answers
  * UNAVAILABLE with reason DATABASE_UNAVAILABLE: nothing was written; retry later with the same
@@ -336,6 +665,27 @@ export const OrderService: GenService<{
     methodKind: "unary";
     input: typeof ReconcileRequestSchema;
     output: typeof ReconcileResponseSchema;
+  },
+  /**
+   * Replaces an order's lines and/or customer, idempotently by (tenant_id, request_id), if the
+   * order is at expected_version.
+   *
+   * @generated from rpc outpost.v1.OrderService.AmendOrder
+   */
+  amendOrder: {
+    methodKind: "unary";
+    input: typeof AmendOrderRequestSchema;
+    output: typeof AmendOrderResponseSchema;
+  },
+  /**
+   * Cancels an order, idempotently by (tenant_id, request_id), if it is at expected_version.
+   *
+   * @generated from rpc outpost.v1.OrderService.CancelOrder
+   */
+  cancelOrder: {
+    methodKind: "unary";
+    input: typeof CancelOrderRequestSchema;
+    output: typeof CancelOrderResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_outpost_v1_order_service, 0);
