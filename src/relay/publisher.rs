@@ -198,6 +198,42 @@ impl KafkaPublisher {
         Arc::clone(&self.producer.read().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
+    /// What a send's outcome means for the caller, recorded on its span.
+    fn verdict(
+        &self,
+        sent: Result<rdkafka::producer::future_producer::Delivery, KafkaError>,
+        span: &tracing::Span,
+        event_id: String,
+    ) -> Result<Delivery, PublishError> {
+        match sent {
+            Ok(delivery) => {
+                self.rejected_in_a_row.store(0, Ordering::Relaxed);
+                span.record("messaging.destination.partition.id", delivery.partition);
+                span.record("messaging.kafka.offset", delivery.offset);
+                span.in_scope(|| {
+                    tracing::info!(
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        "broker confirmed"
+                    );
+                });
+                Ok(Delivery {
+                    topic: self.topic.clone(),
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                })
+            }
+            Err(source) => {
+                if answered_by_broker(&source) {
+                    self.rejected_in_a_row.fetch_add(1, Ordering::Relaxed);
+                }
+                span.record("otel.status_code", "ERROR");
+                span.in_scope(|| tracing::warn!(error = %source, "publish not confirmed"));
+                Err(PublishError { event_id, source })
+            }
+        }
+    }
+
     /// Waits up to `timeout` for records still in the client's queue to be delivered.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.current().client.flush(Timeout::After(timeout))
@@ -211,7 +247,14 @@ fn answered_by_broker(error: &KafkaError) -> bool {
 }
 
 impl Publisher for KafkaPublisher {
-    async fn publish(&self, event: &ClaimedEvent) -> Result<Delivery, PublishError> {
+    /// Builds the record (span, headers) at once and enqueues it on the returned future's first
+    /// poll: a step that calls `publish` for its whole batch before polling any of them hands
+    /// librdkafka the batch in one burst, well inside `linger.ms`, so no record of it waits in
+    /// the producer's queue for the next produce request (see [`super::worker`]).
+    fn publish<'s, 'e>(
+        &'s self,
+        event: &'e ClaimedEvent,
+    ) -> impl Future<Output = Result<Delivery, PublishError>> + Send + use<'s, 'e> {
         // A producer span in the event's own trace; its context travels in `traceparent`, so the
         // consumer continues the same trace.
         let span = tracing::info_span!(
@@ -245,56 +288,33 @@ impl Publisher for KafkaPublisher {
         for (key, value) in &trace_headers {
             headers = headers.insert(header(key, value));
         }
-        let record = FutureRecord::to(&self.topic)
-            .key(event.aggregate_id.as_bytes())
-            .payload(event.payload.as_slice())
-            .headers(headers);
         let producer = self.current();
         if failpoint::hit(failpoint::RELAY_PRODUCER_FATAL).is_err() {
             producer.poisoned.store(true, Ordering::Relaxed);
         }
-        // The delivery report, not the enqueue, is the confirmation: `send` resolves only when
-        // librdkafka has the broker's answer for this record, or gave up on it.
         let refused = failpoint::argument(failpoint::RELAY_PUBLISH_REJECTED_FOR_AGGREGATE)
             .is_some_and(|aggregate| aggregate == event.aggregate_id);
-        let sent = if producer.poisoned.load(Ordering::Relaxed) {
-            Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))
-        } else if refused {
-            Err(KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord))
-        } else {
-            producer
-                .client
-                .send(record, Timeout::After(self.delivery_timeout))
-                .instrument(span.clone())
-                .await
-                .map_err(|(e, _)| e)
-        };
-        match sent {
-            Ok(delivery) => {
-                self.rejected_in_a_row.store(0, Ordering::Relaxed);
-                span.record("messaging.destination.partition.id", delivery.partition);
-                span.record("messaging.kafka.offset", delivery.offset);
-                span.in_scope(|| {
-                    tracing::info!(
-                        partition = delivery.partition,
-                        offset = delivery.offset,
-                        "broker confirmed"
-                    );
-                });
-                Ok(Delivery {
-                    topic: self.topic.clone(),
-                    partition: delivery.partition,
-                    offset: delivery.offset,
-                })
-            }
-            Err(source) => {
-                if answered_by_broker(&source) {
-                    self.rejected_in_a_row.fetch_add(1, Ordering::Relaxed);
-                }
-                span.record("otel.status_code", "ERROR");
-                span.in_scope(|| tracing::warn!(error = %source, "publish not confirmed"));
-                Err(PublishError { event_id: event.event_id.clone(), source })
-            }
+        let event_id = event.event_id.clone();
+        async move {
+            let record = FutureRecord::to(&self.topic)
+                .key(event.aggregate_id.as_bytes())
+                .payload(event.payload.as_slice())
+                .headers(headers);
+            // The delivery report, not the enqueue, is the confirmation: `send` resolves only
+            // when librdkafka has the broker's answer for this record, or gave up on it.
+            let sent = if producer.poisoned.load(Ordering::Relaxed) {
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))
+            } else if refused {
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord))
+            } else {
+                producer
+                    .client
+                    .send(record, Timeout::After(self.delivery_timeout))
+                    .instrument(span.clone())
+                    .await
+                    .map_err(|(e, _)| e)
+            };
+            self.verdict(sent, &span, event_id)
         }
     }
 
