@@ -82,6 +82,11 @@ pub(crate) struct Figures {
     pub(crate) pipeline: Vec<crate::sustain::Probe>,
     /// The end-to-end levels' 100 %: the least of `stages_max` and the pipeline's sustained rate.
     pub(crate) max_offered: f64,
+    /// The search for the raw pipeline's sustained rate (see [`crate::floor`]).
+    pub(crate) floor: Vec<crate::sustain::Probe>,
+    /// The searches for the steady rate with a bounded backlog (see [`crate::steady`]).
+    pub(crate) steady_relay: Vec<crate::steady::Probe>,
+    pub(crate) steady_pipeline: Vec<crate::steady::Probe>,
     pub(crate) e2e: Vec<EndToEnd>,
     pub(crate) services: Vec<ServiceUse>,
     pub(crate) waits: Vec<Waits>,

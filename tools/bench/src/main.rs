@@ -4,6 +4,7 @@ mod chart;
 mod child;
 mod error;
 mod figures;
+mod floor;
 mod group;
 mod load;
 mod machine;
@@ -16,6 +17,7 @@ mod raw;
 mod report;
 mod run;
 mod sql;
+mod steady;
 mod sustain;
 
 use std::path::PathBuf;
@@ -70,18 +72,32 @@ struct Cli {
     /// levels are 25/50/75 % of this.
     #[arg(long)]
     max_offered: Option<f64>,
+    /// Runs one part of the raw-pipeline floor until SIGTERM, instead of a benchmark (the
+    /// bench starts these itself).
+    #[arg(long, value_enum, hide = true)]
+    floor_role: Option<floor::Role>,
+    /// The topic of `--floor-role`.
+    #[arg(long, hide = true, default_value = "")]
+    floor_topic: String,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = startup::settings();
-    let (point, e2e, trickle, backlog, drain_limit) = if cli.quick {
+    if let Some(role) = cli.floor_role {
+        return match floor::serve(role, &cli.database_url, &cli.brokers, &cli.floor_topic).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => startup::fail("outpost-bench", e),
+        };
+    }
+    let (point, e2e, trickle, backlog, drain_limit, steady) = if cli.quick {
         (
             Duration::from_secs(3),
             Duration::from_secs(8),
             Duration::from_secs(5),
             5_000,
             Duration::from_secs(120),
+            Duration::from_secs(10),
         )
     } else {
         (
@@ -90,6 +106,7 @@ async fn main() -> ExitCode {
             Duration::from_secs(20),
             50_000,
             Duration::from_secs(600),
+            steady::RUN,
         )
     };
     let plan = plan::Plan {
@@ -102,6 +119,7 @@ async fn main() -> ExitCode {
         point,
         e2e,
         trickle,
+        steady,
         drain_limit,
         concurrencies: vec![1, 16, 64],
         order_args: cli.order_args,

@@ -18,6 +18,8 @@ pub(crate) struct Plan {
     pub(crate) e2e: Duration,
     /// Length of the trickle.
     pub(crate) trickle: Duration,
+    /// Length of each probe of the steady-rate searches.
+    pub(crate) steady: Duration,
     /// Longest a drain may take.
     pub(crate) drain_limit: Duration,
     pub(crate) concurrencies: Vec<usize>,
@@ -42,6 +44,12 @@ pub(crate) enum Phase {
     Relay,
     Consumer,
     E2e,
+    /// The raw pipeline's sustained rate (no Outpost code).
+    Floor,
+    /// The steady rate with a bounded backlog, relay alone.
+    SteadyRelay,
+    /// The steady rate with a bounded backlog, whole pipeline.
+    Steady,
 }
 
 impl Plan {

@@ -17,7 +17,7 @@ use crate::payload::{self, OrderRow};
 use crate::sql::statement;
 
 /// One order, its line and its PENDING outbox row, in one transaction: what SubmitOrder writes.
-async fn order_transaction(db: &DatabaseConnection) -> Result<(), DbErr> {
+pub(crate) async fn order_transaction(db: &DatabaseConnection) -> Result<(), DbErr> {
     let backend = db.get_database_backend();
     let row = OrderRow::fresh();
     let txn = db.begin().await?;
@@ -98,31 +98,36 @@ pub(crate) async fn insert(url: &str, duration: Duration) -> Result<LoopResult, 
     let shared = db.clone();
     let result = closed_loop(1, duration, move |_| {
         let db = shared.clone();
-        async move {
-            let backend = db.get_database_backend();
-            let event_id = uuid::Uuid::now_v7().to_string();
-            let now = now_micros();
-            let txn = db.begin().await?;
-            txn.execute_raw(statement(
-                backend,
-                "INSERT INTO consumed_event (consumer_name, event_id, consumed_at) VALUES (?, ?, ?)",
-                vec!["bench-raw".into(), event_id.clone().into(), now.into()],
-            ))
-            .await?;
-            txn.execute_raw(statement(
-                backend,
-                "INSERT INTO notification_job (event_id, order_id, source_version, status, created_at) \
-                 VALUES (?, ?, ?, ?, ?)",
-                vec![event_id.into(), 1i64.into(), 1i64.into(), "PENDING".into(), now.into()],
-            ))
-            .await?;
-            txn.commit().await?;
-            Ok(())
-        }
+        async move { Ok(consume_transaction(&db, &uuid::Uuid::now_v7().to_string(), 1).await?) }
     })
     .await;
     db.close().await?;
     Ok(result)
+}
+
+/// The consumer's dedup row and its job, in one transaction.
+pub(crate) async fn consume_transaction(
+    db: &DatabaseConnection,
+    event_id: &str,
+    order_id: i64,
+) -> Result<(), DbErr> {
+    let backend = db.get_database_backend();
+    let now = now_micros();
+    let txn = db.begin().await?;
+    txn.execute_raw(statement(
+        backend,
+        "INSERT INTO consumed_event (consumer_name, event_id, consumed_at) VALUES (?, ?, ?)",
+        vec!["bench-raw".into(), event_id.into(), now.into()],
+    ))
+    .await?;
+    txn.execute_raw(statement(
+        backend,
+        "INSERT INTO notification_job (event_id, order_id, source_version, status, created_at) \
+         VALUES (?, ?, ?, ?, ?)",
+        vec![event_id.into(), order_id.into(), 1i64.into(), "PENDING".into(), now.into()],
+    ))
+    .await?;
+    txn.commit().await
 }
 
 /// The relay's producer settings: idempotent, `acks=all`, `linger.ms=5`.
@@ -136,7 +141,7 @@ pub(crate) fn producer(brokers: &str) -> Result<FutureProducer, BenchError> {
         .create()?)
 }
 
-fn headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
+pub(crate) fn headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
     fn h<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
         Header { key, value: Some(value) }
     }
@@ -336,22 +341,13 @@ pub(crate) async fn claim_and_mark(
     duration: Duration,
 ) -> Result<ClaimMark, BenchError> {
     let db = crate::sql::connect_as_relay(url, 2).await?;
-    let backend = db.get_database_backend();
     let started = Instant::now();
     let mut result = ClaimMark::default();
     let mut offset = 0i64;
     while started.elapsed() < duration {
         let claiming = Instant::now();
-        let token = format!("bench-raw/{}/{:016x}", std::process::id(), rand_u64());
-        let ids = if backend == DbBackend::Postgres {
-            db.query_all_raw(statement(backend, PG_CLAIM, vec![token.clone().into(), (batch as i64).into()]))
-                .await?
-                .iter()
-                .filter_map(|r| r.try_get::<String>("", "event_id").ok())
-                .collect()
-        } else {
-            claim_mysql(&db, &token, batch).await?
-        };
+        let token = claim_token();
+        let ids: Vec<String> = claim(&db, &token, batch).await?.into_iter().map(|e| e.event_id).collect();
         if ids.is_empty() {
             break;
         }
@@ -367,11 +363,46 @@ pub(crate) async fn claim_and_mark(
     Ok(result)
 }
 
+/// One claimed event, as the relay needs it to publish.
+#[derive(Debug, Clone)]
+pub(crate) struct Claimed {
+    pub(crate) event_id: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Claimed {
+    fn of(row: &sea_orm::QueryResult) -> Option<Self> {
+        Some(Self {
+            event_id: row.try_get("", "event_id").ok()?,
+            aggregate_id: row.try_get("", "aggregate_id").ok()?,
+            payload: row.try_get("", "payload").ok()?,
+        })
+    }
+}
+
+/// A fresh claim token.
+pub(crate) fn claim_token() -> String {
+    format!("bench-raw/{}/{:016x}", std::process::id(), rand_u64())
+}
+
+/// Up to `batch` events leased under `token`, in the relay's claim shape for the backend.
+pub(crate) async fn claim(db: &DatabaseConnection, token: &str, batch: u64) -> Result<Vec<Claimed>, DbErr> {
+    let backend = db.get_database_backend();
+    if backend == DbBackend::Postgres {
+        let rows =
+            db.query_all_raw(statement(backend, PG_CLAIM, vec![token.into(), (batch as i64).into()])).await?;
+        Ok(rows.iter().filter_map(Claimed::of).collect())
+    } else {
+        claim_mysql(db, token, batch).await
+    }
+}
+
 /// MariaDB/MySQL's claim in the relay's shape: a plain read of expired leases, one locking read,
-/// then the lease of up to `batch` of the rows, in one transaction; returns the claimed ids.
+/// then the lease of up to `batch` of the rows, in one transaction; returns the claimed events.
 /// The bench's backlog has no expired lease, so the locking read is the due part alone, as in
 /// the relay when the plain read finds none.
-async fn claim_mysql(db: &DatabaseConnection, token: &str, batch: u64) -> Result<Vec<String>, DbErr> {
+async fn claim_mysql(db: &DatabaseConnection, token: &str, batch: u64) -> Result<Vec<Claimed>, DbErr> {
     let backend = db.get_database_backend();
     let txn = db.begin().await?;
     let expired = txn.query_all_raw(statement(backend, MYSQL_EXPIRED, vec![(batch as i64).into()])).await?;
@@ -385,11 +416,10 @@ async fn claim_mysql(db: &DatabaseConnection, token: &str, batch: u64) -> Result
     };
     let now = first.try_get::<chrono::NaiveDateTime>("", "claim_now")?.and_utc();
     let lease_until = now + chrono::Duration::seconds(30);
-    let ids: Vec<String> =
-        rows.iter().take(batch as usize).filter_map(|r| r.try_get::<String>("", "event_id").ok()).collect();
-    let placeholders = vec!["?"; ids.len()].join(", ");
+    let claimed: Vec<Claimed> = rows.iter().take(batch as usize).filter_map(Claimed::of).collect();
+    let placeholders = vec!["?"; claimed.len()].join(", ");
     let mut values: Vec<Value> = vec![token.into(), lease_until.into()];
-    values.extend(ids.iter().cloned().map(Value::from));
+    values.extend(claimed.iter().map(|e| Value::from(e.event_id.clone())));
     txn.execute_raw(statement(
         backend,
         &format!(
@@ -400,12 +430,16 @@ async fn claim_mysql(db: &DatabaseConnection, token: &str, batch: u64) -> Result
     ))
     .await?;
     txn.commit().await?;
-    Ok(ids)
+    Ok(claimed)
 }
 
 /// One set-based, fenced mark in the relay's shape, a statement of its own; returns the rows it
 /// changed.
-async fn mark_all(db: &DatabaseConnection, marks: &[(String, i64)], token: &str) -> Result<u64, DbErr> {
+pub(crate) async fn mark_all(
+    db: &DatabaseConnection,
+    marks: &[(String, i64)],
+    token: &str,
+) -> Result<u64, DbErr> {
     let backend = db.get_database_backend();
     // The server's clock in the statement, as the relay stamps it (no clock read before it).
     let clock = if backend == DbBackend::Postgres { "statement_timestamp()" } else { "UTC_TIMESTAMP(6)" };

@@ -7,6 +7,9 @@ use serde_json::{Value, json};
 use crate::figures::{Drain, Figures, Point};
 use crate::measure::Percentiles;
 use crate::phases::RelayPhases;
+use crate::sustain::Verdict as _;
+
+mod capacity;
 
 fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
@@ -288,6 +291,7 @@ impl Figures {
                 p.record.p95
             );
         }
+        t.push_str(&capacity::table(self));
         let _ = writeln!(t, "\nservices (real processes; /proc/PID/stat and VmHWM)");
         for s in &self.services {
             let _ = writeln!(
@@ -376,6 +380,7 @@ impl Figures {
                 "stages": {"accept": percentiles(&e.stages.accept), "relay": percentiles(&e.stages.relay),
                            "consume": percentiles(&e.stages.consume)},
                 "relayBatches": phases(&e.relay)})).collect::<Vec<_>>(),
+            "capacity": capacity::json(self),
             "services": self.services.iter().map(|s| json!({
                 "service": s.service, "phase": s.phase, "events": s.events, "cpuSeconds": s.cpu_seconds,
                 "cpuSecondsPer1000": s.cpu_per_1000(), "peakRssMiB": s.peak_rss_mib})).collect::<Vec<_>>(),

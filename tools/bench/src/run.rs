@@ -15,7 +15,10 @@ use crate::observe::{Observer, Waits};
 use crate::phases::{RELAY_STEP_LOG, RelayPhases, Stages};
 use crate::plan::{Phase, Plan};
 use crate::sql::{self, BenchDatabase};
+use crate::sustain::Verdict as _;
 use crate::{machine, raw, sustain};
+
+mod capacity;
 
 struct Run<'a> {
     plan: &'a Plan,
@@ -29,6 +32,8 @@ struct Topics {
     raw: String,
     relay: Vec<String>,
     e2e: String,
+    floor: String,
+    steady: String,
 }
 
 fn mib(usage: Usage) -> f64 {
@@ -47,8 +52,11 @@ pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
             raw: format!("outpost-bench-raw-{id}"),
             relay: RELAY_PROCESSES.iter().map(|n| format!("outpost-bench-relay{n}-{id}")).collect(),
             e2e: format!("outpost-bench-e2e-{id}"),
+            floor: format!("outpost-bench-floor-{id}"),
+            steady: format!("outpost-bench-steady-{id}"),
         };
-        for topic in [&topics.raw, &topics.e2e].into_iter().chain(&topics.relay) {
+        let named = [&topics.raw, &topics.e2e, &topics.floor, &topics.steady];
+        for topic in named.into_iter().chain(&topics.relay) {
             outpost_verify::create_topic(&plan.brokers, topic, plan.partitions)
                 .await
                 .map_err(BenchError::Stuck)?;
@@ -105,6 +113,15 @@ impl Run<'_> {
         }
         if plan.runs(Phase::E2e) {
             self.end_to_end().await?;
+        }
+        if plan.runs(Phase::Floor) {
+            self.floor().await?;
+        }
+        if plan.runs(Phase::SteadyRelay) {
+            self.steady_relay().await?;
+        }
+        if plan.runs(Phase::Steady) {
+            self.steady_pipeline().await?;
         }
         Ok(())
     }
@@ -387,40 +404,7 @@ impl Run<'_> {
             return Ok(());
         }
 
-        let topic = self.topics.e2e.clone();
-        let port = free_port()?;
-        // Wake-ups on, as a deployment that cares about latency runs them.
-        let wake = free_port()?;
-        let mut order_args = vec![
-            format!("--database-url={}", self.bench.url),
-            format!("--listen=127.0.0.1:{port}"),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            format!("--wake-relays=127.0.0.1:{wake}"),
-        ];
-        order_args.extend(self.plan.order_args.iter().cloned());
-        let mut relay_args = self.common_args(&topic);
-        relay_args.push(format!("--wake-listen=127.0.0.1:{wake}"));
-        relay_args.extend(self.plan.relay_args.iter().cloned());
-        let mut consumer_args = self.common_args(&topic);
-        consumer_args.push(format!("--group-id=outpost-bench-{}", uuid::Uuid::new_v4().simple()));
-        consumer_args.extend(self.plan.consumer_args.iter().cloned());
-        let mut services = vec![
-            self.start("outpost-order", "order-e2e", order_args)?,
-            Service::start_with_env(
-                &self.plan.bin_dir,
-                "outpost-relay",
-                "relay-e2e",
-                &relay_args,
-                &self.plan.out_dir,
-                &RELAY_STEP_LOG,
-            )?,
-            self.start("outpost-consumer", "consumer-e2e", consumer_args)?,
-        ];
-        let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
-        // Warm-up: one order through the whole path, so the consumer has joined its group.
-        step("end to end: warm-up order (consumer group join)");
-        clients.submit(0).await?;
-        self.wait_for("SELECT COUNT(*) FROM notification_job", 1, &mut services).await?;
+        let (clients, mut services) = self.start_pipeline(&self.topics.e2e.clone(), "e2e").await?;
         let mut events = 1;
         let max = if self.plan.max_offered.is_some() {
             stages
@@ -501,6 +485,49 @@ impl Run<'_> {
         }
         self.figures.services.sort_by(|a, b| a.service.cmp(&b.service));
         Ok(())
+    }
+
+    /// Starts order service, relay (with wake-ups) and consumer on `topic`, sends one warm-up
+    /// order through the whole path (so the consumer has joined its group), and returns
+    /// clients of the order service and the services, in that order.
+    async fn start_pipeline(
+        &mut self,
+        topic: &str,
+        label: &str,
+    ) -> Result<(OrderClients, Vec<Service>), BenchError> {
+        let port = free_port()?;
+        // Wake-ups on, as a deployment that cares about latency runs them.
+        let wake = free_port()?;
+        let mut order_args = vec![
+            format!("--database-url={}", self.bench.url),
+            format!("--listen=127.0.0.1:{port}"),
+            "--admin-listen=127.0.0.1:0".to_owned(),
+            format!("--wake-relays=127.0.0.1:{wake}"),
+        ];
+        order_args.extend(self.plan.order_args.iter().cloned());
+        let mut relay_args = self.common_args(topic);
+        relay_args.push(format!("--wake-listen=127.0.0.1:{wake}"));
+        relay_args.extend(self.plan.relay_args.iter().cloned());
+        let mut consumer_args = self.common_args(topic);
+        consumer_args.push(format!("--group-id=outpost-bench-{}", uuid::Uuid::new_v4().simple()));
+        consumer_args.extend(self.plan.consumer_args.iter().cloned());
+        let mut services = vec![
+            self.start("outpost-order", &format!("order-{label}"), order_args)?,
+            Service::start_with_env(
+                &self.plan.bin_dir,
+                "outpost-relay",
+                &format!("relay-{label}"),
+                &relay_args,
+                &self.plan.out_dir,
+                &RELAY_STEP_LOG,
+            )?,
+            self.start("outpost-consumer", &format!("consumer-{label}"), consumer_args)?,
+        ];
+        let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
+        step(&format!("{label}: warm-up order (consumer group join)"));
+        clients.submit(0).await?;
+        self.wait_for("SELECT COUNT(*) FROM notification_job", 1, &mut services).await?;
+        Ok((clients, services))
     }
 
     /// Searches the highest rate the three services keep up with together (see [`sustain`]),

@@ -31,12 +31,27 @@ pub(crate) const PROBES: usize = 5;
 /// Stop refining once the highest rate that kept up is this close to the lowest that did not.
 const CLOSE: f64 = 1.1;
 
-impl Probe {
-    pub(crate) fn kept_up(&self) -> bool {
+/// A probe of a search for the highest rate that keeps up: what it offered, whether it kept up
+/// by its own measure, and what it pushed through.
+pub(crate) trait Verdict {
+    /// The offered rate, per second.
+    fn offered(&self) -> f64;
+    /// Whether the probe kept up with what it offered.
+    fn kept_up(&self) -> bool;
+    /// The rate that actually went through, per second.
+    fn delivered_per_second(&self) -> f64;
+}
+
+impl Verdict for Probe {
+    fn offered(&self) -> f64 {
+        self.offered
+    }
+
+    fn kept_up(&self) -> bool {
         self.failed == 0 && self.sent > 0 && self.delivered as f64 >= (1.0 - BEHIND) * self.sent as f64
     }
 
-    pub(crate) fn delivered_per_second(&self) -> f64 {
+    fn delivered_per_second(&self) -> f64 {
         if self.seconds > 0.0 { self.delivered as f64 / self.seconds } else { 0.0 }
     }
 }
@@ -45,34 +60,37 @@ impl Probe {
 /// a probe that fell behind is followed by one at the rate it actually delivered (what the
 /// pipeline pushed through under overload), then the search halves the interval between the
 /// highest rate that kept up and the lowest that did not.
-pub(crate) fn next(upper: f64, probes: &[Probe]) -> Option<f64> {
+pub(crate) fn next<P: Verdict>(upper: f64, probes: &[P]) -> Option<f64> {
     if probes.is_empty() {
         return Some(upper);
     }
     if probes.len() >= PROBES {
         return None;
     }
-    let kept = probes.iter().filter(|p| p.kept_up()).map(|p| p.offered).fold(0.0, f64::max);
-    let behind = probes.iter().filter(|p| !p.kept_up()).map(|p| p.offered).fold(f64::INFINITY, f64::min);
+    let kept = probes.iter().filter(|p| p.kept_up()).map(Verdict::offered).fold(0.0, f64::max);
+    let behind = probes.iter().filter(|p| !p.kept_up()).map(Verdict::offered).fold(f64::INFINITY, f64::min);
     if behind.is_infinite() {
         return None;
     }
     if kept > 0.0 {
         return (behind / kept > CLOSE).then(|| (kept + behind) / 2.0);
     }
-    let delivered =
-        probes.iter().filter(|p| !p.kept_up()).map(Probe::delivered_per_second).fold(f64::INFINITY, f64::min);
+    let delivered = probes
+        .iter()
+        .filter(|p| !p.kept_up())
+        .map(Verdict::delivered_per_second)
+        .fold(f64::INFINITY, f64::min);
     let rate = delivered.min(behind * 0.8);
     (rate >= 1.0).then_some(rate)
 }
 
 /// The highest offered rate that kept up; when none did, the least rate any probe delivered.
-pub(crate) fn sustained(probes: &[Probe]) -> f64 {
-    let kept = probes.iter().filter(|p| p.kept_up()).map(|p| p.offered).fold(0.0, f64::max);
+pub(crate) fn sustained<P: Verdict>(probes: &[P]) -> f64 {
+    let kept = probes.iter().filter(|p| p.kept_up()).map(Verdict::offered).fold(0.0, f64::max);
     if kept > 0.0 {
         return kept;
     }
-    let least = probes.iter().map(Probe::delivered_per_second).fold(f64::INFINITY, f64::min);
+    let least = probes.iter().map(Verdict::delivered_per_second).fold(f64::INFINITY, f64::min);
     if least.is_finite() { least } else { 0.0 }
 }
 
@@ -87,7 +105,7 @@ mod tests {
 
     #[test]
     fn a_pipeline_that_keeps_up_with_the_least_stage_is_probed_once() {
-        let first = next(1000.0, &[]);
+        let first = next::<Probe>(1000.0, &[]);
         assert_eq!(first, Some(1000.0));
         let probes = [probe(1000.0, 0.99, 0)];
         assert_eq!(next(1000.0, &probes), None);

@@ -1,0 +1,157 @@
+//! The raw-pipeline floor: the pipeline's work with no Outpost code in the path. Plain SQL
+//! order transactions at the offered rate ([`offer`], from the bench process), a plain relay
+//! (claim, a bare idempotent producer, the set-based mark; two loops, as `--workers 2`) and a
+//! bare consumer (the dedup row and the job in one transaction, then the offset), each in its
+//! own process ([`serve`], `outpost-bench --floor-role ...`), so the CPU of each is its own, as
+//! it is for the services.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use sea_orm::DatabaseConnection;
+use tokio::sync::watch;
+
+use crate::error::BenchError;
+use crate::raw;
+
+/// One part of the raw pipeline, run as a process of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Role {
+    /// Claim, publish, mark.
+    Relay,
+    /// Consume, write the dedup row and the job, commit the offset.
+    Consumer,
+}
+
+impl Role {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Relay => "relay",
+            Self::Consumer => "consumer",
+        }
+    }
+}
+
+/// Events per claim of the raw relay: the relay's largest default batch.
+const BATCH: u64 = 500;
+
+/// How long an empty claim waits before the next: the relay's shortest poll.
+const EMPTY_POLL: Duration = Duration::from_millis(10);
+
+/// Runs `role` against the database at `url` and `topic` until SIGTERM.
+pub(crate) async fn serve(role: Role, url: &str, brokers: &str, topic: &str) -> Result<(), BenchError> {
+    let (stop_tx, stop) = watch::channel(false);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        term.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    match role {
+        Role::Relay => relay(url, brokers, topic, stop).await,
+        Role::Consumer => consumer(url, brokers, topic, stop).await,
+    }
+}
+
+async fn relay(url: &str, brokers: &str, topic: &str, stop: watch::Receiver<bool>) -> Result<(), BenchError> {
+    let db = crate::sql::connect_as_relay(url, 4).await?;
+    let producer = raw::producer(brokers)?;
+    let loops = (0..2).map(|_| relay_loop(&db, &producer, topic, stop.clone()));
+    for done in join_all(loops).await {
+        done?;
+    }
+    Ok(())
+}
+
+async fn relay_loop(
+    db: &DatabaseConnection,
+    producer: &FutureProducer,
+    topic: &str,
+    stop: watch::Receiver<bool>,
+) -> Result<(), BenchError> {
+    while !*stop.borrow() {
+        let token = raw::claim_token();
+        let claimed = raw::claim(db, &token, BATCH).await?;
+        if claimed.is_empty() {
+            tokio::time::sleep(EMPTY_POLL).await;
+            continue;
+        }
+        let sends = claimed.iter().map(|event| {
+            let record = FutureRecord::to(topic)
+                .key(event.aggregate_id.as_bytes())
+                .payload(event.payload.as_slice())
+                .headers(raw::headers(&event.event_id, &event.aggregate_id));
+            producer.send(record, Timeout::After(Duration::from_secs(10)))
+        });
+        let results = join_all(sends).await;
+        // Unconfirmed events keep their lease; the floor counts only what reaches the consumer.
+        let mut marks: Vec<(String, i64)> = claimed
+            .iter()
+            .zip(results)
+            .filter_map(|(event, sent)| sent.ok().map(|d| (event.event_id.clone(), d.offset)))
+            .collect();
+        marks.sort();
+        if !marks.is_empty() {
+            raw::mark_all(db, &marks, &token).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn consumer(
+    url: &str,
+    brokers: &str,
+    topic: &str,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), BenchError> {
+    let db = crate::sql::connect(url, 1).await?;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("outpost-bench-floor-{}", uuid::Uuid::new_v4().simple()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    loop {
+        let message = tokio::select! {
+            message = consumer.recv() => message?,
+            _ = stop.changed() => return Ok(()),
+        };
+        let event_id = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .ok_or_else(|| BenchError::Stuck("a record without an event_id header".into()))?;
+        let order_id =
+            message.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse().ok()).unwrap_or(0);
+        raw::consume_transaction(&db, &event_id, order_id).await?;
+        consumer.commit_message(&message, CommitMode::Async)?;
+    }
+}
+
+/// Writes order transactions (order, line, outbox row) at `per_second` for `duration`, each on
+/// schedule whatever the previous ones do. Returns those committed and those that failed.
+pub(crate) async fn offer(db: &DatabaseConnection, per_second: f64, duration: Duration) -> (u64, u64) {
+    let period = Duration::from_secs_f64(1.0 / per_second.max(0.01));
+    let total = (duration.as_secs_f64() * per_second).round().max(1.0) as u64;
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+        let db = db.clone();
+        tasks.push(tokio::spawn(async move { raw::order_transaction(&db).await }));
+    }
+    let (mut ok, mut failed) = (0, 0);
+    for task in tasks {
+        match task.await {
+            Ok(Ok(())) => ok += 1,
+            _ => failed += 1,
+        }
+    }
+    (ok, failed)
+}
