@@ -137,15 +137,11 @@ async fn consumer(
 /// Writes order transactions (order, line, outbox row) at `per_second` for `duration`, each on
 /// schedule whatever the previous ones do. Returns those committed and those that failed.
 pub(crate) async fn offer(db: &DatabaseConnection, per_second: f64, duration: Duration) -> (u64, u64) {
-    let period = Duration::from_secs_f64(1.0 / per_second.max(0.01));
-    let total = (duration.as_secs_f64() * per_second).round().max(1.0) as u64;
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..total {
-        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+    let tasks = crate::load::scheduled(per_second, duration, |_| {
         let db = db.clone();
-        tasks.push(tokio::spawn(async move { raw::order_transaction(&db).await }));
-    }
+        async move { raw::order_transaction(&db).await }
+    })
+    .await;
     let (mut ok, mut failed) = (0, 0);
     for task in tasks {
         match task.await {

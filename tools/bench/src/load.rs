@@ -127,18 +127,14 @@ pub(crate) async fn open_loop(
     per_second: f64,
     duration: Duration,
 ) -> (Vec<Sent>, u64, Option<String>) {
-    let period = Duration::from_secs_f64(1.0 / per_second.max(0.01));
-    let total = (duration.as_secs_f64() * per_second).round().max(1.0) as u64;
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..total {
-        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+    let tasks = scheduled(per_second, duration, |i| {
         let clients = clients.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let at = SystemTime::now();
             clients.submit(i as usize).await.map(|event_id| Sent { at, event_id })
-        }));
-    }
+        }
+    })
+    .await;
     let mut sent = Vec::new();
     let mut failed = 0;
     let mut first_error = None;
@@ -156,4 +152,27 @@ pub(crate) async fn open_loop(
         }
     }
     (sent, failed, first_error)
+}
+
+/// Spawns `op(i)` at `per_second` for `duration`, each on schedule whatever the previous ones do
+/// (an open loop); returns the tasks in order.
+pub(crate) async fn scheduled<F, Fut>(
+    per_second: f64,
+    duration: Duration,
+    mut op: F,
+) -> Vec<tokio::task::JoinHandle<Fut::Output>>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    let period = Duration::from_secs_f64(1.0 / per_second.max(0.01));
+    let total = (duration.as_secs_f64() * per_second).round().max(1.0) as u64;
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+        tasks.push(tokio::spawn(op(i)));
+    }
+    tasks
 }
