@@ -3,7 +3,7 @@
 import { failure } from "./api.js";
 import { h, replace, table } from "./dom.js";
 import { age, seconds, when } from "./format.js";
-import type { Context } from "./main.js";
+import type { Context } from "./context.js";
 import type { BacklogEntry } from "./stubs.js";
 
 const EVERY_MS = 2000;

@@ -3,7 +3,7 @@
 import { describe, failure } from "./api.js";
 import { h, replace, table } from "./dom.js";
 import { EVENT_TYPES, decoded, when } from "./format.js";
-import type { Context } from "./main.js";
+import type { Context } from "./context.js";
 import type { BacklogEntry, DeadLetterRecord, OutboxRecord } from "./stubs.js";
 
 /** The redrives made from this page since it was opened: who (as the service recorded it) and what. */

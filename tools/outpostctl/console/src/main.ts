@@ -1,26 +1,11 @@
 // The console's page: a header with the four pages, a banner for refusals, and the page shown.
-import { connect, describe, failure, takeConsoleKey, type Api, type Failure } from "./api.js";
+import { connect, describe, failure, takeConsoleKey, type Failure } from "./api.js";
 import { h, replace } from "./dom.js";
 import * as backlog from "./backlog.js";
 import * as timeline from "./timeline.js";
 import * as failed from "./failed.js";
 import * as purge from "./purge.js";
-
-export interface Config {
-  jaegerUrl: string | null;
-}
-
-/** What every page gets. */
-export interface Context {
-  api: Api;
-  config: Config;
-  /** Shows a refusal in the banner (or clears it with null). */
-  report(problem: Failure | null): void;
-  /** Shows another page, such as an event's timeline. */
-  show(page: PageName, argument?: string): void;
-}
-
-export type PageName = "backlog" | "timeline" | "failed" | "purge";
+import type { Config, Context, PageName } from "./context.js";
 
 interface Page {
   title: string;

@@ -5,7 +5,7 @@ import type { Duration } from "@bufbuild/protobuf/wkt";
 import { describe, failure } from "./api.js";
 import { h, replace, table } from "./dom.js";
 import { age, seconds, when } from "./format.js";
-import type { Context } from "./main.js";
+import type { Context } from "./context.js";
 
 /** "90s", "15m", "24h" or "7d" as a Duration; empty means the service's own window. */
 export function parseDuration(text: string): Duration | undefined | "invalid" {

@@ -4,7 +4,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { describe, failure } from "./api.js";
 import { h, replace, table } from "./dom.js";
 import { decoded, millis, when } from "./format.js";
-import type { Context } from "./main.js";
+import type { Context } from "./context.js";
 import type { ConsumerTimeline, EventTimeline } from "./stubs.js";
 
 export function mount(root: HTMLElement, context: Context, eventId?: string): void {
