@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitter};
-use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use sea_orm::{ConnectionTrait, Statement};
 use tonic_types::StatusExt;
 

@@ -17,7 +17,7 @@ use tonic_types::StatusExt;
 use crate::backoff::Backoff;
 use crate::contract::ERROR_DOMAIN;
 use crate::domain::EventId;
-use crate::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 /// How hard the submitter tries.
 #[derive(Debug, Clone)]

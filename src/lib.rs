@@ -17,7 +17,6 @@ mod entity;
 pub mod failpoint;
 pub mod order;
 pub mod outbox;
-pub mod proto;
 pub mod relay;
 pub mod secret;
 pub mod security;

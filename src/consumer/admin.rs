@@ -13,7 +13,7 @@ use super::retention::{Retention, RetentionError};
 use crate::domain::{FieldViolation, InvalidInput};
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
-use crate::proto::v1::{
+use outpost_proto::v1::{
     self as pb,
     consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
 };

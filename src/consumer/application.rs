@@ -17,7 +17,6 @@ use super::instance::{Identity, InstanceError, InstanceLock};
 use super::retention::{Retention, RetentionError};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
 use super::{Membership, Settings};
-use crate::proto;
 use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
@@ -146,7 +145,7 @@ impl Application {
         let (stop_tx, stop_rx) = watch::channel(false);
         let reflection = self.settings.auth.reflection_on(self.settings.listen).then(|| {
             tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(outpost_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
                 .build_v1()
         });

@@ -4,7 +4,7 @@ use prost::Message as _;
 
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 use crate::domain::EventId;
-use crate::proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
+use outpost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
 
 /// `event_type` of OrderAmended events.
 pub const ORDER_AMENDED: &str = "outpost.v1.OrderAmended";

@@ -11,7 +11,6 @@ use super::admin::{AdminGrpc, Retention};
 use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
-use crate::proto;
 use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, ReadyError};
 use crate::wake::WakeSender;
@@ -134,7 +133,7 @@ impl Application {
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, "outpost-order", HEALTH_NAMES).await;
         let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(outpost_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
 

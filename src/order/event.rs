@@ -6,7 +6,7 @@ use prost::Message;
 
 use crate::domain::{CancelReason, ChangeOrder, EventId, NewOrder, SubmitOrder};
 use crate::edge::timestamp;
-use crate::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 
 /// Encodes the acceptance snapshot of `submit` as committed under `order_id`.
 pub(crate) fn encode_order_accepted(

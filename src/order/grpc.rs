@@ -17,7 +17,7 @@ use crate::domain::{
     SubmitOrder, TenantId,
 };
 use crate::edge::{CORRELATION_ID, incident, record_status, refusal_status, rpc_span, timestamp};
-use crate::proto::v1::{
+use outpost_proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},
 };

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use outpost::proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
+use outpost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use tonic::Code;
 use tonic::transport::Channel;

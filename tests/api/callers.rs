@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
-use outpost::proto::v1::{self as pb, OrderAmended, OrderCancelled};
+use outpost_proto::v1::{self as pb, OrderAmended, OrderCancelled};
 use prost::Message;
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use tonic::Code;
@@ -467,7 +467,7 @@ mod faults {
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
-    use outpost::proto::v1 as pb;
+    use outpost_proto::v1 as pb;
     use tonic::Code;
 
     use super::{amend, cancel};

@@ -66,7 +66,7 @@ mod faults {
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
-    use outpost::proto::v1 as pb;
+    use outpost_proto::v1 as pb;
 
     use super::submitter;
     use crate::change_order::cancel;

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls};
-use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use outpost::security::AuthSettings;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outpost::consumer::{self, ConsumerStats};
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 use prost::Message;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};

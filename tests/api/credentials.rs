@@ -6,7 +6,7 @@ use std::time::Duration;
 use std::net::{IpAddr, TcpListener};
 
 use outpost::client::{BearerToken, ClientError, ClientTls, Confirmation, RetryPolicy, SafeSubmitter};
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 use outpost::security::AuthSettings;
 use serde_json::json;
 use tonic::Code;

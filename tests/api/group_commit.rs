@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::join_all;
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, TransactionTrait};
 use tonic::Code;
 

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use outpost::order::{Application, BatchStats, Settings};
-use outpost::proto::v1::{
+use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
 use outpost_migration::{Migrator, MigratorTrait};

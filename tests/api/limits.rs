@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outpost::proto::v1::order_service_client::OrderServiceClient;
+use outpost_proto::v1::order_service_client::OrderServiceClient;
 use outpost_verify::process::Output;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use tonic::codegen::{Bytes, http};
@@ -59,7 +59,7 @@ async fn health_stays_serving_while_callers_hold_every_pooled_connection(backend
     let calls: Vec<_> = (0..8)
         .map(|i| {
             let mut client = app.client.clone();
-            let request = outpost::proto::v1::ReconcileRequest { tenant_id: 1, request_id: format!("r-{i}") };
+            let request = outpost_proto::v1::ReconcileRequest { tenant_id: 1, request_id: format!("r-{i}") };
             tokio::spawn(async move { client.reconcile(request).await })
         })
         .collect();
@@ -247,7 +247,7 @@ async fn one_connection_cannot_take_every_call_of_its_listener() {
     let (refused, _, _still_open) = first.expect("one of the three is answered at once");
     assert_eq!(refused.unwrap().0, RESOURCE_EXHAUSTED, "the call past its connection's share is refused");
 
-    let request = outpost::proto::v1::ReconcileRequest { tenant_id: 7, request_id: "other".into() };
+    let request = outpost_proto::v1::ReconcileRequest { tenant_id: 7, request_id: "other".into() };
     let answer = app.client.clone().reconcile(with_token(request, &token)).await.unwrap_err();
     assert_eq!(answer.code(), tonic::Code::NotFound, "another connection is still served: {answer:?}");
 }
@@ -331,7 +331,7 @@ async fn closed_without_an_answer(connection: tokio::net::TcpStream) -> bool {
 
 /// The client connected before the shedding is still answered, and so is a new health probe.
 async fn still_served(client: &OrderServiceClient<Channel>, port: u16) {
-    let request = outpost::proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() };
+    let request = outpost_proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() };
     let answer = client.clone().reconcile(request).await;
     assert_eq!(answer.unwrap_err().code(), tonic::Code::NotFound, "the existing client is still served");
     assert_eventually("a new health probe is answered SERVING", WAIT, || async {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 use prost::Message as _;
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement};
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outpost::proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
+use outpost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};

@@ -67,7 +67,7 @@ mod commit_windows {
     use outpost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
-    use outpost::proto::v1 as pb;
+    use outpost_proto::v1 as pb;
     use tonic::Code;
 
     use crate::helpers::{Backend, TestApp, arm, metadata, on_every_backend, order, reason};

@@ -1,7 +1,7 @@
 //! SubmitOrder: one transaction for the order and its event, and an exact answer.
 
 use futures::future::join_all;
-use outpost::proto::v1::{self as pb, OrderAccepted};
+use outpost_proto::v1::{self as pb, OrderAccepted};
 use prost::Message;
 use sea_orm::ConnectionTrait;
 use tonic::Code;

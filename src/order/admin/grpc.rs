@@ -12,7 +12,7 @@ use crate::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, Reque
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{orders, outbox_event};
 use crate::outbox::{self, Redrive, RedriveAudit};
-use crate::proto::v1::{
+use outpost_proto::v1::{
     self as pb,
     admin_service_server::{AdminService, AdminServiceServer},
 };

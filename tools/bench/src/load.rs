@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tonic::transport::Channel;
 
-use outpost::proto::v1::order_service_client::OrderServiceClient;
+use outpost_proto::v1::order_service_client::OrderServiceClient;
 
 use crate::error::BenchError;
 use crate::measure::Latencies;

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use prost::Message as _;
 
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 
 /// The bench's tenant.
 pub(crate) const TENANT: i64 = 4242;

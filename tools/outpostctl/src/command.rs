@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitError, SafeSubmitter};
-use outpost::proto::v1::{
+use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
     consumer_admin_service_client::ConsumerAdminServiceClient,
 };

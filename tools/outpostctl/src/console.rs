@@ -25,7 +25,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
-use outpost::proto::v1::{
+use outpost_proto::v1::{
     admin_service_server::AdminServiceServer, consumer_admin_service_server::ConsumerAdminServiceServer,
 };
 use tokio::sync::Semaphore;

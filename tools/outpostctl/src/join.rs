@@ -1,7 +1,7 @@
 //! One event's timeline from its two owners: the order side (order, outbox row) and the consumer
 //! side (consumers, jobs, dead letters), which may live in different databases.
 
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 
 /// The order side's and the consumer side's parts of one event as one timeline; `None` when
 /// neither knows the event.

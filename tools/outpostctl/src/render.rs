@@ -3,7 +3,7 @@
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use outpost::client::Confirmation;
-use outpost::proto::v1 as pb;
+use outpost_proto::v1 as pb;
 use serde_json::{Value, json};
 
 fn time(t: Option<&prost_types::Timestamp>) -> Option<String> {

@@ -10,7 +10,7 @@ use rand::Rng;
 use sea_orm::{ConnectionTrait, Statement};
 
 use outpost::client::{RetryPolicy, SafeSubmitter};
-use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::evidence;
 use crate::process::ServiceProcess;

@@ -7,7 +7,7 @@ use tonic_types::StatusExt as _;
 
 use outpost::domain::EventId;
 use outpost::failpoint as fp;
-use outpost::proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::evidence::{self, OutboxRow, Record};
 use crate::process::ServiceProcess;

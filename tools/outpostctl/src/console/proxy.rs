@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outpost::client::{self, BearerToken, ClientTls};
-use outpost::proto::v1::{
+use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, admin_service_server::AdminService,
     consumer_admin_service_client::ConsumerAdminServiceClient,
     consumer_admin_service_server::ConsumerAdminService,

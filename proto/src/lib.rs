@@ -1,4 +1,5 @@
-//! Outpost's gRPC contracts, generated from `proto/outpost/v1` at build time.
+//! Outpost's gRPC contracts, generated from `proto/outpost/v1` at build time: the one crate the
+//! services, the Rust client and the tools share for the wire types.
 
 /// Package `outpost.v1`: messages, the `OrderService`, `AdminService` and `ConsumerAdminService`
 /// clients and servers.

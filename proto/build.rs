@@ -1,20 +1,21 @@
-//! Generates Outpost's gRPC contracts from `proto/` with protox, so no system `protoc` is needed.
+//! Generates Outpost's gRPC contracts from the `.proto` files beside this crate (`outpost/v1/`)
+//! with protox, so no system `protoc` is needed.
 
 use std::{env, fs, path::PathBuf};
 
 use prost::Message;
 
 const PROTOS: &[&str] = &[
-    "proto/outpost/v1/order.proto",
-    "proto/outpost/v1/order_service.proto",
-    "proto/outpost/v1/order_events.proto",
-    "proto/outpost/v1/admin_service.proto",
-    "proto/outpost/v1/consumer_admin_service.proto",
+    "outpost/v1/order.proto",
+    "outpost/v1/order_service.proto",
+    "outpost/v1/order_events.proto",
+    "outpost/v1/admin_service.proto",
+    "outpost/v1/consumer_admin_service.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(PROTOS, ["proto"])?;
+    println!("cargo:rerun-if-changed=outpost");
+    let descriptors = protox::compile(PROTOS, ["."])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     // Served by gRPC reflection so that grpcurl and similar tools need no local .proto files.
     fs::write(out_dir.join("outpost_descriptor.bin"), descriptors.encode_to_vec())?;
