@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitter};
+use outpost_client::{BearerToken, ClientTls, SafeSubmitter, SubmitPolicy};
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use sea_orm::{ConnectionTrait, Statement};
 use tonic_types::StatusExt;
@@ -105,7 +105,7 @@ async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
     // The service may still be starting: try for a few seconds.
     let mut channel = None;
     for _ in 0..50 {
-        match client::connect_with_token(&address, &tls, token.as_ref()).await {
+        match outpost_client::connect_with_token(&address, &tls, token.as_ref()).await {
             Ok(c) => {
                 channel = Some(c);
                 break;
@@ -162,7 +162,7 @@ async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
         }
     }
 
-    let mut submitter = SafeSubmitter::connect(&address, &tls, token.clone(), RetryPolicy::default())
+    let mut submitter = SafeSubmitter::connect(&address, &tls, token.clone(), SubmitPolicy::default())
         .await
         .expect("the order service answers");
     let confirmed = submitter.submit(order(&format!("demo-{run}-3"), "SKU-BLUE-MUG", 1)).await;
@@ -202,7 +202,10 @@ async fn change_order(submitter: &mut SafeSubmitter, run: u32, order_id: i64) {
     show_confirmed("cancel it at version 2", &submitter.cancel(cancel).await);
 }
 
-fn show_confirmed(label: &str, answer: &Result<client::ConfirmedOrder, client::SafeSubmitError>) {
+fn show_confirmed(
+    label: &str,
+    answer: &Result<outpost_client::ConfirmedOrder, outpost_client::SafeSubmitError>,
+) {
     match answer {
         Ok(confirmed) => println!(
             "{label:<44} {:?} after {} call(s): order_id={} version={} event_id={}",
@@ -212,7 +215,7 @@ fn show_confirmed(label: &str, answer: &Result<client::ConfirmedOrder, client::S
             confirmed.version,
             confirmed.event_id
         ),
-        Err(client::SafeSubmitError::Rejected(status)) => {
+        Err(outpost_client::SafeSubmitError::Rejected(status)) => {
             let info = status.get_details_error_info();
             let reason = info.as_ref().map(|i| i.reason.clone()).unwrap_or_default();
             let current = info.and_then(|i| i.metadata.get("current_version").cloned()).unwrap_or_default();

@@ -1,6 +1,6 @@
 //! The event's contract, which the order service writes, the relay publishes and the consumer
-//! reads: its topic, type, aggregate and content type; and the error domain every service's
-//! statuses carry. One place, so that no service takes these from another.
+//! reads: its topic, type, aggregate and content type. One place, so that no service takes these
+//! from another. (The error domain statuses carry is the gRPC contract's: `outpost_proto`.)
 
 /// The Kafka topic OrderAccepted events go to (and the consumer reads) unless configured
 /// otherwise.
@@ -20,6 +20,3 @@ pub const AGGREGATE_TYPE: &str = "order";
 
 /// `content-type` header of every record: the value is a protobuf message named by `event_type`.
 pub const CONTENT_TYPE: &str = "application/x-protobuf";
-
-/// `google.rpc.ErrorInfo.domain` of every error status the services answer with.
-pub const ERROR_DOMAIN: &str = "outpost.v1";

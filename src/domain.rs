@@ -9,7 +9,7 @@ mod outbox;
 mod violation;
 
 pub use change::{CancelReason, Change, ChangeKey, ChangeOrder, Operation};
-pub use ids::{EventId, RequestId, TenantId};
+pub use ids::{RequestId, TenantId};
 pub use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
 pub use outbox::OutboxStatus;
 pub use violation::{FieldViolation, InvalidInput};

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use outpost_proto::{ERROR_DOMAIN, EventId};
 use sea_orm::DbErr;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::Instrument as _;
 
-use crate::contract::ERROR_DOMAIN;
-use crate::domain::{EventId, FieldViolation, InvalidInput};
+use crate::domain::{FieldViolation, InvalidInput};
 use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
 

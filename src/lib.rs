@@ -6,8 +6,6 @@
 //! [`relay`] publishes the outbox to Kafka under leases; [`consumer`] turns each event into one
 //! local effect.
 
-mod backoff;
-pub mod client;
 pub mod consumer;
 pub mod contract;
 pub mod db;

@@ -5,6 +5,10 @@
 
 use std::collections::HashMap;
 
+use outpost_proto::v1::{
+    self as pb,
+    consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
+};
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use tonic::{Code, Request, Response, Status};
 
@@ -13,10 +17,6 @@ use super::retention::{Retention, RetentionError};
 use crate::domain::{FieldViolation, InvalidInput};
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
-use outpost_proto::v1::{
-    self as pb,
-    consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
-};
 use crate::security::{Authenticator, Caller};
 
 const SERVICE: &str = "outpost.v1.ConsumerAdminService";

@@ -1,10 +1,10 @@
 //! From a Kafka record to the facts the consumer acts on, or a reason it cannot.
 
+use outpost_proto::EventId;
+use outpost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
 use prost::Message as _;
 
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
-use crate::domain::EventId;
-use outpost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
 
 /// `event_type` of OrderAmended events.
 pub const ORDER_AMENDED: &str = "outpost.v1.OrderAmended";

@@ -10,11 +10,11 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 
+use outpost_client::Backoff;
 use tracing::{Instrument as _, Span};
 
 use super::decode::{OrderEvent, decode};
 use super::inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
-use crate::backoff::Backoff;
 use crate::db::TxFailure;
 use crate::failpoint;
 use crate::telemetry::{self, metrics};

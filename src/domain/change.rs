@@ -1,4 +1,6 @@
-use super::{CustomerId, EventId, FieldViolation, InvalidInput, LineItem, NewOrder, RequestId, TenantId};
+use outpost_proto::EventId;
+
+use super::{CustomerId, FieldViolation, InvalidInput, LineItem, NewOrder, RequestId, TenantId};
 
 /// Which operation used an idempotency key; every operation of a tenant shares one key space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

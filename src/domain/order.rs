@@ -1,8 +1,9 @@
 use std::str::FromStr;
 
 use iso_currency::Currency;
+use outpost_proto::EventId;
 
-use super::{EventId, FieldViolation, InvalidInput, RequestId, TenantId, is_visible_ascii};
+use super::{FieldViolation, InvalidInput, RequestId, TenantId, is_visible_ascii};
 
 /// Where an order is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! commit) gives. Both paths build on this module; neither on the other's internals.
 
 use chrono::{DateTime, Utc};
+use outpost_proto::EventId;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
     ColumnTrait, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder,
@@ -12,8 +13,8 @@ use super::event::encode_order_accepted;
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 use crate::db::{TxFailure, UniqueKey};
 use crate::domain::{
-    CustomerId, EventId, LineItem, NewOrder, Operation, OrderStatus, OutboxStatus, RequestId, Sku,
-    SubmitOrder, TenantId,
+    CustomerId, LineItem, NewOrder, Operation, OrderStatus, OutboxStatus, RequestId, Sku, SubmitOrder,
+    TenantId,
 };
 use crate::entity::{order_line, order_version, orders, outbox_event};
 use crate::telemetry::TraceHeaders;

@@ -2,6 +2,7 @@
 //! group commit falls back to for an order that must not wait for a batch.
 
 use chrono::{DateTime, Utc};
+use outpost_proto::EventId;
 use sea_orm::{DatabaseConnection, DatabaseTransaction};
 
 use super::accepting::{
@@ -9,7 +10,7 @@ use super::accepting::{
 };
 use super::transaction::{begin, commit, rerun_lock_conflicts};
 use crate::db::{TxFailure, UniqueKey, lock_conflict, violated_unique_key};
-use crate::domain::{EventId, SubmitOrder};
+use crate::domain::SubmitOrder;
 use crate::failpoint;
 use crate::telemetry::TraceHeaders;
 

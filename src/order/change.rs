@@ -23,6 +23,7 @@
 //!    PENDING outbox row.
 
 use chrono::{DateTime, SubsecRound, Utc};
+use outpost_proto::EventId;
 use sea_orm::sea_query::{Expr, ExprTrait as _};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
@@ -37,7 +38,7 @@ use super::store::OrderStore;
 use super::transaction::{begin, commit, read_committed, rerun_lock_conflicts};
 use crate::contract::{ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use crate::db::{TxFailure, UniqueKey, lock_conflict, violated_unique_key};
-use crate::domain::{Change, ChangeOrder, EventId, LineItem, Operation, OrderStatus};
+use crate::domain::{Change, ChangeOrder, LineItem, Operation, OrderStatus};
 use crate::entity::{order_line, order_version, orders, outbox_event};
 use crate::failpoint;
 use crate::telemetry::{self, TraceHeaders};

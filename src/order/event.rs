@@ -2,11 +2,12 @@
 //! OrderAmended (the whole order after a change) and OrderCancelled, each encoded once.
 
 use chrono::{DateTime, Utc};
+use outpost_proto::EventId;
+use outpost_proto::v1 as pb;
 use prost::Message;
 
-use crate::domain::{CancelReason, ChangeOrder, EventId, NewOrder, SubmitOrder};
+use crate::domain::{CancelReason, ChangeOrder, NewOrder, SubmitOrder};
 use crate::edge::timestamp;
-use outpost_proto::v1 as pb;
 
 /// Encodes the acceptance snapshot of `submit` as committed under `order_id`.
 pub(crate) fn encode_order_accepted(

@@ -4,6 +4,11 @@
 
 use std::collections::HashMap;
 
+use outpost_proto::ERROR_DOMAIN;
+use outpost_proto::v1::{
+    self as pb,
+    order_service_server::{OrderService, OrderServiceServer},
+};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tracing::Instrument as _;
@@ -11,16 +16,11 @@ use tracing::Instrument as _;
 use super::accepting::{SubmitError, Submitted};
 use super::change::{Changed, Refusal, Refused};
 use super::store::{OrderStore, Reconciled};
-use crate::contract::ERROR_DOMAIN;
 use crate::domain::{
     CancelReason, ChangeKey, ChangeOrder, InvalidInput, LineItem, Operation, OrderStatus, RequestId,
     SubmitOrder, TenantId,
 };
 use crate::edge::{CORRELATION_ID, incident, record_status, refusal_status, rpc_span, timestamp};
-use outpost_proto::v1::{
-    self as pb,
-    order_service_server::{OrderService, OrderServiceServer},
-};
 use crate::security::{AuthError, Authenticator, Caller};
 use crate::wake::WakeSender;
 

@@ -1,6 +1,7 @@
 //! Writes an order and its outbox event in one local transaction and reports the exact outcome.
 
 use chrono::{DateTime, SubsecRound, Utc};
+use outpost_proto::EventId;
 use sea_orm::{DatabaseConnection, DbErr, EntityTrait};
 
 use super::accepting::{
@@ -8,7 +9,7 @@ use super::accepting::{
 };
 use super::alone::Alone;
 use super::group::{BatchStats, GroupCommit, GroupCommitSettings};
-use crate::domain::{EventId, Operation, OrderStatus, RequestId, SubmitOrder, TenantId};
+use crate::domain::{Operation, OrderStatus, RequestId, SubmitOrder, TenantId};
 use crate::entity::orders;
 use crate::telemetry::{self, TraceHeaders};
 

@@ -4,11 +4,11 @@
 //! write goes through these.
 
 use opentelemetry::KeyValue;
+use outpost_proto::EventId;
 use sea_orm::{DatabaseConnection, DatabaseTransaction, DbBackend, IsolationLevel, TransactionTrait};
 
 use super::accepting::{LOCK_CONFLICT_RETRIES, SubmitError, rolled_back, unknown};
 use crate::db::{LockConflict, TxFailure, lock_conflict};
-use crate::domain::EventId;
 use crate::failpoint;
 use crate::telemetry::metrics;
 

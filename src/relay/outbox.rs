@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
+use outpost_client::Backoff;
 use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait as _, DatabaseConnection, DbBackend, DbErr, EntityTrait,
@@ -14,7 +15,6 @@ use super::{LeaseToken, WorkerId};
 use set::{FENCE_COLUMNS, FencedUpdate, ValueColumn};
 
 mod set;
-use crate::backoff::Backoff;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::outbox::{Backlog, Redrive, RedriveAudit};

@@ -1,6 +1,6 @@
 //! The safe caller protocol against a real server: every path keeps the ids it started with.
 
-use outpost::client::{Confirmation, RetryPolicy, SafeSubmitError, SafeSubmitter};
+use outpost_client::{Confirmation, SafeSubmitError, SafeSubmitter, SubmitPolicy};
 use tonic::Code;
 
 use crate::change_order::{amend, cancel};
@@ -8,7 +8,7 @@ use crate::helpers::{Backend, TestApp, on_every_backend, order};
 
 fn submitter(app: &TestApp) -> SafeSubmitter {
     let policy =
-        RetryPolicy { initial_backoff: std::time::Duration::from_millis(5), ..RetryPolicy::default() };
+        SubmitPolicy { initial_backoff: std::time::Duration::from_millis(5), ..SubmitPolicy::default() };
     SafeSubmitter::new(app.client.clone(), policy)
 }
 
@@ -61,11 +61,11 @@ async fn the_safe_submitter_does_not_retry_a_rejected_order() {
 
 #[cfg(feature = "failpoints")]
 mod faults {
-    use outpost::client::Confirmation;
     use outpost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
+    use outpost_client::Confirmation;
     use outpost_proto::v1 as pb;
 
     use super::submitter;

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use outpost::client::{self, BearerToken, ClientTls};
-use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use outpost::security::AuthSettings;
+use outpost_client::{BearerToken, ClientTls};
+use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::{ConnectionTrait as _, Statement};
@@ -55,7 +55,7 @@ fn output_dir() -> PathBuf {
 async fn connected(url: &str, tls: &ClientTls) -> Channel {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match client::connect(url, tls).await {
+        match outpost_client::connect(url, tls).await {
             Ok(channel) => return channel,
             Err(e) if tokio::time::Instant::now() > deadline => panic!("{url} never answered: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,

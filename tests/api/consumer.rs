@@ -739,8 +739,8 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
         let client = app.client.clone();
         tokio::spawn(async move {
             let callers = (0..8).map(|caller| {
-                let policy = outpost::client::RetryPolicy { max_calls: 20, ..Default::default() };
-                let mut submitter = outpost::client::SafeSubmitter::new(client.clone(), policy);
+                let policy = outpost_client::SubmitPolicy { max_calls: 20, ..Default::default() };
+                let mut submitter = outpost_client::SafeSubmitter::new(client.clone(), policy);
                 tokio::spawn(async move {
                     for i in (caller..ORDERS).step_by(8) {
                         submitter.submit(order(7, &format!("load-{i}"))).await.unwrap();

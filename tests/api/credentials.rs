@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use std::net::{IpAddr, TcpListener};
 
-use outpost::client::{BearerToken, ClientError, ClientTls, Confirmation, RetryPolicy, SafeSubmitter};
-use outpost_proto::v1 as pb;
 use outpost::security::AuthSettings;
+use outpost_client::{BearerToken, ClientError, ClientTls, Confirmation, SafeSubmitter, SubmitPolicy};
+use outpost_proto::v1 as pb;
 use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -146,7 +146,7 @@ async fn every_client_refuses_to_send_a_token_in_plaintext_to_another_host_and_c
         &url,
         &ClientTls::default(),
         Some(BearerToken::new(&token).unwrap()),
-        RetryPolicy::default(),
+        SubmitPolicy::default(),
     )
     .await
     .map(|_| ())
@@ -187,7 +187,7 @@ async fn a_token_still_travels_in_plaintext_to_a_loopback_address() {
         &format!("http://127.0.0.1:{}", app.port),
         &ClientTls::default(),
         Some(BearerToken::new(&tenant).unwrap()),
-        RetryPolicy::default(),
+        SubmitPolicy::default(),
     )
     .await
     .unwrap();

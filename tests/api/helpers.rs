@@ -4,10 +4,10 @@
 use std::sync::LazyLock;
 
 use outpost::order::{Application, BatchStats, Settings};
+use outpost_migration::{Migrator, MigratorTrait};
 use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
-use outpost_migration::{Migrator, MigratorTrait};
 use outpost_verify::process::Output;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::sync::oneshot;

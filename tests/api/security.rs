@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use outpost::client::{self, BearerToken, ClientTls};
 use outpost::order::{Application, Settings};
+use outpost::security::AuthSettings;
+use outpost_client::{BearerToken, ClientTls};
 use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
     consumer_admin_service_client::ConsumerAdminServiceClient, order_service_client::OrderServiceClient,
 };
-use outpost::security::AuthSettings;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::json;
 use tonic::Code;
@@ -323,7 +323,7 @@ pub async fn tls_service_on(
 
 /// A Reconcile through a fresh TLS connection: the handshake's and the call's outcome.
 async fn reconcile_over(url: &str, tls: &ClientTls) -> Result<Code, String> {
-    let channel: Channel = client::connect(url, tls).await.map_err(|e| e.to_string())?;
+    let channel: Channel = outpost_client::connect(url, tls).await.map_err(|e| e.to_string())?;
     let answer = OrderServiceClient::new(channel)
         .reconcile(pb::ReconcileRequest { tenant_id: 1, request_id: "nothing".into() })
         .await;
@@ -347,7 +347,7 @@ async fn tls_handshakes_succeed_with_the_right_ca_and_fail_without_it() {
         let url = format!("https://{host}:{port}");
         assert_eq!(reconcile_over(&url, &trusted).await, Ok(Code::NotFound), "{url}");
     }
-    let admin = client::connect(&format!("https://localhost:{admin_port}"), &trusted).await.unwrap();
+    let admin = outpost_client::connect(&format!("https://localhost:{admin_port}"), &trusted).await.unwrap();
     let backlog = AdminServiceClient::new(admin).list_backlog(pb::ListBacklogRequest::default()).await;
     assert!(backlog.is_ok(), "{backlog:?}");
 

@@ -102,10 +102,10 @@ impl Service {
     #[cfg(feature = "failpoints")]
     async fn assert_health(&self, what: &str, expected: ServingStatus) {
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-        let tls = outpost::client::ClientTls { ca_file: Some(self.ca.clone()), identity: None };
+        let tls = outpost_client::ClientTls { ca_file: Some(self.ca.clone()), identity: None };
         let url = format!("https://localhost:{}", self.port);
         let status = || async {
-            let channel = outpost::client::connect(&url, &tls).await.ok()?;
+            let channel = outpost_client::connect(&url, &tls).await.ok()?;
             let request = HealthCheckRequest { service: "outpost.v1.OrderService".to_owned() };
             Some(HealthClient::new(channel).check(request).await.ok()?.into_inner().status())
         };

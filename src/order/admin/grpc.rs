@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+use outpost_proto::v1::{
+    self as pb,
+    admin_service_server::{AdminService, AdminServiceServer},
+};
 use tonic::{Code, Request, Response, Status};
 
 use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
@@ -12,10 +16,6 @@ use crate::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, Reque
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{orders, outbox_event};
 use crate::outbox::{self, Redrive, RedriveAudit};
-use outpost_proto::v1::{
-    self as pb,
-    admin_service_server::{AdminService, AdminServiceServer},
-};
 use crate::security::{Authenticator, Caller};
 use crate::telemetry;
 

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::domain::EventId;
+use outpost_proto::EventId;
+
 use crate::order::accepting::{Accepting, SubmitError, Submitted};
 
 /// Where one order of a batch stands in the current run of its transaction.

@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt as _;
+use outpost_proto::EventId;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tracing::Instrument as _;
@@ -33,7 +34,6 @@ use super::Job;
 use super::batch::{BatchStats, Fate, follow, set_candidates};
 use super::set::{self, IdsBack};
 use crate::db::{LockConflict, TxFailure, lock_conflict, violated_unique_key};
-use crate::domain::EventId;
 use crate::failpoint;
 use crate::order::accepting::{
     Accepting, KeyHolder, LOCK_CONFLICT_RETRIES, SubmitError, Submitted, decide_clash, find, insert_order,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outpost::client::{self, BearerToken, ClientTls, RetryPolicy, SafeSubmitError, SafeSubmitter};
+use outpost_client::{BearerToken, ClientTls, SafeSubmitError, SafeSubmitter, SubmitPolicy};
 use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
     consumer_admin_service_client::ConsumerAdminServiceClient,
@@ -221,7 +221,7 @@ fn parse_line(text: &str) -> Result<pb::LineItem, String> {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CtlError {
     #[error("{setting}: {source}")]
-    Connect { setting: &'static str, source: outpost::client::ClientError },
+    Connect { setting: &'static str, source: outpost_client::ClientError },
     #[error("{}", describe(.0))]
     Call(#[from] tonic::Status),
     #[error("{0} is too long")]
@@ -290,7 +290,7 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let (tls, token) = (cli.tls(), cli.token()?);
             // Refused at start, not at the first call, when the token would travel in plaintext.
             let url = |setting, url| {
-                client::token_url(url, &tls, token.as_ref())
+                outpost_client::token_url(url, &tls, token.as_ref())
                     .map_err(|source| CtlError::Connect { setting, source })
             };
             let admin_url = url(ADMIN_URL, &cli.admin_url)?;
@@ -483,7 +483,7 @@ impl Cli {
         url: &str,
     ) -> Result<(Channel, Option<BearerToken>), CtlError> {
         let token = self.token()?;
-        let channel = client::connect_with_token(url, &self.tls(), token.as_ref())
+        let channel = outpost_client::connect_with_token(url, &self.tls(), token.as_ref())
             .await
             .map_err(|source| CtlError::Connect { setting, source })?;
         Ok((channel, token))
@@ -498,7 +498,7 @@ impl Cli {
     /// The safe caller protocol over the OrderService, with the token if there is one.
     async fn submitter(&self) -> Result<SafeSubmitter, CtlError> {
         let token = self.token()?;
-        SafeSubmitter::connect(&self.order_url, &self.tls(), token, RetryPolicy::default())
+        SafeSubmitter::connect(&self.order_url, &self.tls(), token, SubmitPolicy::default())
             .await
             .map_err(|source| CtlError::Connect { setting: ORDER_URL, source })
     }

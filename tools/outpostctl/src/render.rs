@@ -2,7 +2,7 @@
 //! JSON mapping (lowerCamelCase), timestamps are RFC 3339, durations in seconds.
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use outpost::client::Confirmation;
+use outpost_client::Confirmation;
 use outpost_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -196,7 +196,7 @@ pub(crate) fn timeline(t: pb::EventTimeline, consumer_unavailable: Option<&str>,
 }
 
 /// A committed change of an order.
-pub(crate) fn changed(verb: &str, confirmed: &outpost::client::ConfirmedOrder, as_json: bool) -> String {
+pub(crate) fn changed(verb: &str, confirmed: &outpost_client::ConfirmedOrder, as_json: bool) -> String {
     let how = match confirmed.confirmation {
         Confirmation::Committed => "committed",
         Confirmation::Replayed => "replayed",

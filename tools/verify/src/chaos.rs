@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::Rng;
 use sea_orm::{ConnectionTrait, Statement};
 
-use outpost::client::{RetryPolicy, SafeSubmitter};
+use outpost_client::{SafeSubmitter, SubmitPolicy};
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::evidence;
@@ -200,7 +200,7 @@ pub async fn chaos(
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let mut submitter =
-            SafeSubmitter::new(client, RetryPolicy { max_calls: 20, ..RetryPolicy::default() });
+            SafeSubmitter::new(client, SubmitPolicy { max_calls: 20, ..SubmitPolicy::default() });
         let mut event_ids = Vec::new();
         for i in 0..count {
             let request = pb::SubmitOrderRequest {

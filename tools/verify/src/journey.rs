@@ -5,8 +5,8 @@ use std::time::Duration;
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use tonic_types::StatusExt as _;
 
-use outpost::domain::EventId;
 use outpost::failpoint as fp;
+use outpost_proto::EventId;
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::evidence::{self, OutboxRow, Record};

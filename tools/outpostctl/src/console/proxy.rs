@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outpost::client::{self, BearerToken, ClientTls};
+use outpost_client::{BearerToken, ClientTls};
 use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, admin_service_server::AdminService,
     consumer_admin_service_client::ConsumerAdminServiceClient,
@@ -43,8 +43,9 @@ impl Upstream {
         if let Some(channel) = slot.as_ref() {
             return Ok(channel.clone());
         }
-        let channel =
-            client::connect_with_token(&self.url, &self.tls, self.token.as_ref()).await.map_err(|e| {
+        let channel = outpost_client::connect_with_token(&self.url, &self.tls, self.token.as_ref())
+            .await
+            .map_err(|e| {
                 let details = ErrorDetails::with_error_info(UPSTREAM_UNAVAILABLE, "outpost.v1", []);
                 Status::with_error_details(Code::Unavailable, format!("the console {e}"), details)
             })?;

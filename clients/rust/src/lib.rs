@@ -1,4 +1,5 @@
-//! The safe caller protocol for `SubmitOrder`, `AmendOrder` and `CancelOrder`, for Rust callers.
+//! Outpost's Rust client: the safe caller protocol for `SubmitOrder`, `AmendOrder` and
+//! `CancelOrder`, and connecting to any Outpost listener (TLS, bearer tokens).
 //!
 //! Send; on an UNKNOWN outcome or a transport error, Reconcile by `(tenant_id, request_id)`;
 //! if the write is found, use it; if not, send it again with the same ids. Ids never change
@@ -14,14 +15,16 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use crate::backoff::Backoff;
-use crate::contract::ERROR_DOMAIN;
-use crate::domain::EventId;
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use outpost_proto::{ERROR_DOMAIN, EventId};
+
+mod backoff;
+
+pub use backoff::Backoff;
 
 /// How hard the submitter tries.
 #[derive(Debug, Clone)]
-pub struct RetryPolicy {
+pub struct SubmitPolicy {
     /// Most calls (submits and reconciles together) before giving up.
     pub max_calls: u32,
     /// Wait before the second call; doubled after each further failure.
@@ -32,7 +35,7 @@ pub struct RetryPolicy {
     pub call_timeout: Duration,
 }
 
-impl Default for RetryPolicy {
+impl Default for SubmitPolicy {
     fn default() -> Self {
         Self {
             max_calls: 8,
@@ -128,13 +131,13 @@ fn next_after_submit(status: &Status) -> Next {
 #[derive(Debug, Clone)]
 pub struct SafeSubmitter {
     client: OrderServiceClient<Channel>,
-    policy: RetryPolicy,
+    policy: SubmitPolicy,
     token: Option<BearerToken>,
 }
 
 impl SafeSubmitter {
     /// A submitter over an existing client.
-    pub fn new(client: OrderServiceClient<Channel>, policy: RetryPolicy) -> Self {
+    pub fn new(client: OrderServiceClient<Channel>, policy: SubmitPolicy) -> Self {
         Self { client, policy, token: None }
     }
 
@@ -145,7 +148,7 @@ impl SafeSubmitter {
         url: &str,
         tls: &ClientTls,
         token: Option<BearerToken>,
-        policy: RetryPolicy,
+        policy: SubmitPolicy,
     ) -> Result<Self, ClientError> {
         let channel = connect_with_token(url, tls, token.as_ref()).await?;
         Ok(Self { client: OrderServiceClient::new(channel), policy, token })

@@ -1,9 +1,9 @@
 //! The one retry-wait policy: exponential backoff, capped, optionally jittered.
 //!
-//! Every retry loop (the order transaction's and the relay's lock-conflict retries, the relay's
-//! release of a failed publish, the consumer's receive and handling retries, the safe
-//! submitter) takes its waits from a [`Backoff`]; what is retried and when to give up stay with
-//! each loop. The wait is a pure function of the retry number, because the relay keeps that
+//! Every retry loop (the safe submitter here; in the services, the order transaction's and the
+//! relay's lock-conflict retries, the relay's release of a failed publish, the consumer's receive
+//! and handling retries) takes its waits from a [`Backoff`]; what is retried and when to give up
+//! stay with each loop. The wait is a pure function of the retry number, because the relay keeps that
 //! number in the outbox row (`attempts`) rather than in memory.
 //!
 //! Not the `backon` crate: its jitter adds up to one more delay on top (waits in `[d, 2d)`, past
@@ -17,7 +17,7 @@ use std::time::Duration;
 /// given: `max` bounds the growth); with jitter, each a random point in the upper half of that,
 /// so retriers that failed together do not return in step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     first: Duration,
     max: Duration,
     jitter: bool,
@@ -25,18 +25,18 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// Waits of `first`, `2 × first`, `4 × first`, … up to `max`, without jitter.
-    pub(crate) const fn new(first: Duration, max: Duration) -> Self {
+    pub const fn new(first: Duration, max: Duration) -> Self {
         Self { first, max, jitter: false }
     }
 
     /// The same waits, each scaled by a random factor in `[0.5, 1]`.
-    pub(crate) const fn jittered(self) -> Self {
+    pub const fn jittered(self) -> Self {
         Self { jitter: true, ..self }
     }
 
     /// The wait before retry `retry` (1-based; 0 counts as 1), before jitter: `first`, then
     /// `min(first × 2^(retry-1), max)`.
-    pub(crate) fn ceiling(&self, retry: u32) -> Duration {
+    fn ceiling(&self, retry: u32) -> Duration {
         match retry.saturating_sub(1).min(30) {
             0 => self.first,
             doublings => Ord::min(self.first.saturating_mul(1 << doublings), self.max),
@@ -44,7 +44,7 @@ impl Backoff {
     }
 
     /// The wait before retry `retry` (1-based; 0 counts as 1).
-    pub(crate) fn delay(&self, retry: u32) -> Duration {
+    pub fn delay(&self, retry: u32) -> Duration {
         let ceiling = self.ceiling(retry);
         if self.jitter { ceiling.mul_f64(rand::random_range(0.5..=1.0)) } else { ceiling }
     }
