@@ -265,16 +265,14 @@ async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_eve
 
 on_every_backend!(four_relay_processes_killed_and_restarted_keep_every_orders_versions_in_order);
 
-/// Orders in proof (b), and the versions of each: 100 x 10 = 1,000 events, which four relays and
-/// their restarts drain in well under a minute on two shared cores while other tests run (the
-/// issue's 500 x 20 takes minutes there).
-const ORDERS: i64 = 100;
-const CHANGES: i64 = 10;
+/// Orders in proof (b), and the versions of each: the 500 x 20 = 10,000 events.
+const ORDERS: i64 = 500;
+const CHANGES: i64 = 20;
 /// Relay processes, and how many times one of them is SIGKILLed and replaced during the run.
 const RELAYS: usize = 4;
 const KILLS: usize = 6;
 
-/// Proof (b): four relay processes (two loops each, 8 s leases) drain 100 orders x 10 changes;
+/// Proof (b): four relay processes (two loops each, 8 s leases) drain 500 orders x 20 changes;
 /// one of them is SIGKILLed and replaced each time another eighth of the events is published,
 /// and the second half of every order's versions is written after the first kill (before the
 /// start on SQLite, whose one writer the test's insert would wait for behind eight relay loops
