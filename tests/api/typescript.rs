@@ -94,6 +94,7 @@ impl Service {
             ("OUTPOST_TS_OTHER_TENANT_TOKEN_FILE", token_file(8)),
             ("OUTPOST_TS_REQUEST_ID", "req-ts-1".to_owned()),
             ("OUTPOST_TS_EVENT_ID", event_id.clone()),
+            ("OUTPOST_TS_AMEND_EVENT_ID", uuid::Uuid::now_v7().to_string()),
         ];
         Self { db, server, port, vars, event_id, ca: pki.ca.clone(), _dir: dir }
     }
@@ -112,7 +113,7 @@ impl Service {
         assert_eventually(what, WAIT, || async { status().await == Some(expected) }).await;
     }
 
-    /// Runs `test/service/faults.test.ts` expecting `calls` and `outcome`.
+    /// Runs `test/service/faults.test.ts` expecting `write`, `calls` and `outcome`.
     async fn submit_through_fault(&self, expect: serde_json::Value) {
         let mut vars = self.vars.clone();
         vars.push(("OUTPOST_TS_EXPECT", expect.to_string()));
@@ -173,6 +174,43 @@ async fn the_typescript_client_commits_replays_reconciles_and_is_refused_another
     service.server.stop().await;
 }
 
+/// The order under test's `(version, status)` and its outbox rows' `(event_type, event_version)`.
+async fn order_history(db: &TestDb) -> ((i64, String), Vec<(String, i64)>) {
+    use sea_orm::ConnectionTrait;
+    let conn = db.connect().await;
+    let query = |sql: &str| sea_orm::Statement::from_string(sea_orm::DbBackend::MySql, sql.to_owned());
+    let order = conn
+        .query_one_raw(query("SELECT version, status FROM orders WHERE tenant_id = 7 AND request_id = 'req-ts-1'"))
+        .await
+        .unwrap()
+        .expect("the order under test committed");
+    let events = conn
+        .query_all_raw(query("SELECT event_type, event_version FROM outbox_event ORDER BY event_version"))
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let order = (order.try_get_by_index(0).unwrap(), order.try_get_by_index(1).unwrap());
+    let events = events
+        .iter()
+        .map(|row| (row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap()))
+        .collect();
+    (order, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_typescript_client_amends_and_cancels_an_order_and_is_refused_a_stale_version_and_a_change_after_cancel()
+ {
+    let service = Service::start(TestDb::migrated(Backend::MariaDb).await).await;
+
+    node_test("test/service/changes.test.ts", &service.vars).await;
+
+    let (order, events) = order_history(&service.db).await;
+    assert_eq!(order, (3, "CANCELLED".to_owned()), "amended to 2, cancelled at 3; the refusals wrote nothing");
+    let types = [outpost::order::EVENT_TYPE, outpost::order::ORDER_AMENDED_EVENT_TYPE, outpost::order::ORDER_CANCELLED_EVENT_TYPE];
+    assert_eq!(events, types.iter().zip(1..).map(|(t, v)| ((*t).to_owned(), v)).collect::<Vec<_>>());
+    service.server.stop().await;
+}
+
 #[cfg(feature = "failpoints")]
 mod faults {
     use outpost::failpoint::{
@@ -203,6 +241,27 @@ mod faults {
             .await;
 
         service.assert_one_order().await;
+        service.server.stop().await;
+    }
+
+    /// The submission passes the failpoint (`1*off`); the amendment's commit succeeds but its
+    /// answer is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn after_an_unknown_outcome_of_an_amendment_that_committed_the_typescript_client_reconciles_and_finds_the_change()
+     {
+        let service = mariadb_service().await;
+        arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*off->1*return");
+
+        service
+            .submit_through_fault(json!({
+                "write": "amend",
+                "calls": ["amend UNKNOWN OUTCOME_UNKNOWN", "reconcile OK"],
+                "outcome": "reconciled",
+            }))
+            .await;
+
+        let (order, events) = super::order_history(&service.db).await;
+        assert_eq!((order.0, events.len()), (2, 2), "the amendment committed once: {events:?}");
         service.server.stop().await;
     }
 

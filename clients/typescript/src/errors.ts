@@ -50,9 +50,9 @@ export function codeName(code: Code): string {
   return name === undefined ? `CODE_${code}` : name.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
 }
 
-/** The server refused the order for a reason retrying cannot fix; nothing was written by it. */
+/** The server refused the write for a reason retrying cannot fix; nothing was written by it. */
 export class Rejected extends Error {
-  override readonly name = "Rejected";
+  override readonly name: string = "Rejected";
 
   constructor(
     readonly failure: OutpostError,
@@ -61,9 +61,54 @@ export class Rejected extends Error {
   ) {
     super(`rejected: ${failure.message}`, { cause: failure });
   }
+
+  /** ErrorInfo.reason of the refusal, such as TENANT_MISMATCH or VERSION_CONFLICT. */
+  get reason(): string | undefined {
+    return this.failure.reason;
+  }
 }
 
-/** Every allowed call failed. The order may exist: reconcile later, or resubmit with the same ids. */
+/**
+ * The order was at another version than the change's expected_version; nothing was written.
+ * Read the order, decide, and send a new change with a new request id.
+ */
+export class VersionConflict extends Rejected {
+  override readonly name = "VersionConflict";
+
+  /** The order's version when the change was refused, when the server said (metadata current_version). */
+  get currentVersion(): bigint | undefined {
+    return versionIn(this.failure);
+  }
+}
+
+/** The order is cancelled: no change is accepted after a cancellation; nothing was written. */
+export class OrderIsCancelled extends Rejected {
+  override readonly name = "OrderIsCancelled";
+
+  /** The cancelled order's version, when the server said (metadata current_version). */
+  get currentVersion(): bigint | undefined {
+    return versionIn(this.failure);
+  }
+}
+
+/** The final refusal `failure` as its typed error: VersionConflict, OrderIsCancelled or Rejected. */
+export function refusal(failure: OutpostError, calls: number): Rejected {
+  if (failure.code === Code.FailedPrecondition && failure.reason === "VERSION_CONFLICT") {
+    return new VersionConflict(failure, calls);
+  }
+  if (failure.code === Code.FailedPrecondition && failure.reason === "ORDER_CANCELLED") {
+    return new OrderIsCancelled(failure, calls);
+  }
+  return new Rejected(failure, calls);
+}
+
+/** ErrorInfo.metadata current_version as a number; undefined when absent or not an integer. */
+function versionIn(failure: OutpostError): bigint | undefined {
+  const text = failure.metadata.current_version;
+  return text !== undefined && /^[0-9]+$/.test(text) ? BigInt(text) : undefined;
+}
+
+/** Every allowed call failed. The write may have committed: reconcile later, or send again with the same ids. */
 export class GaveUp extends Error {
   override readonly name = "GaveUp";
 

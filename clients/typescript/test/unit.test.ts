@@ -13,14 +13,18 @@ import { Code } from "@connectrpc/connect";
 import {
   ConnectionRefused,
   GaveUp,
+  OrderIsCancelled,
   OutpostError,
+  Rejected,
   SafeSubmitter,
+  VersionConflict,
   codeName,
   connect,
   isLoopback,
   newEventId,
-  nextAfterSubmit,
+  nextAfterWrite,
   readToken,
+  refusal,
   type CallReport,
 } from "../src/index.js";
 import { SubmitOrderRequestSchema } from "../src/gen/outpost/v1/order_service_pb.js";
@@ -63,15 +67,34 @@ describe("classification", () => {
   const failure = (code: Code, reason?: string) => new OutpostError(code, reason, {}, "refused");
 
   test("only refusals known to have written nothing are resubmitted at once", () => {
-    assert.equal(nextAfterSubmit(failure(Code.Aborted, "ROLLED_BACK")), "resubmit");
-    assert.equal(nextAfterSubmit(failure(Code.Unavailable, "DATABASE_UNAVAILABLE")), "resubmit");
-    assert.equal(nextAfterSubmit(failure(Code.ResourceExhausted, "OVERLOADED")), "resubmit");
-    assert.equal(nextAfterSubmit(failure(Code.Aborted)), "reconcile", "an ABORTED without our reason");
-    assert.equal(nextAfterSubmit(failure(Code.Unavailable)), "reconcile", "a transport error");
-    assert.equal(nextAfterSubmit(failure(Code.Unknown, "OUTCOME_UNKNOWN")), "reconcile");
-    assert.equal(nextAfterSubmit(failure(Code.DeadlineExceeded)), "reconcile");
-    assert.equal(nextAfterSubmit(failure(Code.PermissionDenied, "TENANT_MISMATCH")), "stop");
-    assert.equal(nextAfterSubmit(failure(Code.InvalidArgument, "INVALID_ORDER")), "stop");
+    assert.equal(nextAfterWrite(failure(Code.Aborted, "ROLLED_BACK")), "resubmit");
+    assert.equal(nextAfterWrite(failure(Code.Unavailable, "DATABASE_UNAVAILABLE")), "resubmit");
+    assert.equal(nextAfterWrite(failure(Code.ResourceExhausted, "OVERLOADED")), "resubmit");
+    assert.equal(nextAfterWrite(failure(Code.Aborted)), "reconcile", "an ABORTED without our reason");
+    assert.equal(nextAfterWrite(failure(Code.Unavailable)), "reconcile", "a transport error");
+    assert.equal(nextAfterWrite(failure(Code.Unknown, "OUTCOME_UNKNOWN")), "reconcile");
+    assert.equal(nextAfterWrite(failure(Code.DeadlineExceeded)), "reconcile");
+    assert.equal(nextAfterWrite(failure(Code.PermissionDenied, "TENANT_MISMATCH")), "stop");
+    assert.equal(nextAfterWrite(failure(Code.InvalidArgument, "INVALID_ORDER")), "stop");
+    assert.equal(nextAfterWrite(failure(Code.FailedPrecondition, "VERSION_CONFLICT")), "stop");
+    assert.equal(nextAfterWrite(failure(Code.FailedPrecondition, "ORDER_CANCELLED")), "stop");
+    assert.equal(nextAfterWrite(failure(Code.NotFound, "ORDER_NOT_FOUND")), "stop", "a change of no order");
+  });
+
+  test("refusals of a change are typed and carry the order's current version when the server sent it", () => {
+    const conflict = refusal(
+      new OutpostError(Code.FailedPrecondition, "VERSION_CONFLICT", { current_version: "4" }, "stale"),
+      1,
+    );
+    const cancelled = refusal(new OutpostError(Code.FailedPrecondition, "ORDER_CANCELLED", {}, "cancelled"), 1);
+    const other = refusal(failure(Code.NotFound, "ORDER_NOT_FOUND"), 1);
+
+    assert.ok(conflict instanceof VersionConflict && conflict instanceof Rejected);
+    assert.deepEqual([conflict.reason, conflict.currentVersion], ["VERSION_CONFLICT", 4n]);
+    assert.ok(cancelled instanceof OrderIsCancelled);
+    assert.deepEqual([cancelled.reason, cancelled.currentVersion], ["ORDER_CANCELLED", undefined]);
+    assert.ok(!(other instanceof VersionConflict) && !(other instanceof OrderIsCancelled));
+    assert.equal(other.reason, "ORDER_NOT_FOUND");
   });
 
   test("codes carry their gRPC names", () => {

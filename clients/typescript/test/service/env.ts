@@ -52,7 +52,7 @@ export function submitter(tokenFile: string | undefined, policy: Partial<RetryPo
         ? `${call.call} OK`
         : [call.call, call.failure.codeName, call.failure.reason].filter(Boolean).join(" "),
     );
-  const sentEventIds = () => new Set(calls.filter((call) => call.call === "submit").map((c) => c.sentEventId));
+  const sentEventIds = () => new Set(calls.filter((call) => call.call !== "reconcile").map((c) => c.sentEventId));
   return { safe, calls, made, sentEventIds };
 }
 
