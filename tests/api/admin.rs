@@ -146,6 +146,9 @@ on_every_backend!(
 async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let accepted = app.submit(order(11, "timeline-1")).await.unwrap();
+    // A second version of the order: the timeline of either event lists both, each with its state.
+    let amend = crate::change_order::amend("timeline-amend-1", accepted.order_id, 1, 3);
+    let amended = app.amend(pb::AmendOrderRequest { tenant_id: 11, ..amend }).await.unwrap();
 
     // Before the relay runs: the order and a PENDING row, nothing consumed.
     let pending = timeline(&app, &accepted.event_id).await.unwrap();
@@ -161,15 +164,16 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     let nothing = consumer.timeline(&accepted.event_id).await;
     assert!(nothing.consumers.is_empty() && nothing.notification_jobs.is_empty());
     let relay = start_relay(&app, &broker, &topic).await;
-    assert_eventually("the event has its effect", WAIT, || async {
+    assert_eventually("both events of the order have their effect", WAIT, || async {
         !consumer.timeline(&accepted.event_id).await.notification_jobs.is_empty()
+            && !consumer.timeline(&amended.event_id).await.notification_jobs.is_empty()
     })
     .await;
     relay.stop().await;
 
     let done = timeline(&app, &accepted.event_id).await.unwrap();
     let order = done.order.as_ref().unwrap();
-    assert_eq!((order.tenant_id, order.request_id.as_str(), order.version), (11, "timeline-1", 1));
+    assert_eq!((order.tenant_id, order.request_id.as_str(), order.version), (11, "timeline-1", 2));
     let outbox = done.outbox.as_ref().unwrap();
     assert_eq!(outbox.status, "PUBLISHED");
     assert!(outbox.published_at.is_some() && outbox.lease_owner.is_empty());
@@ -208,9 +212,30 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     assert_eq!(json["consumers"].as_array().unwrap().len(), 1);
     assert_eq!(json["notificationJob"]["orderId"], accepted.order_id);
     assert!(json["consumerSideUnavailable"].is_null());
+    // Every version of the order, with its event's state on both sides.
+    let applied = format!("applied by {}", outpost::consumer::DEFAULT_CONSUMER_NAME);
+    let versions: Vec<_> = json["orderEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["version"].as_i64(), e["eventId"].as_str(), e["outboxStatus"].as_str(), e["consumerState"].as_str()))
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            (Some(1), Some(accepted.event_id.as_str()), Some("PUBLISHED"), Some(applied.as_str())),
+            (Some(2), Some(amended.event_id.as_str()), Some("PUBLISHED"), Some(applied.as_str())),
+        ]
+    );
     let table = outpostctl(&[&url, &consumer_url, "find", "11", "timeline-1"]).await;
     assert!(table.ok && table.stdout.contains(&accepted.event_id) && table.stdout.contains("PUBLISHED"));
     assert!(table.stdout.contains("notification job"), "{}", table.stdout);
+    let rows: Vec<_> = table.stdout.lines().filter(|l| l.contains(&applied)).collect();
+    assert!(
+        rows.len() == 2 && rows[0].contains(&accepted.event_id) && rows[1].contains(&amended.event_id),
+        "every version's row says the consumer applied it:\n{}",
+        table.stdout
+    );
     consumer.stop().await;
 
     // With the consumer gone, the order side is shown alone, saying so.

@@ -179,6 +179,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let tls = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     let mut orders = OrderServiceClient::new(connected(&format!("https://localhost:{port}"), &tls).await);
     let shop = BearerToken::new(&pki.token(json!({ "sub": "shop-7", "tenant_id": 7 })).unwrap()).unwrap();
+    let mut changes = orders.clone();
     let mut submit = async |request: pb::SubmitOrderRequest| {
         let mut request = tonic::Request::new(request);
         shop.apply(&mut request);
@@ -189,6 +190,14 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
         accepted.push(submit(order(7, &format!("console-{i}"))).await);
     }
     let large = submit(large_order("console-large")).await;
+    // The first order is amended and cancelled: its timeline shows three versions.
+    let amend = crate::change_order::amend("console-0-amend", accepted[0].order_id, 1, 3);
+    let mut amend = tonic::Request::new(amend);
+    shop.apply(&mut amend);
+    let amended = changes.amend_order(amend).await.unwrap().into_inner();
+    let mut cancel = tonic::Request::new(crate::change_order::cancel("console-0-cancel", accepted[0].order_id, 2));
+    shop.apply(&mut cancel);
+    let cancelled = changes.cancel_order(cancel).await.unwrap().into_inner();
 
     // The consumer, on TLS with JWT too; a first relay whose producer refuses the large event.
     let mut consumer = outpost::consumer::Settings::new(&db.url, broker.address());
@@ -207,13 +216,13 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     assert_eventually("the large event is FAILED and the others PUBLISHED", WAIT, || async {
         probe.state(&large.event_id).await.status == "FAILED"
-            && probe.count_with_status("PUBLISHED").await == 3
+            && probe.count_with_status("PUBLISHED").await == 5
     })
     .await;
-    assert_eventually("the consumer made the three effects", WAIT, || async {
+    assert_eventually("the consumer made the five effects", WAIT, || async {
         let sql = "SELECT COUNT(*) FROM notification_job";
         let row = conn.query_one_raw(Statement::from_string(conn.get_database_backend(), sql)).await;
-        row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap() == 3
+        row.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap() == 5
     })
     .await;
     // A record the consumer cannot decode: it sets it aside as a dead letter.
@@ -306,6 +315,19 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!(timeline["traceId"], trace_id, "{timeline}");
     assert_eq!(timeline["traceHref"], format!("http://localhost:16686/trace/{trace_id}"));
     assert_eq!(steps["find"]["eventId"], published.event_id.as_str(), "found by tenant and request id");
+    // Every version of the order, by event id and by key, each with its event's state on both sides.
+    let applied = format!("applied by {}", outpost::consumer::DEFAULT_CONSUMER_NAME);
+    let expected: Vec<Value> = [
+        ("v1", "SUBMIT", &published.event_id),
+        ("v2", "AMEND", &amended.event_id),
+        ("v3", "CANCEL", &cancelled.event_id),
+    ]
+    .iter()
+    .map(|(version, operation, event_id)| json!([version, operation, event_id, "PUBLISHED", applied]))
+    .collect();
+    for step in ["timeline", "find"] {
+        assert_eq!(steps[step]["versions"], json!(expected), "{step}: {}", steps[step]);
+    }
 
     let failed = &steps["failed"];
     assert_eq!(failed["failedRows"], 1, "{failed}");
@@ -348,7 +370,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!((&purge["purgeDisabledFirst"], &purge["purgeEnabledAfter"]), (&json!(true), &json!(true)));
     let purge_rows = texts(&purge["rows"]);
     assert!(purge_rows.contains("outbox_event") && purge_rows.contains("consumed_event"), "{purge_rows}");
-    assert_eq!(probe.count_with_status("PUBLISHED").await, 9, "a dry run deleted nothing");
+    assert_eq!(probe.count_with_status("PUBLISHED").await, 11, "a dry run deleted nothing");
 
     let refused = steps["refused"]["banner"].as_str().unwrap();
     assert!(refused.contains("Unauthenticated") && refused.contains("TOKEN_INVALID"), "{refused}");

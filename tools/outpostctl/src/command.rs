@@ -457,7 +457,33 @@ async fn joined(cli: &Cli, event_id: &str, order: Option<pb::EventTimeline>) -> 
         ))
         .into());
     };
-    Ok(render::timeline(timeline, unavailable.as_deref(), cli.json))
+    let states = match unavailable {
+        Some(_) => Vec::new(),
+        None => version_states(cli, &timeline).await.unwrap_or_else(|error| {
+            vec![format!("unknown: {error}"); timeline.order_events.len()]
+        }),
+    };
+    Ok(render::timeline(timeline, &states, unavailable.as_deref(), cli.json))
+}
+
+/// The consumer side's state of each event in `timeline.order_events` (the order's every
+/// version), in that order; empty when the consumer cannot be asked (the event's own timeline
+/// already says so). One GetConsumerTimeline per version and one ListParkedEvents of the order.
+async fn version_states(cli: &Cli, timeline: &pb::EventTimeline) -> Result<Vec<String>, CtlError> {
+    let Some(order_id) = timeline.order.as_ref().map(|o| o.order_id) else { return Ok(Vec::new()) };
+    if timeline.order_events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut consumer = cli.consumer_admin().await?;
+    let parked = pb::ListParkedEventsRequest { order_id, limit: 1000 };
+    let parked = consumer.list_parked_events(parked).await?.into_inner().parked_events;
+    let mut states = Vec::with_capacity(timeline.order_events.len());
+    for event in &timeline.order_events {
+        let request = pb::GetConsumerTimelineRequest { event_id: event.event_id.clone() };
+        let records = consumer.get_consumer_timeline(request).await?.into_inner().timeline.unwrap_or_default();
+        states.push(join::consumer_state(&records, &parked));
+    }
+    Ok(states)
 }
 
 impl Cli {

@@ -27,6 +27,25 @@ pub(crate) fn timeline(
     Some(joined)
 }
 
+/// What the consumer side did with one event of an order, for the table of every version: per
+/// consumer name, dead-lettered, parked (recorded, waiting for an earlier version) or applied (to
+/// its read model of the order); "not consumed yet" when no consumer recorded it.
+pub(crate) fn consumer_state(consumer: &pb::ConsumerTimeline, parked: &[pb::ParkedEventRecord]) -> String {
+    let mut states: Vec<String> = consumer
+        .dead_letters
+        .iter()
+        .map(|d| format!("dead-lettered by {}", d.consumer_name))
+        .collect();
+    for c in &consumer.consumers {
+        let waiting = parked.iter().find(|p| p.event_id == consumer.event_id && p.consumer_name == c.consumer_name);
+        states.push(match waiting {
+            Some(p) => format!("parked by {}: {}", c.consumer_name, p.reason),
+            None => format!("applied by {}", c.consumer_name),
+        });
+    }
+    if states.is_empty() { "not consumed yet".to_owned() } else { states.join("; ") }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -97,5 +116,26 @@ mod tests {
     fn an_event_neither_side_knows_is_no_timeline() {
         assert_eq!(timeline(None, None), None);
         assert_eq!(timeline(None, Some(consumed(&[]))), None);
+    }
+
+    #[test]
+    fn each_event_of_an_order_says_whether_each_consumer_applied_parked_or_dead_lettered_it() {
+        let parked = [pb::ParkedEventRecord {
+            consumer_name: "b".into(),
+            event_id: EVENT.into(),
+            reason: "waits for version 2".into(),
+            ..Default::default()
+        }];
+        let dead = pb::ConsumerTimeline {
+            dead_letters: vec![pb::DeadLetterRecord { consumer_name: "c".into(), ..Default::default() }],
+            ..consumed(&["a", "b"])
+        };
+
+        assert_eq!(consumer_state(&consumed(&["a"]), &parked), "applied by a");
+        assert_eq!(
+            consumer_state(&dead, &parked),
+            "dead-lettered by c; applied by a; parked by b: waits for version 2"
+        );
+        assert_eq!(consumer_state(&consumed(&[]), &[]), "not consumed yet");
     }
 }

@@ -60,7 +60,7 @@ fn job_json(j: &pb::NotificationJobRecord) -> Value {
     })
 }
 
-fn timeline_json(t: &pb::EventTimeline) -> Value {
+fn timeline_json(t: &pb::EventTimeline, consumer_states: &[String]) -> Value {
     json!({
         "eventId": t.event_id,
         "order": t.order.as_ref().map(|o| json!({
@@ -81,7 +81,7 @@ fn timeline_json(t: &pb::EventTimeline) -> Value {
         "notificationJob": t.notification_job.as_ref().map(job_json),
         "notificationJobs": t.notification_jobs.iter().map(job_json).collect::<Vec<_>>(),
         "deadLetters": t.dead_letters.iter().map(dead_letter_json).collect::<Vec<_>>(),
-        "orderEvents": t.order_events.iter().map(|e| json!({
+        "orderEvents": t.order_events.iter().enumerate().map(|(i, e)| json!({
             "eventId": e.event_id,
             "version": e.version,
             "eventType": e.event_type,
@@ -89,6 +89,7 @@ fn timeline_json(t: &pb::EventTimeline) -> Value {
             "requestId": e.request_id,
             "committedAt": time(e.committed_at.as_ref()),
             "outboxStatus": non_empty(&e.outbox_status),
+            "consumerState": consumer_states.get(i),
         })).collect::<Vec<_>>(),
     })
 }
@@ -103,11 +104,18 @@ fn dead_letter_json(d: &pb::DeadLetterRecord) -> Value {
     })
 }
 
-/// One event's timeline: a table of what happened when, in time order. `consumer_unavailable`
-/// says why the consumer side's part is missing, when it could not be asked.
-pub(crate) fn timeline(t: pb::EventTimeline, consumer_unavailable: Option<&str>, as_json: bool) -> String {
+/// One event's timeline: a table of what happened when, in time order, then every version of its
+/// order with each event's outbox status and `consumer_states` (aligned with `order_events`; empty
+/// when the consumer side could not be asked). `consumer_unavailable` says why the consumer side's
+/// part is missing, when it could not be asked.
+pub(crate) fn timeline(
+    t: pb::EventTimeline,
+    consumer_states: &[String],
+    consumer_unavailable: Option<&str>,
+    as_json: bool,
+) -> String {
     if as_json {
-        let mut value = timeline_json(&t);
+        let mut value = timeline_json(&t, consumer_states);
         value["consumerSideUnavailable"] = json!(consumer_unavailable);
         return pretty(&value);
     }
@@ -180,8 +188,14 @@ pub(crate) fn timeline(t: pb::EventTimeline, consumer_unavailable: Option<&str>,
     if t.order_events.is_empty() {
         return format!("event {}\n{out}", t.event_id);
     }
-    let mut versions = table(&["version", "committed", "operation", "request id", "event id", "outbox"]);
-    for e in &t.order_events {
+    format!("event {}\n{out}\nevery version of the order:\n{}", t.event_id, versions(&t, consumer_states))
+}
+
+/// The table of every version of the event's order: each event's outbox status and consumer state.
+fn versions(t: &pb::EventTimeline, consumer_states: &[String]) -> Table {
+    let header = ["version", "committed", "operation", "request id", "event id", "outbox", "consumer"];
+    let mut versions = table(&header);
+    for (i, e) in t.order_events.iter().enumerate() {
         let marker = if e.event_id == t.event_id { " (this event)" } else { "" };
         versions.add_row(vec![
             format!("v{}", e.version),
@@ -190,9 +204,10 @@ pub(crate) fn timeline(t: pb::EventTimeline, consumer_unavailable: Option<&str>,
             e.request_id.clone(),
             format!("{}{marker}", e.event_id),
             non_empty(&e.outbox_status).unwrap_or_else(|| "purged".to_owned()),
+            consumer_states.get(i).cloned().unwrap_or_else(|| "-".to_owned()),
         ]);
     }
-    format!("event {}\n{out}\nevery version of the order:\n{versions}", t.event_id)
+    versions
 }
 
 /// A committed change of an order.

@@ -1,11 +1,13 @@
 // One event's timeline, joined from the order side (AdminService) and the consumer side
-// (ConsumerAdminService), found by event id or by tenant and request id.
+// (ConsumerAdminService), found by event id or by tenant and request id, followed by every
+// version of its order with each event's state on both sides.
 import { Code, ConnectError } from "@connectrpc/connect";
 import { describe, failure } from "./api.js";
 import { h, replace, table } from "./dom.js";
 import { decoded, millis, when } from "./format.js";
 import type { Context } from "./context.js";
 import type { ConsumerTimeline, EventTimeline } from "./stubs.js";
+import { versions } from "./versions.js";
 
 export function mount(root: HTMLElement, context: Context, eventId?: string): void {
   const byId = h("input", { name: "event-id", placeholder: "event id (UUID)", size: "40", "data-testid": "search-event-id" });
@@ -61,7 +63,9 @@ async function show(context: Context, result: HTMLElement, query: Query): Promis
     replace(result, h("p", { class: "error", "data-testid": "timeline-error" }, consumerProblem || `Neither side knows event ${eventId} (EVENT_NOT_FOUND).`));
     return;
   }
-  replace(result, ...render(context, eventId, order, consumer, consumerProblem));
+  const open = (other: string) => void show(context, result, { eventId: other });
+  const versionTable = await versions(context, order, open);
+  replace(result, ...render(context, eventId, order, consumer, consumerProblem), versionTable);
 }
 
 type Row = [number | undefined, string, string, string];

@@ -4,7 +4,8 @@
 //   url        the URL the console printed (with its key)
 //   refusedUrl the URL of a console whose token the services refuse
 //   outDir     where the screenshots go
-//   published  {eventId, tenantId, requestId} of an event that was consumed
+//   published  {eventId, tenantId, requestId} of an event that was consumed (its order was then
+//              amended and cancelled: the timeline lists three versions)
 //   failed     the id of a FAILED event to redrive
 //   reason     the redrive's reason
 //   waiting    how many events wait for a relay when the page opens
@@ -61,6 +62,17 @@ async function shot(p, name) {
   return path;
 }
 
+/** The table of every version of the order: [version, operation, event id, outbox, consumer] per row. */
+async function versionRows(p) {
+  const rows = await p.getByTestId("timeline-versions").locator("tbody tr").all();
+  return Promise.all(
+    rows.map(async (row) => {
+      const cells = (await row.locator("td").allInnerTexts()).map((t) => t.trim());
+      return [cells[0], cells[2], cells[4].replace(" (this event)", ""), cells[5], cells[6]];
+    }),
+  );
+}
+
 async function nav(p, title) {
   await p.locator("nav button", { hasText: title }).click();
 }
@@ -101,6 +113,7 @@ try {
     rows,
     traceId: (await page.getByTestId("trace-id").count()) ? await page.getByTestId("trace-id").textContent() : null,
     traceHref: (await traceLink.count()) ? await traceLink.getAttribute("href") : null,
+    versions: await versionRows(page),
     screenshot: await shot(page, "timeline"),
   });
   await page.getByTestId("search-tenant").fill(String(settings.published.tenantId));
@@ -110,7 +123,7 @@ try {
     .getByTestId("timeline-event-id")
     .filter({ hasText: settings.published.eventId })
     .waitFor({ timeout: WAIT });
-  report("find", { eventId: await page.getByTestId("timeline-event-id").textContent() });
+  report("find", { eventId: await page.getByTestId("timeline-event-id").textContent(), versions: await versionRows(page) });
 
   // The FAILED event, its payload, and its redrive with a reason, confirmed.
   await nav(page, "Dead letters & FAILED");
