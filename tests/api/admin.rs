@@ -218,7 +218,14 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| (e["version"].as_i64(), e["eventId"].as_str(), e["outboxStatus"].as_str(), e["consumerState"].as_str()))
+        .map(|e| {
+            (
+                e["version"].as_i64(),
+                e["eventId"].as_str(),
+                e["outboxStatus"].as_str(),
+                e["consumerState"].as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         versions,

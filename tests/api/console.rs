@@ -195,7 +195,8 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let mut amend = tonic::Request::new(amend);
     shop.apply(&mut amend);
     let amended = changes.amend_order(amend).await.unwrap().into_inner();
-    let mut cancel = tonic::Request::new(crate::change_order::cancel("console-0-cancel", accepted[0].order_id, 2));
+    let mut cancel =
+        tonic::Request::new(crate::change_order::cancel("console-0-cancel", accepted[0].order_id, 2));
     shop.apply(&mut cancel);
     let cancelled = changes.cancel_order(cancel).await.unwrap().into_inner();
 

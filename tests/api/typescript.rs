@@ -180,7 +180,9 @@ async fn order_history(db: &TestDb) -> ((i64, String), Vec<(String, i64)>) {
     let conn = db.connect().await;
     let query = |sql: &str| sea_orm::Statement::from_string(sea_orm::DbBackend::MySql, sql.to_owned());
     let order = conn
-        .query_one_raw(query("SELECT version, status FROM orders WHERE tenant_id = 7 AND request_id = 'req-ts-1'"))
+        .query_one_raw(query(
+            "SELECT version, status FROM orders WHERE tenant_id = 7 AND request_id = 'req-ts-1'",
+        ))
         .await
         .unwrap()
         .expect("the order under test committed");
@@ -205,8 +207,16 @@ async fn the_typescript_client_amends_and_cancels_an_order_and_is_refused_a_stal
     node_test("test/service/changes.test.ts", &service.vars).await;
 
     let (order, events) = order_history(&service.db).await;
-    assert_eq!(order, (3, "CANCELLED".to_owned()), "amended to 2, cancelled at 3; the refusals wrote nothing");
-    let types = [outpost::order::EVENT_TYPE, outpost::order::ORDER_AMENDED_EVENT_TYPE, outpost::order::ORDER_CANCELLED_EVENT_TYPE];
+    assert_eq!(
+        order,
+        (3, "CANCELLED".to_owned()),
+        "amended to 2, cancelled at 3; the refusals wrote nothing"
+    );
+    let types = [
+        outpost::order::EVENT_TYPE,
+        outpost::order::ORDER_AMENDED_EVENT_TYPE,
+        outpost::order::ORDER_CANCELLED_EVENT_TYPE,
+    ];
     assert_eq!(events, types.iter().zip(1..).map(|(t, v)| ((*t).to_owned(), v)).collect::<Vec<_>>());
     service.server.stop().await;
 }

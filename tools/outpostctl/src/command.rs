@@ -459,9 +459,9 @@ async fn joined(cli: &Cli, event_id: &str, order: Option<pb::EventTimeline>) -> 
     };
     let states = match unavailable {
         Some(_) => Vec::new(),
-        None => version_states(cli, &timeline).await.unwrap_or_else(|error| {
-            vec![format!("unknown: {error}"); timeline.order_events.len()]
-        }),
+        None => version_states(cli, &timeline)
+            .await
+            .unwrap_or_else(|error| vec![format!("unknown: {error}"); timeline.order_events.len()]),
     };
     Ok(render::timeline(timeline, &states, unavailable.as_deref(), cli.json))
 }
@@ -480,7 +480,8 @@ async fn version_states(cli: &Cli, timeline: &pb::EventTimeline) -> Result<Vec<S
     let mut states = Vec::with_capacity(timeline.order_events.len());
     for event in &timeline.order_events {
         let request = pb::GetConsumerTimelineRequest { event_id: event.event_id.clone() };
-        let records = consumer.get_consumer_timeline(request).await?.into_inner().timeline.unwrap_or_default();
+        let records =
+            consumer.get_consumer_timeline(request).await?.into_inner().timeline.unwrap_or_default();
         states.push(join::consumer_state(&records, &parked));
     }
     Ok(states)

@@ -31,13 +31,11 @@ pub(crate) fn timeline(
 /// consumer name, dead-lettered, parked (recorded, waiting for an earlier version) or applied (to
 /// its read model of the order); "not consumed yet" when no consumer recorded it.
 pub(crate) fn consumer_state(consumer: &pb::ConsumerTimeline, parked: &[pb::ParkedEventRecord]) -> String {
-    let mut states: Vec<String> = consumer
-        .dead_letters
-        .iter()
-        .map(|d| format!("dead-lettered by {}", d.consumer_name))
-        .collect();
+    let mut states: Vec<String> =
+        consumer.dead_letters.iter().map(|d| format!("dead-lettered by {}", d.consumer_name)).collect();
     for c in &consumer.consumers {
-        let waiting = parked.iter().find(|p| p.event_id == consumer.event_id && p.consumer_name == c.consumer_name);
+        let waiting =
+            parked.iter().find(|p| p.event_id == consumer.event_id && p.consumer_name == c.consumer_name);
         states.push(match waiting {
             Some(p) => format!("parked by {}: {}", c.consumer_name, p.reason),
             None => format!("applied by {}", c.consumer_name),
