@@ -1,5 +1,6 @@
 //! A short chaos run per database: relays and consumers SIGKILLed at random and the broker
-//! restarted on its durable storage while orders arrive; then every event id is checked.
+//! restarted on its durable storage while orders arrive and are amended and cancelled; then every
+//! event id is checked, and every order's versions on the topic and in the consumer's read model.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,8 +29,8 @@ async fn a_short_chaos_run_loses_nothing_and_duplicates_nothing(backend: Backend
     assert!(report.kills >= 3 && report.broker_restarts >= 1, "{}", report.summary());
 }
 
-/// Runs chaos with 30 orders over `db` and a fresh broker; fails the test, keeping the
-/// services' logs, on any violation.
+/// Runs chaos with 30 orders (each accepted, amended and cancelled) over `db` and a fresh broker;
+/// fails the test, keeping the services' logs, on any violation.
 async fn chaos_on(
     db: &TestDb,
     duration: Duration,
@@ -48,7 +49,8 @@ async fn chaos_on(
         let kept = logs.keep();
         panic!("{}the services' logs are kept in {}", report.summary(), kept.display());
     }
-    assert_eq!(report.events_checked, 30);
+    // Each order's acceptance, amendment and cancellation; every order's versions 1 to 3.
+    assert_eq!((report.events_checked, report.orders_checked, report.versions_checked), (90, 30, 90));
     report
 }
 

@@ -33,6 +33,9 @@ pub struct OutboxRow {
 pub struct Rows {
     /// Orders whose acceptance event is the event.
     pub orders: u64,
+    /// Versions of an order (order_version rows: a submission, amendment or cancellation) that
+    /// committed the event.
+    pub versions: u64,
     /// Outbox rows with the event id.
     pub outbox: u64,
     /// consumed_event rows with the event id.
@@ -42,7 +45,7 @@ pub struct Rows {
 }
 
 /// `sql` with `?` placeholders, bound to `values`, in the backend's dialect.
-fn statement(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Statement {
+pub(crate) fn statement(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Statement {
     let backend = db.get_database_backend();
     let sql = if backend == DbBackend::Postgres {
         let mut numbered = String::with_capacity(sql.len());
@@ -88,6 +91,7 @@ pub(crate) async fn rows(db: &DatabaseConnection, event_id: &str) -> Result<Rows
     let by_event = |sql: &'static str| count(db, sql, vec![event_id.into()]);
     Ok(Rows {
         orders: by_event("SELECT COUNT(*) FROM orders WHERE acceptance_event_id = ?").await?,
+        versions: by_event("SELECT COUNT(*) FROM order_version WHERE event_id = ?").await?,
         outbox: by_event("SELECT COUNT(*) FROM outbox_event WHERE event_id = ?").await?,
         consumed: by_event("SELECT COUNT(*) FROM consumed_event WHERE event_id = ?").await?,
         jobs: by_event("SELECT COUNT(*) FROM notification_job WHERE event_id = ?").await?,
@@ -120,6 +124,11 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result
 pub struct Record {
     /// The `event_id` header.
     pub event_id: String,
+    /// The `aggregate_id` header: the order id, as text (also the record's key).
+    pub aggregate_id: String,
+    /// The `event_version` header: the order's version the event describes; `None` when the
+    /// header is missing or not a number.
+    pub version: Option<i64>,
     /// Where it is on the topic.
     pub delivery: Delivery,
 }
@@ -151,17 +160,23 @@ pub async fn read_topic(
                 // Transient client errors (a broker connection dropping) are retried by
                 // librdkafka itself; only records count.
                 let Ok(message) = message else { continue };
-                let event_id = message
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default();
+                let header = |name: &str| {
+                    message
+                        .headers()
+                        .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                };
                 let delivery = Delivery {
                     topic: topic.clone(),
                     partition: message.partition(),
                     offset: message.offset(),
                 };
-                records.push(Record { event_id, delivery });
+                records.push(Record {
+                    event_id: header("event_id").unwrap_or_default(),
+                    aggregate_id: header("aggregate_id").unwrap_or_default(),
+                    version: header("event_version").and_then(|v| v.parse().ok()),
+                    delivery,
+                });
                 last = Instant::now();
             }
         }

@@ -15,6 +15,7 @@
 mod chaos;
 mod evidence;
 mod journey;
+mod ordering;
 pub mod process;
 mod report;
 
@@ -25,6 +26,9 @@ use process::{Output, ServiceProcess};
 pub use chaos::{BrokerControl, ChaosReport, ChaosSettings, DatabaseControl, chaos};
 pub use evidence::{OutboxRow, Record, Rows, create_topic, read_topic};
 pub use journey::run;
+pub use ordering::{
+    OrderCheck, OrderState, check_orders, order_states, read_model_differences, versions_in_order,
+};
 pub use report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
 
 /// A guarantee to break on purpose, to show that the verifier catches it.
