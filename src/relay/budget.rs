@@ -5,9 +5,13 @@
 //! events while this one still acts on them. librdkafka's `delivery.timeout.ms` starts only once
 //! a record is in its queue, and `send` may first wait for queue space, so the relay bounds the
 //! publishing itself: the claim, the queue wait and the delivery together take at most
-//! `delivery_timeout`, and marks and releases get what is left of `lease - margin`. The budget
-//! bounds what the step waits for; a process stalled in between outlives any budget, and the
-//! claim's fence makes its late marks and releases change nothing.
+//! `delivery_timeout`, counted from before the claim, and marks and releases get what is left of
+//! `lease - margin`. A step stalled between its claim and its publish (a paused process, a
+//! starved thread) therefore finds its publishing time spent and hands librdkafka nothing: its
+//! events wait for their leases to expire, and an order's later versions, published meanwhile by
+//! another relay, are never followed by a late copy of an earlier one from this step. A stall
+//! after the records were handed over outlives any budget; the claim's fence makes that step's
+//! late marks and releases change nothing.
 
 use std::time::Duration;
 

@@ -136,9 +136,11 @@ impl<P: Publisher> Relay<P> {
             // As if the worker died here: the leases run out and another worker takes over.
             return Ok(StepOutcome::Worked(report));
         }
-        // The budget bounds what the step waits for (claim, queue, delivery, marks); a process
-        // stalled between two of them outlives any budget, and the claim fence covers that.
-        let publish_by = tokio::time::Instant::now() + budget.publish.saturating_sub(claim_took);
+        // Counted from before the claim, so that a step stalled after its claim (a paused
+        // process, a starved thread) finds its budget spent and publishes nothing: a late copy
+        // of an event that another relay has published since, with the order's later versions
+        // after it, would put an old version on the topic after newer ones.
+        let publish_by = started + budget.publish;
         // Sends are queued in claim order, so one key's records keep their order on the
         // partition; the confirmations are awaited together. Every record is built here, before
         // the producer's turn, so that the turn hands librdkafka the whole batch in one burst.
@@ -164,12 +166,14 @@ impl<P: Publisher> Relay<P> {
         // semaphore is never closed, so an error cannot happen; a missed deadline fails the
         // batch as a timed-out send would.
         let results = match tokio::time::timeout_at(publish_by, self.producer_turn.acquire()).await {
-            Ok(turn) => {
+            // Checked here, not left to the sends' timeouts: those poll each send once, which
+            // hands its record to librdkafka, before they look at the clock.
+            Ok(turn) if tokio::time::Instant::now() < publish_by => {
                 let results = join_all(sends).await;
                 drop(turn);
                 results
             }
-            Err(_) => claimed.iter().map(|_| Err(not_confirmed(budget.publish))).collect(),
+            _ => claimed.iter().map(|_| Err(not_confirmed(budget.publish))).collect(),
         };
         report.claim_time = claim_took;
         report.publish_time = publishing.elapsed();
