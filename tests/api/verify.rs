@@ -1,5 +1,6 @@
 //! `verify` against each real database and a real broker: every invariant holds with evidence
-//! of the duplicates, and each deliberately broken guarantee fails its own invariant.
+//! of the duplicates and of the order's versions in order, and each deliberately broken
+//! guarantee fails its own invariant.
 
 use outpost_verify::{self as verify, Break, Report};
 
@@ -46,6 +47,12 @@ async fn verify_passes_every_invariant_with_evidence_of_the_duplicates(backend: 
     let yaml = report.to_yaml();
     assert!(yaml.starts_with("repeatableDeliveryVerification:\n"));
     assert!(!yaml.contains(": FAIL"));
+    // The order is amended and cancelled too: its three versions reach the topic in order and the
+    // consumer's read model ends where the order table is.
+    for invariant in ["everyOrdersVersionsInOrderOnTheTopic", "readModelEqualsOrderTable"] {
+        assert_eq!(report.invariant(invariant), Some(true), "{yaml}");
+    }
+    assert!(yaml.contains("1 order(s), 3 version(s) checked"), "{yaml}");
 }
 
 async fn only(broken: Break, invariant: &str) {

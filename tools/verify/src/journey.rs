@@ -9,7 +9,10 @@ use outpost::failpoint as fp;
 use outpost_proto::EventId;
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
+use outpost::consumer::DEFAULT_CONSUMER_NAME;
+
 use crate::evidence::{self, OutboxRow, Record};
+use crate::ordering;
 use crate::process::ServiceProcess;
 use crate::report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
 use crate::{Settings, VerifyError};
@@ -47,6 +50,8 @@ struct Run<'a> {
     topic: String,
     group: String,
     event_id: String,
+    /// The followed order's tenant: every order of it is the experiment's.
+    tenant_id: i64,
     processes: Vec<ServiceProcess>,
 }
 
@@ -112,11 +117,17 @@ impl Run<'_> {
         Ok(evidence::outbox_row(&self.db, &self.event_id).await?)
     }
 
+    /// The followed event's records on the topic.
     async fn deliveries(&self) -> Result<Vec<Record>, VerifyError> {
-        let all = evidence::read_topic(&self.settings.brokers, &self.topic, Duration::from_secs(3), STEP)
-            .await
-            .map_err(VerifyError::Broker)?;
+        let all = self.all_deliveries().await?;
         Ok(all.into_iter().filter(|d| d.event_id == self.event_id).collect())
+    }
+
+    /// Every record on the topic: every version of the order.
+    async fn all_deliveries(&self) -> Result<Vec<Record>, VerifyError> {
+        evidence::read_topic(&self.settings.brokers, &self.topic, Duration::from_secs(3), STEP)
+            .await
+            .map_err(VerifyError::Broker)
     }
 
     /// The last `n` log lines of every process started so far, for a diagnosis.
@@ -207,6 +218,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
         topic,
         group: format!("outpost-verify-{experiment}"),
         event_id: event_id.clone(),
+        tenant_id,
         processes: Vec::new(),
     };
     let mut report = Report {
@@ -228,7 +240,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
         },
         ..Report::default()
     };
-    match journey(&mut run, &mut report, tenant_id, &request_id).await {
+    match journey(&mut run, &mut report, Key { tenant_id, request_id }).await {
         Ok(()) => Ok(report),
         // A stuck step names what it waited for; the services' last words say why.
         Err(VerifyError::Stuck(what)) => Err(VerifyError::Stuck(format!("{what}\n{}", run.log_tails(20)))),
@@ -236,31 +248,91 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     }
 }
 
-/// The seven injections in order, each recorded in `report`, then the verdicts.
-async fn journey(
+/// The followed order's idempotency key.
+struct Key {
+    tenant_id: i64,
+    request_id: String,
+}
+
+/// What the steps saw that the verdicts rest on.
+#[derive(Default)]
+struct Seen {
+    /// Outcomes of the first (rolled back) and second (unknown) submission.
+    first: String,
+    second: String,
+    unknown_reconciled: bool,
+    reconciled_event: String,
+    key_orders: u64,
+    /// Outcomes of the amendment and the cancellation that follow the submission.
+    changes: String,
+    /// The events of the changes: versions 2 and 3 of the order.
+    change_event_ids: Vec<String>,
+    discoverable: Option<OutboxRow>,
+    after_confirm: Option<OutboxRow>,
+    copies_after_confirm: usize,
+    stale_owner: String,
+    stopped_until_takeover: bool,
+    marked_by_new_owner: Option<OutboxRow>,
+    late: String,
+    after_stale: Option<OutboxRow>,
+    /// The followed event's records on the topic once the relays are done.
+    deliveries: Vec<Record>,
+}
+
+/// The seven injections in order, each recorded in `report`, then the verdicts. The order is
+/// amended and cancelled after its submission, so the relays and consumers also carry its
+/// versions 2 and 3 through the same faults, and the verdicts check the order's order.
+async fn journey(run: &mut Run<'_>, report: &mut Report, key: Key) -> Result<(), VerifyError> {
+    let mut seen = Seen::default();
+    submit_through_faults(run, report, &key, &mut seen).await?;
+    relay_dies_before_claim(run, report, &mut seen).await?;
+    let relay2_exit = relay_dies_after_confirm(run, &mut seen).await?;
+    stale_owner_is_fenced(run, &mut seen).await?;
+    report.injections.push(Injection {
+        point: fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED,
+        expected: "the broker has the record but the row is still PUBLISHING: the event is published again; duplicates, no loss",
+        observed: ev(&[
+            ("relayExit", format!("{relay2_exit:?}")),
+            ("outboxRowAfterCrash", describe(seen.after_confirm.as_ref())),
+            ("copiesOnTopicAfterCrash", seen.copies_after_confirm.to_string()),
+        ]),
+    });
+    report.injections.push(Injection {
+        point: fp::DURING_CONCURRENT_CLAIM,
+        expected: "the stale owner's late mark changes nothing; lease ownership is traceable; the duplicate is tolerated",
+        observed: ev(&[
+            ("staleLeaseOwner", seen.stale_owner.clone()),
+            ("staleOwnerStoppedUntilTakeover", seen.stopped_until_takeover.to_string()),
+            ("markedByNewOwner", describe(seen.marked_by_new_owner.as_ref())),
+            ("staleOwnerOutcome", seen.late.clone()),
+            ("rowAfterStaleOwner", describe(seen.after_stale.as_ref())),
+            ("copiesOnTopic", seen.deliveries.len().to_string()),
+        ]),
+    });
+    consumer_fails_on_another_key(run, report).await?;
+    let order_id = report.event.order_id;
+    consumer_dies_before_ack(run, report, &seen, order_id).await?;
+    verdicts(run, report, &key, &seen).await
+}
+
+/// SubmitOrder rolled back, then committed with its acknowledgement lost and reconciled; then the
+/// order is amended (version 2) and cancelled (version 3) by the same order service.
+async fn submit_through_faults(
     run: &mut Run<'_>,
     report: &mut Report,
-    tenant_id: i64,
-    request_id: &str,
+    key: &Key,
+    seen: &mut Seen,
 ) -> Result<(), VerifyError> {
+    let (tenant_id, request_id) = (key.tenant_id, key.request_id.clone());
     let event_id = run.event_id.clone();
-    let request_id = request_id.to_owned();
-
-    // Order service: rolled back, then committed with the acknowledgement lost.
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.local_addr()?.port()
-    };
-    let order = run.start(
-        "outpost-order",
-        "order",
-        vec![format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".into()],
-        format!(
-            "{}=1*return;{}=1*return",
-            fp::BEFORE_ORDER_TRANSACTION_COMMIT,
-            fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION
-        ),
-    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let failpoints = format!(
+        "{}=1*return;{}=1*return",
+        fp::BEFORE_ORDER_TRANSACTION_COMMIT,
+        fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION
+    );
+    let listen = vec![format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".into()];
+    let order = run.start("outpost-order", "order", listen, failpoints)?;
     let url = format!("http://127.0.0.1:{port}");
     let mut client = until("the order service answers", STEP, || {
         let url = url.clone();
@@ -292,8 +364,8 @@ async fn journey(
         .reconcile(pb::ReconcileRequest { tenant_id, request_id: request_id.clone() })
         .await
         .map(tonic::Response::into_inner);
-    let key_orders = evidence::orders_for_key(&run.db, tenant_id, &request_id).await?;
-    let reconciled_event = reconciled.as_ref().map(|r| r.event_id.clone()).unwrap_or_default();
+    seen.key_orders = evidence::orders_for_key(&run.db, tenant_id, &request_id).await?;
+    seen.reconciled_event = reconciled.as_ref().map(|r| r.event_id.clone()).unwrap_or_default();
     report.event.order_id = reconciled.as_ref().map(|r| r.order_id).unwrap_or_default();
     report.injections.push(Injection {
         point: fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
@@ -301,50 +373,111 @@ async fn journey(
         observed: ev(&[
             ("outcome", outcome(&second)),
             ("reconcile", reconciled.as_ref().map_or_else(|s| format!("{:?}", s.code()), |r| format!("order {} event {}", r.order_id, r.event_id))),
-            ("ordersForRequestKey", key_orders.to_string()),
+            ("ordersForRequestKey", seen.key_orders.to_string()),
         ]),
     });
-    let unknown_reconciled = second.as_ref().err().is_some_and(|s| s.code() == tonic::Code::Unknown)
+    seen.unknown_reconciled = second.as_ref().err().is_some_and(|s| s.code() == tonic::Code::Unknown)
         && first.as_ref().err().is_some_and(|s| s.code() == tonic::Code::Aborted)
         && rows_after_first.orders == 0
         && rows_after_first.outbox == 0
-        && reconciled_event == event_id
-        && key_orders == 1;
+        && seen.reconciled_event == event_id
+        && seen.key_orders == 1;
+    (seen.first, seen.second) = (outcome(&first), outcome(&second));
+    change_the_order(&mut client, key, report.event.order_id, seen).await;
     let _ = run.processes[order].terminate(STEP).await;
+    Ok(())
+}
 
-    // Relay 1 dies before claiming: the event must stay discoverable.
-    let args = run.relay_args();
+/// Amends the order to version 2 and cancels it at version 3; records what each answered and
+/// the events they committed.
+async fn change_the_order(
+    client: &mut OrderServiceClient<tonic::transport::Channel>,
+    key: &Key,
+    order_id: i64,
+    seen: &mut Seen,
+) {
+    let amend = pb::AmendOrderRequest {
+        tenant_id: key.tenant_id,
+        request_id: format!("{}-amend", key.request_id),
+        order_id,
+        expected_version: 1,
+        line_items: vec![pb::LineItem { sku: "VERIFY".into(), quantity: 2, unit_price_minor: 100 }],
+        ..Default::default()
+    };
+    let cancel = pb::CancelOrderRequest {
+        tenant_id: key.tenant_id,
+        request_id: format!("{}-cancel", key.request_id),
+        order_id,
+        expected_version: 2,
+        reason: pb::CancelReason::CustomerRequest.into(),
+        note: "outpost-verify".into(),
+        ..Default::default()
+    };
+    let amended =
+        client.amend_order(amend).await.map(|r| (r.get_ref().event_id.clone(), r.get_ref().version));
+    let cancelled =
+        client.cancel_order(cancel).await.map(|r| (r.get_ref().event_id.clone(), r.get_ref().version));
+    let mut said = Vec::new();
+    for (what, answer) in [("amend", amended), ("cancel", cancelled)] {
+        match answer {
+            Ok((event_id, version)) => {
+                said.push(format!("{what} committed version {version}"));
+                seen.change_event_ids.push(event_id);
+            }
+            Err(status) => said.push(format!("{what} refused: {:?} {}", status.code(), status.message())),
+        }
+    }
+    seen.changes = said.join(", ");
+}
+
+/// Relay 1 dies before claiming: the event must stay discoverable.
+async fn relay_dies_before_claim(
+    run: &mut Run<'_>,
+    report: &mut Report,
+    seen: &mut Seen,
+) -> Result<(), VerifyError> {
     let fps = run.failpoints(&format!("{}=return(abort)", fp::AFTER_COMMIT_BEFORE_RELAY_CLAIM), false);
-    let relay1 = run.start("outpost-relay", "relay-1", args.clone(), fps)?;
+    let relay1 = run.start("outpost-relay", "relay-1", run.relay_args(), fps)?;
     let relay1_exit = run.processes[relay1].exited(STEP).await;
-    let discoverable = run.state().await?;
+    seen.discoverable = run.state().await?;
     report.injections.push(Injection {
         point: fp::AFTER_COMMIT_BEFORE_RELAY_CLAIM,
         expected: "the relay dies before claiming; the committed event stays PENDING and discoverable by its id",
         observed: ev(&[
             ("relayExit", format!("{relay1_exit:?}")),
-            ("outboxRow", describe(discoverable.as_ref())),
+            ("outboxRow", describe(seen.discoverable.as_ref())),
         ]),
     });
+    Ok(())
+}
 
-    // Relay 2 dies after the broker's confirm and before its mark.
+/// Relay 2 dies after the broker's confirm and before its mark; returns how it exited.
+async fn relay_dies_after_confirm(
+    run: &mut Run<'_>,
+    seen: &mut Seen,
+) -> Result<Option<std::process::ExitStatus>, VerifyError> {
     let fps =
         run.failpoints(&format!("{}=return(abort)", fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED), false);
-    let relay2 = run.start("outpost-relay", "relay-2", args.clone(), fps)?;
+    let relay2 = run.start("outpost-relay", "relay-2", run.relay_args(), fps)?;
     let relay2_exit = run.processes[relay2].exited(STEP).await;
-    let after_confirm = run.state().await?;
-    let copies_after_confirm = run.deliveries().await?.len();
+    seen.after_confirm = run.state().await?;
+    seen.copies_after_confirm = run.deliveries().await?.len();
+    Ok(relay2_exit)
+}
 
-    // Relay 3 claims after relay 2's lease expires, then stalls past its own lease; relay 4
-    // takes over and marks; relay 3 confirms late and must change nothing.
+/// Relay 3 claims after relay 2's lease expires, then stalls past its own lease; relay 4 takes
+/// over and marks; relay 3 confirms late and must change nothing. Relay 4 then publishes the
+/// order's later versions.
+async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(), VerifyError> {
+    let event_id = run.event_id.clone();
     let fps = run.failpoints(&format!("{}=1*sleep(9000)", fp::DURING_CONCURRENT_CLAIM), false);
     // One loop: stopped inside the failpoint, it holds no transaction (a second loop could be
     // stopped mid-claim, its row locks then keeping relay 4 from the event).
-    let mut one_loop = args.clone();
+    let mut one_loop = run.relay_args();
     one_loop.push("--workers=1".into());
     let relay3 = run.start("outpost-relay", "relay-3", one_loop, fps)?;
     let relay3_pid = run.processes[relay3].pid().unwrap_or_default();
-    let stale_owner = until("relay 3 holds the lease", STEP, || async {
+    seen.stale_owner = until("relay 3 holds the lease", STEP, || async {
         let state = run.state().await?;
         Ok(state.and_then(|s| s.lease_owner).filter(|owner| owner.contains(&format!("/{relay3_pid}/"))))
     })
@@ -354,14 +487,17 @@ async fn journey(
     // stall alone let a slow start of relay 4 end it early, and relay 3 then marked under its
     // own lease, so the late mark this step is about never happened.
     let stopped = run.processes[relay3].signal("STOP").await;
-    let relay4 = run.start("outpost-relay", "relay-4", args.clone(), run.failpoints("", false))?;
-    let marked_by_new_owner = until("relay 4 marks the event PUBLISHED", STEP, || async {
-        let marked = !run.processes[relay4].lines_about("marked PUBLISHED", &event_id).is_empty();
-        Ok(run.state().await?.filter(|s| marked && s.status == "PUBLISHED"))
-    })
-    .await?;
+    let relay4 = run.start("outpost-relay", "relay-4", run.relay_args(), run.failpoints("", false))?;
+    seen.marked_by_new_owner = Some(
+        until("relay 4 marks the event PUBLISHED", STEP, || async {
+            let marked = !run.processes[relay4].lines_about("marked PUBLISHED", &event_id).is_empty();
+            Ok(run.state().await?.filter(|s| marked && s.status == "PUBLISHED"))
+        })
+        .await?,
+    );
     let resumed = run.processes[relay3].signal("CONT").await;
-    let late = until("relay 3 confirms late and records its outcome", STEP, || async {
+    seen.stopped_until_takeover = stopped && resumed;
+    seen.late = until("relay 3 confirms late and records its outcome", STEP, || async {
         let log = &run.processes[relay3];
         let lines =
             // Since the relay's lease budget, a step that overslept its lease no longer
@@ -375,39 +511,31 @@ async fn journey(
         Ok(lines.first().and_then(|l| l["fields"]["message"].as_str()).map(str::to_owned))
     })
     .await?;
-    let after_stale = run.state().await?;
+    seen.after_stale = run.state().await?;
+    let later = seen.change_event_ids.clone();
+    until("the order's later versions are PUBLISHED", STEP, || async {
+        for id in &later {
+            if evidence::outbox_row(&run.db, id).await?.is_none_or(|s| s.status != "PUBLISHED") {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
     for index in [relay3, relay4] {
         let _ = run.processes[index].terminate(STEP).await;
     }
-    let deliveries = run.deliveries().await?;
-    report.injections.push(Injection {
-        point: fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED,
-        expected: "the broker has the record but the row is still PUBLISHING: the event is published again; duplicates, no loss",
-        observed: ev(&[
-            ("relayExit", format!("{relay2_exit:?}")),
-            ("outboxRowAfterCrash", describe(after_confirm.as_ref())),
-            ("copiesOnTopicAfterCrash", copies_after_confirm.to_string()),
-        ]),
-    });
-    report.injections.push(Injection {
-        point: fp::DURING_CONCURRENT_CLAIM,
-        expected: "the stale owner's late mark changes nothing; lease ownership is traceable; the duplicate is tolerated",
-        observed: ev(&[
-            ("staleLeaseOwner", stale_owner.clone()),
-            ("staleOwnerStoppedUntilTakeover", (stopped && resumed).to_string()),
-            ("markedByNewOwner", describe(Some(&marked_by_new_owner))),
-            ("staleOwnerOutcome", late.clone()),
-            ("rowAfterStaleOwner", describe(after_stale.as_ref())),
-            ("copiesOnTopic", deliveries.len().to_string()),
-        ]),
-    });
+    seen.deliveries = run.deliveries().await?;
+    Ok(())
+}
 
-    // Consumer 1 fails on an integrity error that is not uq_consumed_event_identity, and is
-    // killed while still failing.
-    let cargs = run.consumer_args();
+/// Consumer 1 fails on an integrity error that is not uq_consumed_event_identity, and is killed
+/// while still failing.
+async fn consumer_fails_on_another_key(run: &mut Run<'_>, report: &mut Report) -> Result<(), VerifyError> {
+    let event_id = run.event_id.clone();
     let fps =
         run.failpoints(&format!("{}=return", fp::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING), true);
-    let consumer1 = run.start("outpost-consumer", "consumer-1", cargs.clone(), fps)?;
+    let consumer1 = run.start("outpost-consumer", "consumer-1", run.consumer_args(), fps)?;
     until("consumer 1 has handled the event twice", STEP, || async {
         let log = &run.processes[consumer1];
         let attempts =
@@ -418,59 +546,72 @@ async fn journey(
     run.processes[consumer1].kill().await;
     let failures = run.processes[consumer1].lines_about("handling failed", &event_id);
     let consumed_after_failures = evidence::rows(&run.db, &event_id).await?.consumed;
+    let error = failures.first().and_then(|l| l["fields"]["error"].as_str()).unwrap_or("none logged");
+    let hits = run.processes[consumer1].lines_about("dedup hit", &event_id).len();
     report.injections.push(Injection {
         point: fp::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING,
         expected: "the failure is not taken for already consumed: rolled back, not acknowledged, retried",
         observed: ev(&[
             ("failedAttempts", failures.len().to_string()),
-            (
-                "error",
-                failures
-                    .first()
-                    .and_then(|l| l["fields"]["error"].as_str())
-                    .unwrap_or("none logged")
-                    .to_owned(),
-            ),
+            ("error", error.to_owned()),
             ("consumedEventRowsAfterFailures", consumed_after_failures.to_string()),
-            (
-                "dedupHitsWhileFailing",
-                run.processes[consumer1].lines_about("dedup hit", &event_id).len().to_string(),
-            ),
+            ("dedupHitsWhileFailing", hits.to_string()),
         ]),
     });
+    Ok(())
+}
 
-    // Consumer 2 commits and dies before acknowledging; consumer 3 absorbs the redeliveries.
+/// Every (partition, offset) a consumer handled to a commit or a dedup hit.
+fn handled(run: &Run<'_>) -> Vec<(i64, i64)> {
+    let mut seen: Vec<(i64, i64)> = ["dedup miss", "dedup hit"]
+        .iter()
+        .flat_map(|p| run.consumer_lines(p))
+        .map(|l| {
+            (l["fields"]["partition"].as_i64().unwrap_or(-1), l["fields"]["offset"].as_i64().unwrap_or(-1))
+        })
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen
+}
+
+/// Consumer 2 commits and dies before acknowledging; consumer 3 absorbs the redeliveries and
+/// applies the order's later versions to its read model.
+async fn consumer_dies_before_ack(
+    run: &mut Run<'_>,
+    report: &mut Report,
+    seen: &Seen,
+    order_id: i64,
+) -> Result<(), VerifyError> {
+    let event_id = run.event_id.clone();
     let fps =
         run.failpoints(&format!("{}=return(abort)", fp::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK), true);
-    let consumer2 = run.start("outpost-consumer", "consumer-2", cargs.clone(), fps)?;
+    let consumer2 = run.start("outpost-consumer", "consumer-2", run.consumer_args(), fps)?;
     let consumer2_exit = run.processes[consumer2].exited(Duration::from_secs(30)).await;
     if consumer2_exit.is_none() {
         run.processes[consumer2].kill().await;
     }
     let consumed_after_crash = evidence::rows(&run.db, &event_id).await?.consumed;
-    let consumer3 = run.start("outpost-consumer", "consumer-3", cargs, run.failpoints("", true))?;
-    // Done when every copy on the topic has been handled to a commit or a dedup hit, or after
-    // a quiet spell in which nothing more arrives.
-    let handled = |run: &Run<'_>| {
-        let mut seen: Vec<(i64, i64)> = ["dedup miss", "dedup hit"]
-            .iter()
-            .flat_map(|p| run.consumer_lines(p))
-            .map(|l| {
-                (
-                    l["fields"]["partition"].as_i64().unwrap_or(-1),
-                    l["fields"]["offset"].as_i64().unwrap_or(-1),
-                )
-            })
-            .collect();
-        seen.sort_unstable();
-        seen.dedup();
-        seen
-    };
+    let consumer3 =
+        run.start("outpost-consumer", "consumer-3", run.consumer_args(), run.failpoints("", true))?;
+    // Done when every copy on the topic has been handled to a commit or a dedup hit, and the read
+    // model reached the order's last version, or after a spell in which that did not happen (the
+    // verdicts then say what is missing).
     let _ = until("consumer 3 has handled every copy", Duration::from_secs(40), || async {
-        let seen = handled(run);
-        Ok(deliveries
+        let handled = handled(run);
+        let all = seen
+            .deliveries
             .iter()
-            .all(|d| seen.contains(&(i64::from(d.delivery.partition), d.delivery.offset)))
+            .all(|d| handled.contains(&(i64::from(d.delivery.partition), d.delivery.offset)));
+        Ok(all.then_some(()))
+    })
+    .await;
+    let last = 1 + i64::try_from(seen.change_event_ids.len()).unwrap_or_default();
+    let _ = until("the read model reached the order's last version", Duration::from_secs(40), || async {
+        let states = ordering::order_states(&run.db, run.tenant_id, DEFAULT_CONSUMER_NAME).await?;
+        Ok(states
+            .iter()
+            .any(|s| s.order_id == order_id && s.view.as_ref().is_some_and(|v| v.0 >= last))
             .then_some(()))
     })
     .await;
@@ -487,16 +628,20 @@ async fn journey(
             ),
         ]),
     });
+    Ok(())
+}
 
-    // Counts and verdicts.
-    let rows = evidence::rows(&run.db, &event_id).await?;
+/// The counts and the verdicts, from the rows, the topic and the consumers' logs.
+async fn verdicts(run: &mut Run<'_>, report: &mut Report, key: &Key, seen: &Seen) -> Result<(), VerifyError> {
+    let rows = evidence::rows(&run.db, &run.event_id).await?;
     let final_state = run.state().await?;
     let misses = run.consumer_lines("dedup miss");
     let hits = run.consumer_lines("dedup hit");
     let failed = run.consumer_lines("handling failed");
     let attempts = (misses.len() + hits.len() + failed.len()) as u64;
+    let deliveries = &seen.deliveries;
     report.counts = Counts {
-        committed_orders: evidence::orders_for_key(&run.db, tenant_id, &request_id).await?,
+        committed_orders: evidence::orders_for_key(&run.db, key.tenant_id, &key.request_id).await?,
         outbox_events_by_status: final_state.iter().map(|s| (s.status.clone(), 1)).collect(),
         broker_deliveries_for_event: deliveries.len() as u64,
         consumer_handle_attempts: attempts,
@@ -506,17 +651,54 @@ async fn journey(
     let stamp = |l: &serde_json::Value| l["timestamp"].as_str().unwrap_or_default().to_owned();
     let first_commit = misses.iter().map(stamp).min();
     let early_hits = hits.iter().filter(|h| first_commit.as_ref().is_none_or(|c| stamp(h) < *c)).count();
-    let seen = handled(run);
+    let handled = handled(run);
     let unhandled: Vec<String> = deliveries
         .iter()
-        .filter(|d| !seen.contains(&(i64::from(d.delivery.partition), d.delivery.offset)))
+        .filter(|d| !handled.contains(&(i64::from(d.delivery.partition), d.delivery.offset)))
         .map(|d| format!("{}/{}", d.delivery.partition, d.delivery.offset))
         .collect();
-    let queryable = discoverable.as_ref().is_some_and(|s| s.status == "PENDING" && s.lease_owner.is_none())
-        && after_confirm.as_ref().is_some_and(|s| s.status == "PUBLISHING" && s.lease_owner.is_some())
+    let queryable = seen
+        .discoverable
+        .as_ref()
+        .is_some_and(|s| s.status == "PENDING" && s.lease_owner.is_none())
+        && seen.after_confirm.as_ref().is_some_and(|s| s.status == "PUBLISHING" && s.lease_owner.is_some())
         && final_state.as_ref().is_some_and(|s| s.status == "PUBLISHED");
     let duplicate_seen = deliveries.len() > 1 && attempts > rows.consumed;
-    report.invariants = vec![
+    let facts = Facts {
+        rows,
+        final_state,
+        early_hits,
+        failed: failed.len(),
+        misses: misses.len(),
+        attempts,
+        unhandled,
+        queryable,
+        duplicate_seen,
+    };
+    let mut invariants = event_invariants(seen, &facts);
+    invariants.extend(order_invariants(run, seen).await?);
+    report.invariants = invariants;
+    Ok(())
+}
+
+/// What the verdicts on the followed event rest on, gathered by [`verdicts`].
+struct Facts {
+    rows: evidence::Rows,
+    final_state: Option<OutboxRow>,
+    early_hits: usize,
+    failed: usize,
+    misses: usize,
+    attempts: u64,
+    unhandled: Vec<String>,
+    queryable: bool,
+    duplicate_seen: bool,
+}
+
+/// The eight verdicts on the followed event.
+fn event_invariants(seen: &Seen, f: &Facts) -> Vec<Invariant> {
+    let rows = f.rows;
+    let deliveries = seen.deliveries.len();
+    vec![
         Invariant {
             name: "committedOrderHasOutboxEvent",
             pass: rows.orders == 1 && rows.outbox == 1,
@@ -524,11 +706,10 @@ async fn journey(
         },
         Invariant {
             name: "unknownCommitReconciledByStableRequestId",
-            pass: unknown_reconciled,
+            pass: seen.unknown_reconciled,
             because: format!(
-                "first attempt {}, second {}, Reconcile returned event {reconciled_event}, {key_orders} order(s) hold the key",
-                outcome(&first),
-                outcome(&second)
+                "first attempt {}, second {}, Reconcile returned event {}, {} order(s) hold the key",
+                seen.first, seen.second, seen.reconciled_event, seen.key_orders
             ),
         },
         Invariant {
@@ -538,50 +719,80 @@ async fn journey(
         },
         Invariant {
             name: "onlyTargetUniqueConflictMeansAlreadyConsumed",
-            pass: early_hits == 0 && !misses.is_empty(),
+            pass: f.early_hits == 0 && f.misses > 0,
             because: format!(
-                "{} non-target failure(s) retried; {early_hits} dedup hit(s) before the first commit",
-                failed.len()
+                "{} non-target failure(s) retried; {} dedup hit(s) before the first commit",
+                f.failed, f.early_hits
             ),
         },
         Invariant {
             name: "oneLocalEffectPerConsumerAndEvent",
-            pass: rows.consumed == 1 && rows.jobs == 1 && duplicate_seen,
+            pass: rows.consumed == 1 && rows.jobs == 1 && f.duplicate_seen,
             because: format!(
-                "{} consumed row(s), {} job(s) after {} broker deliveries and {attempts} handle attempts",
-                rows.consumed,
-                rows.jobs,
-                deliveries.len()
+                "{} consumed row(s), {} job(s) after {deliveries} broker deliveries and {} handle attempts",
+                rows.consumed, rows.jobs, f.attempts
             ),
         },
         Invariant {
             name: "everyNonTerminalStateIsQueryable",
-            pass: queryable,
+            pass: f.queryable,
             because: format!(
                 "after relay 1: {}; after relay 2: {}; at the end: {}",
-                describe(discoverable.as_ref()),
-                describe(after_confirm.as_ref()),
-                describe(final_state.as_ref())
+                describe(seen.discoverable.as_ref()),
+                describe(seen.after_confirm.as_ref()),
+                describe(f.final_state.as_ref())
             ),
         },
         Invariant {
             name: "staleLeaseOwnerChangesNothing",
-            pass: after_stale.as_ref() == Some(&marked_by_new_owner),
+            pass: seen.after_stale.is_some() && seen.after_stale == seen.marked_by_new_owner,
             because: format!(
-                "relay 3 said `{late}`; the row went from [{}] to [{}]",
-                describe(Some(&marked_by_new_owner)),
-                describe(after_stale.as_ref())
+                "relay 3 said `{}`; the row went from [{}] to [{}]",
+                seen.late,
+                describe(seen.marked_by_new_owner.as_ref()),
+                describe(seen.after_stale.as_ref())
             ),
         },
         Invariant {
             name: "everyDeliveryHandledBeforeAcknowledged",
-            pass: unhandled.is_empty(),
-            because: if unhandled.is_empty() {
-                format!("all {} deliveries reached a commit or a dedup hit", deliveries.len())
+            pass: f.unhandled.is_empty(),
+            because: if f.unhandled.is_empty() {
+                format!("all {deliveries} deliveries reached a commit or a dedup hit")
             } else {
-                format!("deliveries {} were acknowledged without being handled", unhandled.join(", "))
+                format!("deliveries {} were acknowledged without being handled", f.unhandled.join(", "))
             },
         },
-    ];
-    Ok(())
+    ]
+}
+
+/// The verdicts on the order's order: its versions on the topic, and the consumer's read model
+/// against the order table. Both count the orders and versions they checked.
+async fn order_invariants(run: &Run<'_>, seen: &Seen) -> Result<Vec<Invariant>, VerifyError> {
+    let records = run.all_deliveries().await?;
+    let states = ordering::order_states(&run.db, run.tenant_id, DEFAULT_CONSUMER_NAME).await?;
+    let last = states.iter().map(|s| (s.order_id, s.order.0)).collect();
+    let topic = ordering::versions_in_order(&records, &last);
+    let differences = ordering::read_model_differences(&states);
+    let complete = seen.change_event_ids.len() == 2;
+    Ok(vec![
+        Invariant {
+            name: "everyOrdersVersionsInOrderOnTheTopic",
+            pass: complete && topic.violations.is_empty() && topic.orders > 0,
+            because: format!(
+                "{}; {} record(s) on the topic; {}",
+                seen.changes,
+                records.len(),
+                topic.describe()
+            ),
+        },
+        Invariant {
+            name: "readModelEqualsOrderTable",
+            pass: differences.is_empty() && !states.is_empty(),
+            because: if differences.is_empty() {
+                format!("{} order(s) compared: (version, status) equal", states.len())
+            } else {
+                format!("{} order(s) compared; {}", states.len(), differences.join("; "))
+            },
+        },
+    ])
 }

@@ -5,8 +5,11 @@
 //! reconciled), relayed (a relay dies before claiming, another after the broker's confirm and
 //! before its mark, a third stalls past its lease while a fourth takes over), and consumed (a
 //! consumer fails on a non-target integrity error and is killed, another dies after its commit
-//! and before acknowledging, a third absorbs the redeliveries). Every verdict rests on rows read
-//! by event id, records counted by consuming the topic, and the processes' own logs.
+//! and before acknowledging, a third absorbs the redeliveries). Its order is amended and
+//! cancelled after the submission, so versions 2 and 3 wait behind it through the same faults;
+//! the topic must show the order's versions in order, and the consumer's read model must end
+//! where the order table is. Every verdict rests on rows read by event id, records counted by
+//! consuming the topic, and the processes' own logs.
 //!
 //! A tool, not part of the services: the production library (`outpost`) knows nothing of it.
 //! The end-to-end tests use its [`process`] control to run services out of process, so the
