@@ -11,8 +11,8 @@ use std::time::Duration;
 use rand::Rng;
 use sea_orm::{ConnectionTrait, Statement};
 
-use outpost_client::{SubmitPolicy, SafeSubmitter};
 use outpost::consumer::DEFAULT_CONSUMER_NAME;
+use outpost_client::{SafeSubmitter, SubmitPolicy};
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::evidence::{self, Record};

@@ -123,6 +123,15 @@ impl Run<'_> {
         Ok(all.into_iter().filter(|d| d.event_id == self.event_id).collect())
     }
 
+    /// The followed event's records on the topic, read until nothing new came for a second:
+    /// quick enough to poll while a failpoint holds a relay.
+    async fn deliveries_quickly(&self) -> Result<Vec<Record>, VerifyError> {
+        let all = evidence::read_topic(&self.settings.brokers, &self.topic, Duration::from_secs(1), STEP)
+            .await
+            .map_err(VerifyError::Broker)?;
+        Ok(all.into_iter().filter(|d| d.event_id == self.event_id).collect())
+    }
+
     /// Every record on the topic: every version of the order.
     async fn all_deliveries(&self) -> Result<Vec<Record>, VerifyError> {
         evidence::read_topic(&self.settings.brokers, &self.topic, Duration::from_secs(3), STEP)
@@ -465,12 +474,16 @@ async fn relay_dies_after_confirm(
     Ok(relay2_exit)
 }
 
-/// Relay 3 claims after relay 2's lease expires, then stalls past its own lease; relay 4 takes
-/// over and marks; relay 3 confirms late and must change nothing. Relay 4 then publishes the
-/// order's later versions.
+/// Relay 3 claims after relay 2's lease expires, publishes, then stalls past its own lease
+/// before marking; relay 4 takes over, publishes and marks; relay 3 marks late and must change
+/// nothing. Relay 4 then publishes the order's later versions.
 async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(), VerifyError> {
     let event_id = run.event_id.clone();
-    let fps = run.failpoints(&format!("{}=1*sleep(9000)", fp::DURING_CONCURRENT_CLAIM), false);
+    // The stall comes after the broker's confirm: a step stalled before its publish finds its
+    // publishing time spent when it goes on and publishes nothing (the relay's lease budget),
+    // so only a stall after the publish can lead to a late mark.
+    let fps =
+        run.failpoints(&format!("{}=1*sleep(15000)", fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED), false);
     // One loop: stopped inside the failpoint, it holds no transaction (a second loop could be
     // stopped mid-claim, its row locks then keeping relay 4 from the event).
     let mut one_loop = run.relay_args();
@@ -482,10 +495,16 @@ async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(),
         Ok(state.and_then(|s| s.lease_owner).filter(|owner| owner.contains(&format!("/{relay3_pid}/"))))
     })
     .await?;
-    // The stall is held by order, not by time: relay 3 is stopped (between its claim and its
-    // publish, nothing in flight to the broker) until relay 4 has taken over and marked. A timed
-    // stall alone let a slow start of relay 4 end it early, and relay 3 then marked under its
-    // own lease, so the late mark this step is about never happened.
+    let before = seen.copies_after_confirm;
+    until("relay 3's copy is on the topic", STEP, || async {
+        let copies = run.deliveries_quickly().await?.len();
+        Ok((copies > before).then_some(copies))
+    })
+    .await?;
+    // The stall is held by order, not by time: relay 3 is stopped (in the failpoint, after the
+    // broker's confirm and before its mark, nothing in flight) until relay 4 has taken over and
+    // marked. A timed stall alone let a slow start of relay 4 end it early, and relay 3 then
+    // marked under its own lease, so the late mark this step is about never happened.
     let stopped = run.processes[relay3].signal("STOP").await;
     let relay4 = run.start("outpost-relay", "relay-4", run.relay_args(), run.failpoints("", false))?;
     seen.marked_by_new_owner = Some(
@@ -500,8 +519,8 @@ async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(),
     seen.late = until("relay 3 confirms late and records its outcome", STEP, || async {
         let log = &run.processes[relay3];
         let lines =
-            // Since the relay's lease budget, a step that overslept its lease no longer
-            // publishes or marks: it leaves the outcome unrecorded, which changes nothing too.
+            // A step that overslept its whole lease budget leaves the outcome unrecorded,
+            // which changes nothing too.
             [
                 log.lines_about("lease lost", &event_id),
                 log.lines_about("marked PUBLISHED", &event_id),
