@@ -139,7 +139,9 @@ impl GroupCommit {
         let event_id = accepting.event_id;
         let (reply, answer) = oneshot::channel();
         let job = Job { accepting, span: tracing::Span::current(), reply: Some(reply) };
-        match self.queue.try_send(job) {
+        let sent = self.queue.try_send(job);
+        self.stats.record_offered();
+        match sent {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 tracing::warn!(

@@ -43,9 +43,8 @@ mod a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids {
     }
 }
 
-/// How long the first batch is held while the next one gathers (below SQLite's 5 s busy
-/// timeout, which would fail the holder).
-const HOLD: Duration = Duration::from_millis(1_500);
+/// How long a test waits for its orders to reach the writer's queue.
+const QUEUED_WITHIN: Duration = Duration::from_secs(60);
 
 /// An order service with one writer taking batches of up to `max_batch`.
 async fn one_writer(backend: Backend, max_batch: u16) -> TestApp {
@@ -61,6 +60,8 @@ async fn one_writer(backend: Backend, max_batch: u16) -> TestApp {
 struct Hold {
     lock: DatabaseTransaction,
     holder: tokio::task::JoinHandle<()>,
+    /// Orders the queue had been handed when the hold began.
+    offered: u64,
 }
 
 /// Takes a lock that every insert into `orders` waits for, sends the `holder` order, and returns
@@ -87,13 +88,21 @@ async fn hold_first_batch(app: &TestApp) -> Hold {
         app.batches.snapshot().batches() >= 1
     })
     .await;
-    Hold { lock, holder }
+    Hold { lock, holder, offered: app.batches.offered() }
 }
 
 impl Hold {
-    /// Lets the holder's batch go after `HOLD` and waits for its answer.
-    async fn release_later(self) {
-        tokio::time::sleep(HOLD).await;
+    /// Lets the holder's batch go once the queue has been handed `sent` more orders (taken or
+    /// refused), and waits for its answer: every one of them is then in the queue or answered,
+    /// so the next batch is exactly what gathered, however slowly the callers got there.
+    async fn release_when_queued(self, app: &TestApp, sent: usize) {
+        let before = self.offered;
+        assert_eventually(
+            &format!("{sent} orders reach the writer's queue"),
+            QUEUED_WITHIN,
+            move || async move { app.batches.offered() - before >= sent as u64 },
+        )
+        .await;
         self.lock.rollback().await.unwrap();
         self.holder.await.unwrap();
     }
@@ -105,8 +114,11 @@ async fn submit_held(
     hold: Hold,
     requests: Vec<pb::SubmitOrderRequest>,
 ) -> Vec<Result<pb::SubmitOrderResponse, tonic::Status>> {
-    let (answers, ()) =
-        tokio::join!(join_all(requests.into_iter().map(|r| app.submit(r))), hold.release_later());
+    let sent = requests.len();
+    let (answers, ()) = tokio::join!(
+        join_all(requests.into_iter().map(|r| app.submit(r))),
+        hold.release_when_queued(app, sent)
+    );
     answers
 }
 
@@ -475,7 +487,7 @@ async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backen
     let hold = hold_first_batch(&app).await;
 
     let deadlock = async {
-        hold.release_later().await;
+        hold.release_when_queued(&app, requests.len()).await;
         // The batch has written its orders and waits (or is about to) for the rival's outbox row.
         assert_eventually("the batch inserts its outbox rows", Duration::from_secs(20), || {
             inserts_into_outbox(&app)

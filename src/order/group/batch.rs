@@ -77,6 +77,8 @@ pub struct BatchStats {
     /// Set-based writes that wrote their orders, and those that failed and fell back to the
     /// order-by-order path.
     set_writes: Arc<[AtomicU64; 2]>,
+    /// Orders handed to the queue, whether it took them or refused them as full.
+    offered: Arc<AtomicU64>,
 }
 
 impl BatchStats {
@@ -85,7 +87,20 @@ impl BatchStats {
         Self {
             counts: (0..=max_batch.max(1)).map(|_| AtomicU64::new(0)).collect(),
             set_writes: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
+            offered: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Counts one order the queue took or refused; called once the queue has decided, so an
+    /// order counted here is already waiting in it (or already refused).
+    pub(super) fn record_offered(&self) {
+        self.offered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Orders handed to the queue so far, taken or refused: lets a caller wait until every
+    /// order it sent is in the queue rather than guess how long that takes.
+    pub fn offered(&self) -> u64 {
+        self.offered.load(Ordering::Relaxed)
     }
 
     pub(super) fn record(&self, size: usize) {
