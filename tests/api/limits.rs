@@ -279,7 +279,7 @@ async fn health_watch_streams_are_bounded_per_listener() {
 
 /// An order-service process on `db` with `args`, exporting metrics to `endpoint`, started under
 /// `prlimit` when `open_files` is given; its public port.
-async fn order_process(
+pub async fn order_process(
     db: &TestDb,
     endpoint: String,
     args: &[&str],

@@ -204,31 +204,57 @@ async fn invalid_orders_are_rejected_naming_the_field_and_write_nothing(backend:
 
 /// SQLite is the one backend on which a test can make the order transaction lose a lock conflict
 /// without changing a shared server's settings: another connection holds the write lock for
-/// longer than the order service's 5 s busy timeout.
+/// longer than the order service's 5 s busy timeout. The service runs as a process exporting its
+/// metrics, so the test sees the retry counted instead of guessing when it happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_order_transaction_that_timed_out_on_a_lock_runs_again_with_the_same_ids_and_commits() {
     use sea_orm::TransactionTrait as _;
     use std::time::Duration;
 
-    let app = TestApp::spawn(Backend::Sqlite).await;
-    let other = app.db.connect().await;
+    let (endpoint, received, _receiver) = crate::otlp::start_receiver().await;
+    let db = crate::helpers::TestDb::migrated(Backend::Sqlite).await;
+    let (_service, port) = crate::limits::order_process(&db, endpoint, &[], None).await;
+    let client = crate::helpers::connect_order_service(&format!("http://127.0.0.1:{port}")).await;
+    let other = db.connect().await;
     let holding = other.begin().await.unwrap();
     holding.execute_unprepared("CREATE TABLE lock_holder (x INTEGER)").await.unwrap();
     let mut request = order(7, "req-locked");
     request.event_id = uuid::Uuid::new_v4().to_string();
     let event_id = request.event_id.clone();
-    let mut client = app.client.clone();
-    let submitting = tokio::spawn(async move { client.submit_order(request).await });
+    let mut submitter = client.clone();
+    let submitting = tokio::spawn(async move { submitter.submit_order(request).await });
 
-    // The first run fails after the 5 s busy timeout; without a retry the caller would have its
-    // ROLLED_BACK answer by now.
-    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    // The first run fails after the 5 s busy timeout and is counted as a lock-conflict retry;
+    // without the retry the caller would have its ROLLED_BACK answer by then.
+    let retried = || {
+        received
+            .points()
+            .iter()
+            .filter(|p| p.name == "outpost.order.lock_conflict_retries")
+            .map(|p| p.value)
+            .fold(0.0, f64::max)
+    };
+    crate::helpers::assert_eventually(
+        "the transaction runs again after the busy timeout",
+        Duration::from_secs(60),
+        || {
+            let retries = retried();
+            async move { retries >= 1.0 }
+        },
+    )
+    .await;
     assert!(!submitting.is_finished(), "the call ended while the lock was still held");
     holding.rollback().await.unwrap();
 
     let accepted = submitting.await.unwrap().unwrap().into_inner();
     assert_eq!(accepted.outcome(), pb::TransactionOutcome::Committed);
     assert_eq!(accepted.event_id, event_id, "the retry reused the caller's event id");
-    assert_eq!(app.count("orders").await, 1);
-    assert_eq!(app.count("outbox_event").await, 1);
+    assert_eq!(rows(&other, "orders").await, 1);
+    assert_eq!(rows(&other, "outbox_event").await, 1);
+}
+
+async fn rows(conn: &sea_orm::DatabaseConnection, table: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) FROM {table}");
+    let row = conn.query_one_raw(sea_orm::Statement::from_string(conn.get_database_backend(), sql));
+    row.await.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap()
 }
