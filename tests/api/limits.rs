@@ -387,3 +387,61 @@ async fn near_its_open_file_limit_the_service_sheds_new_connections_and_health_s
 
     still_served(&client, port).await;
 }
+
+/// Whether the server closed `connection` (end of stream or reset) before `within` passed.
+async fn closed_by_the_server(connection: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut byte = [0u8; 1];
+    matches!(tokio::time::timeout(within, connection.read(&mut byte)).await, Ok(Ok(0) | Err(_)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_handshakes_past_the_cap_are_refused_at_once_and_a_caller_gets_through_once_they_are_gone() {
+    use outpost::client::ClientTls;
+    use tonic::Code;
+
+    const CAP: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = crate::pki::Pki::make(dir.path()).unwrap();
+    let (_db, server, port, _) = crate::security::tls_service(Backend::Sqlite, &pki, |s| {
+        s.security.listeners.max_tls_handshakes = CAP as u32;
+    })
+    .await;
+    let url = format!("https://localhost:{port}");
+    let trusted = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
+    assert_eq!(
+        crate::security::reconcile_over(&url, &trusted).await,
+        Ok(Code::NotFound),
+        "served below the cap"
+    );
+
+    // Connections that never send a ClientHello hold a handshake slot each until the server's
+    // 10 s handshake timeout; the listener accepts in order, so these take both slots before
+    // anything connected after them is looked at.
+    let mut stalled = Vec::new();
+    for _ in 0..CAP {
+        stalled.push(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    // One more is closed at once, not left waiting for the timeout.
+    let mut excess = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    assert!(
+        closed_by_the_server(&mut excess, Duration::from_secs(5)).await,
+        "a connection past the handshake cap was left open"
+    );
+    // And so is a well-behaved caller's: with the cap gone it would finish its handshake.
+    let refused = crate::security::reconcile_over(&url, &trusted).await;
+    assert!(refused.is_err(), "a handshake past the cap was served: {refused:?}");
+    for held in &mut stalled {
+        let mut byte = [0u8; 1];
+        let open = matches!(held.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(open, "a stalled handshake within the cap was closed early");
+    }
+
+    // Once the stalled clients go, their slots are free again.
+    drop(stalled);
+    assert_eventually("a caller gets through once the stalled handshakes are gone", WAIT, || async {
+        crate::security::reconcile_over(&url, &trusted).await == Ok(Code::NotFound)
+    })
+    .await;
+    server.stop().await;
+}

@@ -322,7 +322,7 @@ pub async fn tls_service_on(
 }
 
 /// A Reconcile through a fresh TLS connection: the handshake's and the call's outcome.
-async fn reconcile_over(url: &str, tls: &ClientTls) -> Result<Code, String> {
+pub async fn reconcile_over(url: &str, tls: &ClientTls) -> Result<Code, String> {
     let channel: Channel = outpost_client::connect(url, tls).await.map_err(|e| e.to_string())?;
     let answer = OrderServiceClient::new(channel)
         .reconcile(pb::ReconcileRequest { tenant_id: 1, request_id: "nothing".into() })
