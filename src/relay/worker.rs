@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
+use opentelemetry::KeyValue;
 use sea_orm::DbErr;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{Instrument as _, Span};
@@ -403,6 +404,7 @@ impl<P: Publisher> Relay<P> {
                 // claim again after a short jittered wait, not after the idle back-off, which
                 // may have grown to `max_idle_poll` and would hold the waiting events that long.
                 Err(e) if db::lock_conflict(&e).is_some() => {
+                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("outpost.relay.phase", "claim")]);
                     tracing::warn!(error = %e, "claim met a lock conflict; claiming again shortly");
                     tokio::time::sleep(db::LockConflict::backoff(1)).await;
                     continue;
@@ -451,6 +453,7 @@ where
             match write().await {
                 Err(e) if db::lock_conflict(&e).is_some() => {
                     retry += 1;
+                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("outpost.relay.phase", "record")]);
                     // A warning: the relay's statements are meant never to wait on each other,
                     // so a conflict here is worth seeing (the bench and the tests count them).
                     tracing::warn!(error = %e, retry, "recording outcomes met a lock conflict; running it again");

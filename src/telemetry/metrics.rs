@@ -19,6 +19,9 @@ pub(crate) struct Metrics {
     pub(crate) lease_losses: Counter<u64>,
     /// Failed publishes released for a retry.
     pub(crate) releases: Counter<u64>,
+    /// Relay statements that lost a lock conflict and ran again (attribute `outpost.relay.phase`:
+    /// `claim` or `record`); the relay's statements are meant never to wait on each other.
+    pub(crate) relay_lock_conflicts: Counter<u64>,
     /// Idle waits ended early by a wake-up from the order service.
     pub(crate) wakeups: Counter<u64>,
     /// Events moved to FAILED.
@@ -84,6 +87,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         lease_losses: meter
             .u64_counter("outpost.relay.lease_losses")
             .with_description("Marks or releases that found another owner's lease")
+            .build(),
+        relay_lock_conflicts: meter
+            .u64_counter("outpost.relay.lock_conflicts")
+            .with_description(
+                "Claims and outcome writes that lost a deadlock or lock-wait timeout and ran again",
+            )
             .build(),
         releases: meter
             .u64_counter("outpost.relay.releases")

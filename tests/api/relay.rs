@@ -115,17 +115,20 @@ async fn relays_drain_one_backlog(backend: Backend, relays: usize) {
     let ids = probe.seed(EVENTS).await;
     let args = ordinary_relay_args(&app, &broker.address(), &topic);
     let logs = tempfile::tempdir().unwrap();
-    let running: Vec<LoggedRelay> = (0..relays).map(|n| LoggedRelay::spawn(&args, logs.path(), n)).collect();
+    let mut running = Vec::new();
+    for n in 0..relays {
+        running.push(MeteredRelay::spawn(&args, logs.path(), n).await);
+    }
     assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || {
         all_published(&probe, EVENTS as i64)
     })
     .await;
 
     for relay in running {
-        let log = relay.stop().await;
-        assert!(lock_trouble(&log).is_empty(), "{:?}", lock_trouble(&log));
+        let counts = relay.stop().await;
+        assert_eq!(counts.lock_trouble(), 0.0, "{counts:#?}");
         // Every relay took part: the drain really ran them side by side.
-        assert!(log.contains("marked PUBLISHED"), "a relay published nothing");
+        assert!(counts.published > 0.0, "a relay published nothing: {counts:#?}");
     }
     let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
     assert_eq!(claimed_again, 0, "every event was claimed once, so marked once");
@@ -289,33 +292,75 @@ async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_cla
     }
 }
 
-/// A relay process whose log goes to a file the test reads afterwards.
-struct LoggedRelay(ServiceProcess);
+/// A relay process exporting its metrics to a receiver of its own; its log goes to a file, read
+/// only to explain a failure.
+struct MeteredRelay {
+    process: ServiceProcess,
+    received: crate::otlp::Received,
+    _receiver: tokio::task::JoinHandle<()>,
+}
 
-impl LoggedRelay {
-    fn spawn(args: &[String], dir: &std::path::Path, n: usize) -> Self {
-        // Warnings and errors, and each event's claim and mark.
-        let env = [("RUST_LOG", "warn,outpost::relay::worker=info".to_owned()), ("NO_COLOR", "1".to_owned())];
-        Self(ServiceProcess::spawn_logged("outpost-relay", args, &env, dir.join(format!("relay-{n}.log"))))
-    }
+/// What one relay counted over its run, as it exported it at its exit.
+#[derive(Debug)]
+struct RelayCounts {
+    published: f64,
+    lease_losses: f64,
+    lock_conflicts: f64,
+    /// Its warnings and errors, for the failure message (read through `Debug` only).
+    #[allow(dead_code)]
+    warnings: Vec<String>,
+}
 
-    /// SIGTERM, a clean exit, and the log it wrote.
-    async fn stop(mut self) -> String {
-        self.0.signal("TERM").await;
-        let exit = self.0.wait(Duration::from_secs(40)).await;
-        assert!(exit.success(), "the relay exits 0 after SIGTERM: {exit:?}");
-        self.0.log()
+impl RelayCounts {
+    /// Deadlocks, lock-wait timeouts and lost leases the relay met: none when its statements
+    /// never wait on each other's rows.
+    fn lock_trouble(&self) -> f64 {
+        self.lease_losses + self.lock_conflicts
     }
 }
 
-/// Log lines that report a deadlock, a lock-wait timeout or a lost lease.
-fn lock_trouble(log: &str) -> Vec<&str> {
-    log.lines()
-        .filter(|line| {
-            let line = line.to_ascii_lowercase();
-            line.contains("deadlock") || line.contains("lock wait") || line.contains("lease lost")
-        })
-        .collect()
+impl MeteredRelay {
+    async fn spawn(args: &[String], dir: &std::path::Path, n: usize) -> Self {
+        let (endpoint, received, receiver) = crate::otlp::start_receiver().await;
+        let env = [
+            // Warnings and errors, and each event's claim and mark.
+            ("RUST_LOG", "warn,outpost::relay::worker=info".to_owned()),
+            ("NO_COLOR", "1".to_owned()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
+        ];
+        let log = dir.join(format!("relay-{n}.log"));
+        Self {
+            process: ServiceProcess::spawn_logged("outpost-relay", args, &env, log),
+            received,
+            _receiver: receiver,
+        }
+    }
+
+    /// The largest value exported for the counter `name` (a cumulative sum).
+    fn counter(&self, name: &str) -> f64 {
+        self.received.points().iter().filter(|p| p.name == name).map(|p| p.value).fold(0.0, f64::max)
+    }
+
+    /// SIGTERM, a clean exit (which flushes its metrics), and what it counted.
+    async fn stop(mut self) -> RelayCounts {
+        self.process.signal("TERM").await;
+        let exit = self.process.wait(Duration::from_secs(40)).await;
+        assert!(exit.success(), "the relay exits 0 after SIGTERM: {exit:?}");
+        let log = self.process.log();
+        let warnings = log
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .take(20)
+            .map(str::to_owned)
+            .collect();
+        RelayCounts {
+            published: self.counter("outpost.relay.published"),
+            lease_losses: self.counter("outpost.relay.lease_losses"),
+            lock_conflicts: self.counter("outpost.relay.lock_conflicts"),
+            warnings,
+        }
+    }
 }
 
 async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock(
@@ -333,7 +378,8 @@ async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no
     probe.seed(BACKLOG as usize).await;
     let args = ordinary_relay_args(&app, &broker.address(), &topic);
     let logs = tempfile::tempdir().unwrap();
-    let relays = [LoggedRelay::spawn(&args, logs.path(), 1), LoggedRelay::spawn(&args, logs.path(), 2)];
+    let relays =
+        [MeteredRelay::spawn(&args, logs.path(), 1).await, MeteredRelay::spawn(&args, logs.path(), 2).await];
     assert_eventually("the relays are publishing", WAIT, || async {
         probe.count_with_status("PUBLISHED").await > 0
     })
@@ -364,18 +410,13 @@ async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no
     let total = BACKLOG + submitted;
     assert_eventually("every event is PUBLISHED", Duration::from_secs(120), || all_published(&probe, total))
         .await;
-    let mut logs = String::new();
+    let mut counts = Vec::new();
     for relay in relays {
-        logs.push_str(&relay.stop().await);
+        counts.push(relay.stop().await);
     }
-    assert!(lock_trouble(&logs).is_empty(), "{:?}", lock_trouble(&logs));
+    assert!(counts.iter().all(|c| c.lock_trouble() == 0.0), "{counts:#?}");
     let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
-    let warnings: Vec<&str> =
-        logs.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).take(20).collect();
-    assert_eq!(
-        claimed_again, 0,
-        "every event was claimed once and marked once; the relays warned: {warnings:#?}"
-    );
+    assert_eq!(claimed_again, 0, "every event was claimed once and marked once; the relays: {counts:#?}");
 }
 
 async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(backend: Backend) {
@@ -681,7 +722,7 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
     stalled.signal("KILL").await;
 
     let logs = tempfile::tempdir().unwrap();
-    let rescuer = LoggedRelay::spawn(&args, logs.path(), 2);
+    let rescuer = MeteredRelay::spawn(&args, logs.path(), 2).await;
     if !eventually(WAIT, || all_published(&probe, 20)).await {
         let mut states = Vec::new();
         for id in &ids {
@@ -689,7 +730,7 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
         }
         panic!(
             "the second relay did not publish every event in {WAIT:?}: {states:#?}\nits log:\n{}",
-            rescuer.0.log()
+            rescuer.process.log()
         );
     }
     assert!(leased_to_first.contains(&format!("/{}/", stalled.pid())), "{leased_to_first}");
