@@ -58,6 +58,7 @@ impl DatabaseControl for PrivateServer {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
             self.stop().await;
+            // The outage itself is what chaos mode injects: the database stays away this long.
             tokio::time::sleep(Duration::from_secs(3)).await;
             self.resume().await;
         })

@@ -771,12 +771,17 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
     let killed_at = jobs().await;
     assert!(killed_at < ORDERS, "the last kill came before everything was consumed ({killed_at} jobs)");
 
+    // What "soon" is about: a restarted member that had to wait for its old one to be dropped
+    // sat on an empty assignment for minutes. So the last incarnation must be consuming again
+    // within 60 s of its start; how long the rest takes depends on how fast the callers submit
+    // on a loaded machine, which is not this test's question.
     let remaining = tokio::time::Duration::from_secs(60).saturating_sub(last_start.elapsed());
-    assert_eventually("every order has its job within 60 s of the last start", remaining, || async {
-        jobs().await == ORDERS
+    assert_eventually("the last incarnation consumes within 60 s of its start", remaining, || async {
+        jobs().await > killed_at
     })
     .await;
     tokio::time::timeout(WAIT, load).await.expect("the load finished").unwrap();
+    assert_eventually("every order has its job", WAIT, || async { jobs().await == ORDERS }).await;
     assert_eq!(app.count("consumed_event").await, ORDERS, "one dedup row per event");
     assert_eq!(app.count("notification_job").await, ORDERS, "one effect per event");
     consumer.signal("TERM").await;

@@ -230,7 +230,7 @@ async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_after_
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
-    probe.seed(5).await;
+    let ids = probe.seed(5).await;
     let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
@@ -239,11 +239,20 @@ async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_after_
     let relay = relay::Application::build(settings).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
 
+    // The minute of outage is what this test is about (long enough for three attempts many times
+    // over), so it is waited out; the 1 s is how often the invariant is sampled meanwhile.
     let outage = tokio::time::Instant::now() + Duration::from_secs(60);
     while tokio::time::Instant::now() < outage {
         assert_eq!(probe.count_with_status("FAILED").await, 0, "an outage of the broker failed an event");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // The relay really tried during the outage: an event it was refused on was released with the
+    // broker's error.
+    let mut tried = false;
+    for id in &ids {
+        tried |= probe.state(id).await.last_error.is_some();
+    }
+    assert!(tried, "the relay never tried to publish while the broker was away");
     broker.run().await;
     broker.create_topic(&topic, 1).await;
     let back = tokio::time::Instant::now();
