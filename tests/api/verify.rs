@@ -40,6 +40,7 @@ on_every_backend!(verify_passes_every_invariant_with_evidence_of_the_duplicates)
 async fn verify_passes_every_invariant_with_evidence_of_the_duplicates(backend: Backend) {
     let report = verify_with(backend, Vec::new()).await;
 
+    assert!(report.not_taken.is_empty(), "paths not taken {:?}:\n{}", report.not_taken, report.to_yaml());
     assert!(report.passed(), "{}", report.to_yaml());
     assert_eq!(report.injections.len(), 7, "one injection per commit window");
     assert!(report.counts.broker_deliveries_for_event > 1, "the duplicate really reached the broker");
@@ -57,6 +58,8 @@ async fn verify_passes_every_invariant_with_evidence_of_the_duplicates(backend: 
 
 async fn only(broken: Break, invariant: &str) {
     let report = verify_with(Backend::MariaDb, vec![broken]).await;
+    // A run that never took the broken path cannot show that the break is caught.
+    assert!(report.not_taken.is_empty(), "paths not taken {:?}:\n{}", report.not_taken, report.to_yaml());
     assert_eq!(report.invariant(invariant), Some(false), "{}", report.to_yaml());
     assert!(!report.passed());
 }

@@ -80,16 +80,24 @@ pub struct Report {
     pub counts: Counts,
     /// The verdicts.
     pub invariants: Vec<Invariant>,
+    /// Invariants whose path the run did not take (say, a late mark that never ran because the
+    /// late publish before it timed out): their verdict proves nothing, so the run does not pass.
+    pub not_taken: Vec<&'static str>,
 }
 
 impl Report {
     /// True when every invariant held.
+    /// True when every invariant held and every one had its path taken.
     pub fn passed(&self) -> bool {
-        !self.invariants.is_empty() && self.invariants.iter().all(|i| i.pass)
+        !self.invariants.is_empty() && self.invariants.iter().all(|i| i.pass) && self.not_taken.is_empty()
     }
 
-    /// The verdict of the invariant called `name`, if it was checked.
+    /// The verdict of the invariant called `name`, if it was checked: `None` too when the run
+    /// did not take its path.
     pub fn invariant(&self, name: &str) -> Option<bool> {
+        if self.not_taken.contains(&name) {
+            return None;
+        }
         self.invariants.iter().find(|i| i.name == name).map(|i| i.pass)
     }
 
@@ -131,10 +139,33 @@ impl Report {
         let _ = writeln!(y, "    notificationJobs: {}", c.notification_jobs);
         let _ = writeln!(y, "  invariants:");
         for invariant in &self.invariants {
-            let verdict = if invariant.pass { "PASS" } else { "FAIL" };
+            let verdict = match invariant.pass {
+                _ if self.not_taken.contains(&invariant.name) => "NOT_TAKEN",
+                true => "PASS",
+                false => "FAIL",
+            };
             let _ =
                 writeln!(y, "    {}: {verdict}  # {}", invariant.name, invariant.because.replace('\n', " "));
         }
         y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Invariant, Report};
+
+    fn held(name: &'static str) -> Invariant {
+        Invariant { name, pass: true, because: String::new() }
+    }
+
+    #[test]
+    fn an_invariant_whose_path_was_not_taken_is_not_a_pass() {
+        let mut report = Report { invariants: vec![held("a"), held("b")], ..Report::default() };
+        assert!(report.passed());
+        report.not_taken.push("b");
+        assert!(!report.passed(), "a run that did not take a path proves nothing about it");
+        assert_eq!((report.invariant("a"), report.invariant("b")), (Some(true), None));
+        assert!(report.to_yaml().contains("    b: NOT_TAKEN  #"), "{}", report.to_yaml());
     }
 }
