@@ -454,8 +454,9 @@ where
                 Err(e) if db::lock_conflict(&e).is_some() => {
                     retry += 1;
                     metrics().relay_lock_conflicts.add(1, &[KeyValue::new("outpost.relay.phase", "record")]);
-                    // A warning: the relay's statements are meant never to wait on each other,
-                    // so a conflict here is worth seeing (the bench and the tests count them).
+                    // A warning and a count (`outpost.relay.lock_conflicts`, which the tests
+                    // check): the relay's statements are meant never to wait on each other, so a
+                    // conflict here is worth seeing.
                     tracing::warn!(error = %e, retry, "recording outcomes met a lock conflict; running it again");
                     tokio::time::sleep(db::LockConflict::backoff(retry)).await;
                 }
