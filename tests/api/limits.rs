@@ -397,7 +397,7 @@ async fn closed_by_the_server(connection: &mut tokio::net::TcpStream, within: Du
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_handshakes_past_the_cap_are_refused_at_once_and_a_caller_gets_through_once_they_are_gone() {
-    use outpost::client::ClientTls;
+    use outpost_client::ClientTls;
     use tonic::Code;
 
     const CAP: usize = 2;
