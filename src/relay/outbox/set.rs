@@ -266,6 +266,33 @@ impl FencedUpdate<'_> {
     }
 }
 
+/// Sorts `rows` (tagged with their call position) by event id, the order every set-based
+/// update locks rows in, so two of them never wait on each other in a cycle; returns the values.
+pub(super) fn in_lock_order(rows: &mut [(usize, Vec<Value>)]) -> Vec<Vec<Value>> {
+    rows.sort_by(|(_, a), (_, b)| id_of(a).cmp(id_of(b)));
+    rows.iter().map(|(_, row)| row.clone()).collect()
+}
+
+/// `changed` (in lock order) mapped back to the call's order.
+pub(super) fn in_call_order<T: Copy>(
+    rows: &[(usize, Vec<Value>)],
+    changed: &[bool],
+    f: impl Fn(bool) -> T,
+) -> Vec<T> {
+    let mut out: Vec<Option<T>> = vec![None; rows.len()];
+    for ((i, _), changed) in rows.iter().zip(changed) {
+        out[*i] = Some(f(*changed));
+    }
+    out.into_iter().map(|o| o.unwrap_or_else(|| f(false))).collect()
+}
+
+fn id_of(row: &[Value]) -> &str {
+    match row.first() {
+        Some(Value::String(Some(id))) => id,
+        _ => "",
+    }
+}
+
 fn text(value: &Value) -> String {
     match value {
         Value::String(Some(s)) => s.clone(),

@@ -1,0 +1,138 @@
+//! Owner-fenced marks: PUBLISHED after the broker's confirm, only under the claim's own token.
+
+use std::collections::{HashMap, HashSet};
+
+use sea_orm::{ColumnTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect, Value};
+
+use super::set::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
+use super::{Delivery, Fenced, Outbox};
+use crate::domain::OutboxStatus;
+use crate::entity::outbox_event::{self, Column};
+use crate::relay::LeaseToken;
+use crate::{db, failpoint};
+
+impl Outbox {
+    /// Marks the event PUBLISHED, only if the claim that wrote `token` still holds its lease.
+    ///
+    /// Call it only after the broker confirmed the record. `LeaseLost` means another claim
+    /// took the event over: it will publish again (a duplicate the consumer absorbs), and this
+    /// worker must neither mark nor republish it.
+    pub async fn mark_published(
+        &self,
+        event_id: &str,
+        token: &LeaseToken,
+        delivery: &Delivery,
+    ) -> Result<Fenced<()>, DbErr> {
+        let mut marked = self.mark_all_published(&[(event_id, token, delivery)]).await?;
+        Ok(marked.pop().unwrap_or(Fenced::LeaseLost))
+    }
+
+    /// [`Outbox::mark_published`] for a batch, in one statement: each row gets its own topic,
+    /// partition and offset, and changes only while it is still PUBLISHING under its own claim's
+    /// token, so the answer says exactly which marks took. If the statement fails none is known
+    /// to have taken: their leases expire and the events are published again, duplicates the
+    /// consumer absorbs.
+    pub async fn mark_all_published(
+        &self,
+        marks: &[(&str, &LeaseToken, &Delivery)],
+    ) -> Result<Vec<Fenced<()>>, DbErr> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        const PUBLISHED_AT: ValueColumn = ValueColumn { name: "v_published_at", pg_type: "timestamptz" };
+        const DELIVERY: [ValueColumn; 3] = [
+            ValueColumn { name: "v_topic", pg_type: "text" },
+            ValueColumn { name: "v_partition", pg_type: "integer" },
+            ValueColumn { name: "v_offset", pg_type: "bigint" },
+        ];
+        // The server stamps `published_at` with its own clock in the mark statement itself: the
+        // clock read before it was a round trip of its own. The column holds what a bound value
+        // from [`db::now`] would (a `timestamptz` on PostgreSQL, a UTC `DATETIME(6)` on
+        // MariaDB/MySQL); only SQLite needs every timestamp bound, as text of one format.
+        let (published_at, now) = match self.db.get_database_backend() {
+            DbBackend::Postgres => ("statement_timestamp()", None),
+            DbBackend::MySql => ("UTC_TIMESTAMP(6)", None),
+            _ => ("v.v_published_at", Some(db::now(&self.db).await?)),
+        };
+        let columns: Vec<ValueColumn> =
+            FENCE_COLUMNS.iter().copied().chain(now.map(|_| PUBLISHED_AT)).chain(DELIVERY).collect();
+        let mut rows: Vec<(usize, Vec<Value>)> = marks
+            .iter()
+            .enumerate()
+            .map(|(i, (event_id, token, delivery))| {
+                let mut row: Vec<Value> = vec![(*event_id).into(), token.as_str().into()];
+                row.extend(now.map(Value::from));
+                row.extend([
+                    delivery.topic.as_str().into(),
+                    delivery.partition.into(),
+                    delivery.offset.into(),
+                ]);
+                (i, row)
+            })
+            .collect();
+        let assignments = format!(
+            "status = '{}', published_at = {published_at}, published_topic = v.v_topic, \
+             published_partition = v.v_partition, published_offset = v.v_offset, \
+             lease_owner = NULL, lease_until = NULL",
+            OutboxStatus::Published.as_str()
+        );
+        let update = FencedUpdate {
+            columns: &columns,
+            rows: in_lock_order(&mut rows),
+            assignments: &assignments,
+            fenced: !failpoint::broken(failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION),
+        };
+        // One statement on its own, no transaction: one round trip per batch instead of three
+        // or four on MariaDB/MySQL. Where it cannot say which rows it changed, it is read back.
+        let changed = match update.run_alone(&self.db).await? {
+            Some(changed) => changed,
+            None => self.published_as(&update.ids(), marks).await?,
+        };
+        Ok(in_call_order(
+            &rows,
+            &changed,
+            |changed| if changed { Fenced::Done(()) } else { Fenced::LeaseLost },
+        ))
+    }
+
+    /// For each of `ids` (in lock order), whether the row is PUBLISHED at the very record its
+    /// mark in `marks` names: only that mark can have written it, since every publish of an
+    /// event is a record of its own at an offset of its own, and nothing changes a PUBLISHED
+    /// row afterwards (redrive takes FAILED rows; retention deletes rows hours later, and a row
+    /// already deleted counts as not marked, so at worst a lost lease is reported).
+    async fn published_as(
+        &self,
+        ids: &[String],
+        marks: &[(&str, &LeaseToken, &Delivery)],
+    ) -> Result<Vec<bool>, DbErr> {
+        let found: Vec<PublishedRow> = outbox_event::Entity::find()
+            .select_only()
+            .column(Column::EventId)
+            .column(Column::Status)
+            .column(Column::PublishedTopic)
+            .column(Column::PublishedPartition)
+            .column(Column::PublishedOffset)
+            .filter(Column::EventId.is_in(ids.iter().cloned()))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let asked: HashMap<&str, &Delivery> =
+            marks.iter().map(|(id, _, delivery)| (*id, *delivery)).collect();
+        let marked: HashSet<&str> = found
+            .iter()
+            .filter(|(id, status, topic, partition, offset)| {
+                status == OutboxStatus::Published.as_str()
+                    && asked.get(id.as_str()).is_some_and(|d| {
+                        topic.as_deref() == Some(d.topic.as_str())
+                            && *partition == Some(d.partition)
+                            && *offset == Some(d.offset)
+                    })
+            })
+            .map(|(id, ..)| id.as_str())
+            .collect();
+        Ok(ids.iter().map(|id| marked.contains(id.as_str())).collect())
+    }
+}
+
+/// A row's event id and status, and the record (topic, partition, offset) it was marked at.
+type PublishedRow = (String, String, Option<String>, Option<i32>, Option<i64>);
