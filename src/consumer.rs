@@ -33,7 +33,7 @@ pub use decode::{
 };
 pub use inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
 pub use instance::InstanceError;
-pub use retention::{PurgeReport, Retention, RetentionError};
+pub use retention::{DedupPurgeReport, DedupRetention, RetentionError};
 pub use settings::{Membership, Settings};
 pub use worker::{ConsumerStats, StatsSnapshot};
 

@@ -5,13 +5,13 @@
 mod change;
 mod ids;
 mod order;
-mod outbox;
+mod outbox_status;
 mod violation;
 
 pub use change::{CancelReason, Change, ChangeKey, ChangeOrder, Operation};
 pub use ids::{RequestId, TenantId};
 pub use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
-pub use outbox::OutboxStatus;
+pub use outbox_status::OutboxStatus;
 pub use violation::{FieldViolation, InvalidInput};
 
 /// `true` when `text` is 1 to `max` visible ASCII characters (0x21 to 0x7E).

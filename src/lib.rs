@@ -6,6 +6,7 @@
 //! [`relay`] publishes the outbox to Kafka under leases; [`consumer`] turns each event into one
 //! local effect.
 
+pub mod backlog;
 pub mod consumer;
 pub mod contract;
 pub mod db;
@@ -14,7 +15,6 @@ mod edge;
 mod entity;
 pub mod failpoint;
 pub mod order;
-pub mod outbox;
 pub mod relay;
 pub mod secret;
 pub mod security;

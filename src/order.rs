@@ -14,9 +14,8 @@ mod settings;
 mod store;
 mod transaction;
 
-pub use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 pub use accepting::{AcceptedOrder, SubmitError, Submitted};
-pub use admin::{PurgeReport, Retention};
+pub use admin::{OutboxPurgeReport, OutboxRetention};
 pub use application::{Application, StartupError};
 pub use change::{ChangeOutcome, Changed, Refusal, Refused};
 pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};

@@ -16,8 +16,6 @@ mod worker;
 use std::fmt;
 use std::sync::Arc;
 
-pub use crate::contract::CONTENT_TYPE;
-pub use crate::outbox::{Backlog, Redrive, RedriveAudit};
 pub use application::{Application, StartupError, open_outbox, redrive};
 pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
@@ -25,8 +23,6 @@ pub use publisher::{KafkaPublisher, ProducerConfigError, PublishError, Publisher
 pub use settings::{Command, Settings};
 pub use step::{StepOutcome, StepReport};
 pub use worker::{PublisherFailed, Relay, Tuning};
-
-pub use crate::contract::DEFAULT_TOPIC;
 
 /// A relay process's identity: host, process id and a random part. Every claim it makes gets its
 /// own [`LeaseToken`] that starts with this id, so operators still see which relay holds a lease.

@@ -13,7 +13,7 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 use tonic::{Code, Request, Response, Status};
 
 use super::gap::{self, Audit};
-use super::retention::{Retention, RetentionError};
+use super::retention::{DedupRetention, RetentionError};
 use crate::domain::{FieldViolation, InvalidInput};
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
@@ -27,7 +27,7 @@ pub(crate) struct ConsumerAdminGrpc {
     db: DatabaseConnection,
     /// The consumer name whose read model and parked events this listener serves.
     consumer_name: String,
-    retention: Retention,
+    retention: DedupRetention,
     auth: Authenticator,
 }
 
@@ -35,7 +35,7 @@ impl ConsumerAdminGrpc {
     pub(crate) fn server(
         db: DatabaseConnection,
         consumer_name: String,
-        retention: Retention,
+        retention: DedupRetention,
         auth: Authenticator,
     ) -> ConsumerAdminServiceServer<Self> {
         ConsumerAdminServiceServer::new(Self { db, consumer_name, retention, auth })
@@ -116,7 +116,7 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
                 &mut violations,
             );
             InvalidInput::check(violations)?;
-            let retention = Retention { consumed, ..self.retention.clone() };
+            let retention = DedupRetention { consumed, ..self.retention.clone() };
             let report = retention.purge(&self.db, ask.dry_run).await?;
             tracing::info!(
                 requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::admin::ConsumerAdminGrpc;
 use super::inbox::Inbox;
 use super::instance::{Identity, InstanceError, InstanceLock};
-use super::retention::{Retention, RetentionError};
+use super::retention::{DedupRetention, RetentionError};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
 use super::{Membership, Settings};
 use crate::security::{AuthConfigError, Authenticator, Listener};
@@ -62,7 +62,7 @@ pub struct Application {
     listener: Listener,
     port: u16,
     auth: Authenticator,
-    retention: Retention,
+    retention: DedupRetention,
     /// Held while this instance runs under a static name.
     instance: Option<(Identity, InstanceLock)>,
     settings: Settings,

@@ -11,7 +11,7 @@ use crate::entity::consumed_event::{self, Column};
 
 /// How long consumed_event rows are kept after their effect committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Retention {
+pub struct DedupRetention {
     /// consumed_event rows are kept this long after their effect committed.
     pub consumed: Duration,
     /// The longest a record can be delivered again after a consumer committed it: the broker's
@@ -43,14 +43,14 @@ pub enum RetentionError {
 
 /// What a purge deleted (or, in a dry run, would delete).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PurgeReport {
+pub struct DedupPurgeReport {
     /// consumed_event rows.
     pub consumed_rows: u64,
     /// consumed_event rows committed before this (database clock) were eligible.
     pub consumed_cutoff: DateTime<Utc>,
 }
 
-impl Retention {
+impl DedupRetention {
     /// Refuses a consumed_event window shorter than the redelivery horizon.
     pub fn check(&self) -> Result<(), RetentionError> {
         if self.consumed < self.redelivery_horizon {
@@ -64,8 +64,12 @@ impl Retention {
 
     /// Deletes what the window allows, oldest first, in batches of `batch_size` rows
     /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them, after
-    /// [`Retention::check`]. The cut-off comes from the database clock.
-    pub async fn purge(&self, db: &DatabaseConnection, dry_run: bool) -> Result<PurgeReport, RetentionError> {
+    /// [`DedupRetention::check`]. The cut-off comes from the database clock.
+    pub async fn purge(
+        &self,
+        db: &DatabaseConnection,
+        dry_run: bool,
+    ) -> Result<DedupPurgeReport, RetentionError> {
         self.check()?;
         let consumed_cutoff = purge::before(db::now(db).await?, self.consumed)?;
         let consumed_rows = purge::delete_in_batches::<consumed_event::Entity, i64>(
@@ -77,7 +81,7 @@ impl Retention {
             dry_run,
         )
         .await?;
-        Ok(PurgeReport { consumed_rows, consumed_cutoff })
+        Ok(DedupPurgeReport { consumed_rows, consumed_cutoff })
     }
 }
 
@@ -88,8 +92,8 @@ mod tests {
 
     const DAY: Duration = Duration::from_secs(24 * 3600);
 
-    fn keeping(consumed: Duration) -> Retention {
-        Retention { consumed, redelivery_horizon: 14 * DAY, batch_size: 500 }
+    fn keeping(consumed: Duration) -> DedupRetention {
+        DedupRetention { consumed, redelivery_horizon: 14 * DAY, batch_size: 500 }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 
 use super::DEFAULT_CONSUMER_NAME;
-use super::retention::Retention;
+use super::retention::DedupRetention;
 use crate::contract::DEFAULT_TOPIC;
 
 const DAY: u64 = 24 * 3600;
@@ -163,8 +163,8 @@ impl Settings {
     }
 
     /// The dedup history's retention policy.
-    pub fn retention(&self) -> Retention {
-        Retention {
+    pub fn retention(&self) -> DedupRetention {
+        DedupRetention {
             consumed: self.consumed_retention,
             redelivery_horizon: self.redelivery_horizon,
             batch_size: self.purge_batch_size,

@@ -7,7 +7,7 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
 use super::Settings;
-use super::admin::{AdminGrpc, Retention};
+use super::admin::{AdminGrpc, OutboxRetention};
 use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
 use super::store::OrderStore;
@@ -54,7 +54,7 @@ pub struct Application {
     /// Health's own connection: callers' calls holding every pooled connection cannot starve
     /// its ping.
     health_db: DatabaseConnection,
-    retention: Retention,
+    retention: OutboxRetention,
     wake: WakeSender,
     purge_every: Duration,
     shutdown_grace: Duration,

@@ -8,7 +8,7 @@
 //! answer it would get from a transaction of its own (see [`writer`]).
 
 mod batch;
-mod set;
+mod bulk_insert;
 mod writer;
 
 use std::sync::Arc;
@@ -110,7 +110,7 @@ impl GroupCommit {
         let (queue, waiting) = mpsc::channel(bound);
         let waiting = Arc::new(Mutex::new(waiting));
         let transactions = Arc::new(Semaphore::new(usize::from(settings.writers)));
-        let ids_back = set::IdsBack::default();
+        let ids_back = bulk_insert::IdsBack::default();
         for _ in 0..settings.writers {
             let writer = writer::Writer {
                 db: db.clone(),

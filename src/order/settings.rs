@@ -1,7 +1,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::admin::Retention;
+use super::admin::OutboxRetention;
 
 const DAY: u64 = 24 * 3600;
 
@@ -94,7 +94,7 @@ impl Settings {
     }
 
     /// The outbox's retention policy.
-    pub fn retention(&self) -> Retention {
-        Retention { outbox: self.outbox_retention, batch_size: self.purge_batch_size }
+    pub fn retention(&self) -> OutboxRetention {
+        OutboxRetention { outbox: self.outbox_retention, batch_size: self.purge_batch_size }
     }
 }

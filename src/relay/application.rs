@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::Settings;
 use super::budget::StepBudget;
 use super::health::{Vitals, publish_verdict};
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::worker::{PublisherFailed, Relay, Tuning};
-use super::{Redrive, RedriveAudit, Settings};
+use crate::backlog::{Redrive, RedriveAudit};
 use crate::db;
 use crate::security::Listener;
 use crate::service::{self, Health, HealthEndpoint, ReadyError};

@@ -1,5 +1,5 @@
 //! The relay's side of the outbox table: leased claims ([`claim`], one file per database), owner-fenced
-//! marks ([`mark`]) and releases ([`release`]), the last two set-based ([`set`]).
+//! marks ([`mark`]) and releases ([`release`]), the last two set-based ([`fenced_update`]).
 
 use std::time::Duration;
 
@@ -7,13 +7,13 @@ use chrono::{DateTime, Utc};
 use sea_orm::{DatabaseConnection, DbErr, IsolationLevel};
 
 use super::LeaseToken;
+use crate::backlog::{Backlog, Redrive, RedriveAudit};
 use crate::db;
-use crate::outbox::{Backlog, Redrive, RedriveAudit};
 
 mod claim;
+mod fenced_update;
 mod mark;
 mod release;
-mod set;
 
 pub use release::{Blame, Released, RetryPolicy};
 
@@ -94,14 +94,14 @@ impl Outbox {
         &self.db
     }
 
-    /// The backlog, as [`crate::outbox::backlog`] defines it.
+    /// The backlog, as [`crate::backlog::backlog`] defines it.
     pub async fn backlog(&self) -> Result<Backlog, DbErr> {
-        crate::outbox::backlog(&self.db).await
+        crate::backlog::backlog(&self.db).await
     }
 
-    /// The audited redrive of [`crate::outbox::redrive`].
+    /// The audited redrive of [`crate::backlog::redrive`].
     pub async fn redrive(&self, event_id: &str, audit: &RedriveAudit) -> Result<Redrive, DbErr> {
-        crate::outbox::redrive(&self.db, event_id, audit).await
+        crate::backlog::redrive(&self.db, event_id, audit).await
     }
 }
 

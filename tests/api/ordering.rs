@@ -193,7 +193,7 @@ on_every_backend!(an_order_whose_first_event_is_refused_holds_back_only_its_own_
 /// ends and version 1 is redriven, the topic holds 501's versions 1 < 2 < 3.
 #[cfg(feature = "failpoints")]
 async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_events(backend: Backend) {
-    use outpost::outbox::{Redrive, RedriveAudit};
+    use outpost::backlog::{Redrive, RedriveAudit};
 
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -235,7 +235,7 @@ async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_eve
     let audit =
         RedriveAudit { requested_by: "test".to_owned(), reason: "the broker takes it now".to_owned() };
     assert_eq!(
-        outpost::outbox::redrive(&app.conn, &ids[&(501, 1)], &audit).await.unwrap(),
+        outpost::backlog::redrive(&app.conn, &ids[&(501, 1)], &audit).await.unwrap(),
         Redrive::Redriven
     );
     assert_eventually("order 501's versions are published after the redrive", WAIT, || async {

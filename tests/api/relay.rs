@@ -446,7 +446,7 @@ async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(bac
         assert_eq!(record.header("event_version"), "1");
         assert_eq!(record.header("aggregate_type"), "order");
         assert_eq!(record.header("aggregate_id"), answer.order_id.to_string());
-        assert_eq!(record.header("content-type"), relay::CONTENT_TYPE);
+        assert_eq!(record.header("content-type"), outpost::contract::CONTENT_TYPE);
         let state = probe.state(&answer.event_id).await;
         assert!(state.published && state.lease_owner.is_none() && state.attempts == 1, "{state:?}");
         assert_eq!((state.partition, state.offset), (Some(record.partition), Some(record.offset)));

@@ -213,9 +213,9 @@ async fn the_typescript_client_amends_and_cancels_an_order_and_is_refused_a_stal
         "amended to 2, cancelled at 3; the refusals wrote nothing"
     );
     let types = [
-        outpost::order::EVENT_TYPE,
-        outpost::order::ORDER_AMENDED_EVENT_TYPE,
-        outpost::order::ORDER_CANCELLED_EVENT_TYPE,
+        outpost::contract::EVENT_TYPE,
+        outpost::contract::ORDER_AMENDED_EVENT_TYPE,
+        outpost::contract::ORDER_CANCELLED_EVENT_TYPE,
     ];
     assert_eq!(events, types.iter().zip(1..).map(|(t, v)| ((*t).to_owned(), v)).collect::<Vec<_>>());
     service.server.stop().await;

@@ -3,7 +3,8 @@
 
 use std::process::ExitCode;
 
-use outpost::relay::{self, Application, Command, Redrive, RedriveAudit, Settings};
+use outpost::backlog::{Redrive, RedriveAudit};
+use outpost::relay::{self, Application, Command, Settings};
 use outpost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]

@@ -10,12 +10,12 @@ use outpost_proto::v1::{
 use tonic::{Code, Request, Response, Status};
 
 use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
-use super::retention::{PurgeReport, Retention};
+use super::retention::{OutboxPurgeReport, OutboxRetention};
+use crate::backlog::{self, Redrive, RedriveAudit};
 use crate::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use crate::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
 use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{orders, outbox_event};
-use crate::outbox::{self, Redrive, RedriveAudit};
 use crate::security::{Authenticator, Caller};
 use crate::telemetry;
 
@@ -25,14 +25,14 @@ const SERVICE: &str = "outpost.v1.AdminService";
 #[derive(Debug, Clone)]
 pub(crate) struct AdminGrpc {
     inspector: Inspector,
-    retention: Retention,
+    retention: OutboxRetention,
     auth: Authenticator,
 }
 
 impl AdminGrpc {
     pub(crate) fn server(
         db: sea_orm::DatabaseConnection,
-        retention: Retention,
+        retention: OutboxRetention,
         auth: Authenticator,
     ) -> AdminServiceServer<Self> {
         AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth })
@@ -118,7 +118,7 @@ impl AdminService for AdminGrpc {
         self.traced("Redrive", &request, Some(&ask.event_id.clone()), |caller| async move {
             caller.require_operator()?;
             let (event_id, audit) = parse_redrive(ask, &caller)?;
-            match outbox::redrive(self.inspector.db(), &event_id, &audit).await? {
+            match backlog::redrive(self.inspector.db(), &event_id, &audit).await? {
                 Redrive::Redriven => {
                     tracing::info!(
                         outpost.event_id = %event_id,
@@ -162,7 +162,7 @@ impl AdminGrpc {
         &self,
         outbox_older_than: Option<prost_types::Duration>,
         asks_for_consumed: bool,
-    ) -> Result<Retention, AdminError> {
+    ) -> Result<OutboxRetention, AdminError> {
         let mut violations = Vec::new();
         let outbox =
             edge::window("outbox_older_than", outbox_older_than, self.retention.outbox, &mut violations);
@@ -173,7 +173,7 @@ impl AdminGrpc {
             ));
         }
         InvalidInput::check(violations)?;
-        Ok(Retention { outbox, ..self.retention.clone() })
+        Ok(OutboxRetention { outbox, ..self.retention.clone() })
     }
 }
 
@@ -409,7 +409,7 @@ impl From<Backlog> for pb::ListBacklogResponse {
     }
 }
 
-fn purge_response(report: &PurgeReport) -> pb::PurgeResponse {
+fn purge_response(report: &OutboxPurgeReport) -> pb::PurgeResponse {
     pb::PurgeResponse {
         outbox_rows: report.outbox_rows,
         outbox_cutoff: Some(timestamp(report.outbox_cutoff)),

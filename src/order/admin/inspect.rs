@@ -6,10 +6,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
+use crate::backlog;
 use crate::db::{self, purge};
 use crate::domain::OutboxStatus;
 use crate::entity::{order_version, orders, outbox_event};
-use crate::outbox;
 
 /// What the order database holds for one event.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ impl Timeline {
 #[derive(Debug, Clone)]
 pub(crate) struct Backlog {
     pub(crate) entries: Vec<outbox_event::Model>,
-    pub(crate) stats: outbox::Backlog,
+    pub(crate) stats: backlog::Backlog,
     /// The database's clock when the backlog was read, to age its oldest row by.
     pub(crate) now: DateTime<Utc>,
 }
@@ -127,7 +127,7 @@ impl Inspector {
     }
 
     /// Up to `limit` rows in `status` created at least `older_than` ago (database clock), oldest
-    /// first, with the backlog's counts ([`outbox::backlog`]). The listing reads
+    /// first, with the backlog's counts ([`backlog::backlog`]). The listing reads
     /// `idx_outbox_due` in order and stops at `limit`, whatever the status.
     pub(crate) async fn backlog(
         &self,
@@ -146,7 +146,7 @@ impl Inspector {
             .limit(limit)
             .all(&self.db)
             .await?;
-        let stats = outbox::backlog(&self.db).await?;
+        let stats = backlog::backlog(&self.db).await?;
         Ok(Backlog { entries, stats, now })
     }
 }

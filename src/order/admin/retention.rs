@@ -12,7 +12,7 @@ use crate::entity::outbox_event::{self, Column};
 
 /// How long PUBLISHED outbox rows are kept after the broker confirmed them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Retention {
+pub struct OutboxRetention {
     /// PUBLISHED outbox rows are kept this long after the broker confirmed them.
     pub outbox: Duration,
     /// Rows deleted per statement: each batch is its own short transaction.
@@ -21,18 +21,18 @@ pub struct Retention {
 
 /// What a purge deleted (or, in a dry run, would delete).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PurgeReport {
+pub struct OutboxPurgeReport {
     /// PUBLISHED outbox rows.
     pub outbox_rows: u64,
     /// Outbox rows published before this (database clock) were eligible.
     pub outbox_cutoff: DateTime<Utc>,
 }
 
-impl Retention {
+impl OutboxRetention {
     /// Deletes the PUBLISHED rows the window allows, oldest first, in batches of `batch_size`
     /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them. The cut-off comes from
     /// the database clock.
-    pub async fn purge(&self, db: &DatabaseConnection, dry_run: bool) -> Result<PurgeReport, DbErr> {
+    pub async fn purge(&self, db: &DatabaseConnection, dry_run: bool) -> Result<OutboxPurgeReport, DbErr> {
         let outbox_cutoff = purge::before(db::now(db).await?, self.outbox)?;
         let published = Condition::all()
             .add(Column::Status.eq(OutboxStatus::Published.as_str()))
@@ -46,6 +46,6 @@ impl Retention {
             dry_run,
         )
         .await?;
-        Ok(PurgeReport { outbox_rows, outbox_cutoff })
+        Ok(OutboxPurgeReport { outbox_rows, outbox_cutoff })
     }
 }

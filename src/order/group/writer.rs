@@ -3,7 +3,7 @@
 //! exactly as with group commit off.
 //!
 //! - Orders with distinct keys and event ids (two or more) are first written together, one
-//!   multi-row INSERT per table ([`set`]). If that fails on a lock conflict the batch runs again
+//!   multi-row INSERT per table ([`bulk_insert`]). If that fails on a lock conflict the batch runs again
 //!   (below); on any other error the transaction, which holds nothing else, is rolled back and
 //!   a new one writes every order on its own, in its own savepoint, as follows.
 //! - A row error rolls back only that order's savepoint and is decided as today: a replay,
@@ -32,7 +32,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::Job;
 use super::batch::{BatchStats, Fate, follow, set_candidates};
-use super::set::{self, IdsBack};
+use super::bulk_insert::{self, IdsBack};
 use crate::db::{LockConflict, TxFailure, lock_conflict, violated_unique_key};
 use crate::failpoint;
 use crate::order::accepting::{
@@ -184,7 +184,7 @@ impl Writer {
         }));
         if candidates.len() >= 2 {
             let orders: Vec<&Accepting> = candidates.iter().map(|&i| &rows[i].job.accepting).collect();
-            match set::write(&txn, &orders, &self.ids_back).await {
+            match bulk_insert::write(&txn, &orders, &self.ids_back).await {
                 Ok(order_ids) => {
                     self.stats.record_set_write(true);
                     metrics().order_batch_set_writes.add(1, &[KeyValue::new("outcome", "written")]);

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use sea_orm::{ColumnTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect, Value};
 
-use super::set::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
+use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
 use super::{Delivery, Fenced, Outbox};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};

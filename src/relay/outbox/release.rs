@@ -5,11 +5,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{DbErr, Value};
 
-use super::set::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
+use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
 use super::{ClaimedEvent, Fenced, Outbox, lease_end};
-use outpost_client::Backoff;
 use crate::db;
 use crate::domain::OutboxStatus;
+use outpost_client::Backoff;
 
 /// What a release did to the event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

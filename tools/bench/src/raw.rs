@@ -63,7 +63,7 @@ pub(crate) async fn order_transaction(db: &DatabaseConnection) -> Result<(), DbE
             row.event_id.into(),
             "order".into(),
             order_id.to_string().into(),
-            outpost::order::EVENT_TYPE.into(),
+            outpost::contract::EVENT_TYPE.into(),
             1i64.into(),
             event.into(),
             "PENDING".into(),
@@ -147,11 +147,11 @@ pub(crate) fn headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
     }
     OwnedHeaders::new_with_capacity(6)
         .insert(h("event_id", event_id))
-        .insert(h("event_type", outpost::order::EVENT_TYPE))
+        .insert(h("event_type", outpost::contract::EVENT_TYPE))
         .insert(h("event_version", "1"))
         .insert(h("aggregate_type", "order"))
         .insert(h("aggregate_id", aggregate_id))
-        .insert(h("content-type", outpost::relay::CONTENT_TYPE))
+        .insert(h("content-type", outpost::contract::CONTENT_TYPE))
 }
 
 /// Confirmed produce of the same records in the relay's shape: `producers` producers (as relay
@@ -286,7 +286,7 @@ pub(crate) async fn prefill(db: &DatabaseConnection, count: u64) -> Result<(), D
                 event_id.into(),
                 "order".into(),
                 order_id.to_string().into(),
-                outpost::order::EVENT_TYPE.into(),
+                outpost::contract::EVENT_TYPE.into(),
                 1i64.into(),
                 payload.into(),
                 "PENDING".into(),
