@@ -142,40 +142,9 @@ impl<P: Publisher> Relay<P> {
         // of an event that another relay has published since, with the order's later versions
         // after it, would put an old version on the topic after newer ones.
         let publish_by = started + budget.publish;
-        // Sends are queued in claim order, so one key's records keep their order on the
-        // partition; the confirmations are awaited together. Every record is built here, before
-        // the producer's turn, so that the turn hands librdkafka the whole batch in one burst.
-        let sends: Vec<_> = claimed
-            .iter()
-            .zip(&spans)
-            .map(|(event, span)| {
-                let publish = span.in_scope(|| self.publisher.publish(event)).instrument(span.clone());
-                async move {
-                    match tokio::time::timeout_at(publish_by, publish).await {
-                        Ok(sent) => sent.map_err(|e| {
-                            let blame = if e.broker_unavailable() { Blame::Broker } else { Blame::Event };
-                            (e.to_string(), blame)
-                        }),
-                        // Nothing came back in time: the broker, not this record, is slow or away.
-                        Err(_) => Err(not_confirmed(budget.publish)),
-                    }
-                }
-            })
-            .collect();
+        let sends = self.sends(&claimed, &spans, publish_by, budget.publish);
         let publishing = tokio::time::Instant::now();
-        // Waiting for the producer's turn is queue wait: inside the publishing budget. The
-        // semaphore is never closed, so an error cannot happen; a missed deadline fails the
-        // batch as a timed-out send would.
-        let results = match tokio::time::timeout_at(publish_by, self.producer_turn.acquire()).await {
-            // Checked here, not left to the sends' timeouts: those poll each send once, which
-            // hands its record to librdkafka, before they look at the clock.
-            Ok(turn) if tokio::time::Instant::now() < publish_by => {
-                let results = join_all(sends).await;
-                drop(turn);
-                results
-            }
-            _ => claimed.iter().map(|_| Err(not_confirmed(budget.publish))).collect(),
-        };
+        let results = self.in_the_producers_turn(sends, publish_by, budget.publish).await;
         report.claim_time = claim_took;
         report.publish_time = publishing.elapsed();
         let mut confirmed = Vec::with_capacity(claimed.len());
@@ -196,23 +165,95 @@ impl<P: Publisher> Relay<P> {
         }
         let recording = tokio::time::Instant::now();
         let record_by = recording + budget.whole.saturating_sub(budget.publish);
-        // Failed events go back in one statement, each row under its own claim fence.
+        self.release_failed(&failed, record_by, &mut report).await;
+        self.mark_confirmed(&confirmed, record_by, &mut report).await;
+        report.record_time = recording.elapsed();
+        Ok(StepOutcome::Worked(report))
+    }
+
+    /// One send per event, each bounded by `publish_by`, not yet started. Sends are queued in
+    /// claim order, so one key's records keep their order on the partition; the confirmations
+    /// are awaited together. Every record is built here, before the producer's turn, so that the
+    /// turn hands librdkafka the whole batch in one burst.
+    fn sends<'a>(
+        &'a self,
+        claimed: &'a [ClaimedEvent],
+        spans: &'a [Span],
+        publish_by: tokio::time::Instant,
+        publish_budget: Duration,
+    ) -> Vec<impl Future<Output = Sent> + 'a> {
+        claimed
+            .iter()
+            .zip(spans)
+            .map(|(event, span)| {
+                let publish = span.in_scope(|| self.publisher.publish(event)).instrument(span.clone());
+                async move {
+                    match tokio::time::timeout_at(publish_by, publish).await {
+                        Ok(sent) => sent.map_err(|e| {
+                            let blame = if e.broker_unavailable() { Blame::Broker } else { Blame::Event };
+                            (e.to_string(), blame)
+                        }),
+                        // Nothing came back in time: the broker, not this record, is slow or away.
+                        Err(_) => Err(not_confirmed(publish_budget)),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `sends` together once this worker's producer is free (see
+    /// [`BATCHES_IN_THE_PRODUCER`]). Waiting for the producer's turn is queue wait: inside the
+    /// publishing budget. The semaphore is never closed, so an error cannot happen; a missed
+    /// deadline fails the batch as a timed-out send would.
+    async fn in_the_producers_turn(
+        &self,
+        sends: Vec<impl Future<Output = Sent>>,
+        publish_by: tokio::time::Instant,
+        publish_budget: Duration,
+    ) -> Vec<Sent> {
+        match tokio::time::timeout_at(publish_by, self.producer_turn.acquire()).await {
+            // Checked here, not left to the sends' timeouts: those poll each send once, which
+            // hands its record to librdkafka, before they look at the clock.
+            Ok(turn) if tokio::time::Instant::now() < publish_by => {
+                let results = join_all(sends).await;
+                drop(turn);
+                results
+            }
+            _ => sends.iter().map(|_| Err(not_confirmed(publish_budget))).collect(),
+        }
+    }
+
+    /// Failed events go back in one statement, each row under its own claim fence.
+    async fn release_failed(
+        &self,
+        failed: &[(&ClaimedEvent, String, Blame, &Span)],
+        record_by: tokio::time::Instant,
+        report: &mut StepReport,
+    ) {
         let failures: Vec<(&ClaimedEvent, &str, Blame)> =
             failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
         match record(record_by, || self.outbox.release_all(&failures, &self.tuning.retry)).await {
             Ok(outcomes) => {
                 for ((event, error, blame, span), outcome) in failed.iter().zip(outcomes) {
-                    span.in_scope(|| self.released(event, error, *blame, outcome, &mut report));
+                    span.in_scope(|| self.released(event, error, *blame, outcome, report));
                 }
             }
             Err(e) => {
-                for (event, _, _, span) in &failed {
-                    span.in_scope(|| self.unrecorded(event, &mut report, &e));
+                for (event, _, _, span) in failed {
+                    span.in_scope(|| self.unrecorded(event, report, &e));
                 }
             }
         }
-        // Every confirmed event of the batch is marked in one statement, each row under its own
-        // claim fence.
+    }
+
+    /// Every confirmed event of the batch is marked in one statement, each row under its own
+    /// claim fence.
+    async fn mark_confirmed(
+        &self,
+        confirmed: &[(&ClaimedEvent, Delivery, &Span)],
+        record_by: tokio::time::Instant,
+        report: &mut StepReport,
+    ) {
         let marks: Vec<_> = confirmed
             .iter()
             .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
@@ -220,17 +261,15 @@ impl<P: Publisher> Relay<P> {
         match record(record_by, || self.outbox.mark_all_published(&marks)).await {
             Ok(outcomes) => {
                 for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
-                    span.in_scope(|| self.marked(event, delivery, outcome, &mut report));
+                    span.in_scope(|| self.marked(event, delivery, outcome, report));
                 }
             }
             Err(e) => {
-                for (event, _, span) in &confirmed {
-                    span.in_scope(|| self.unrecorded(event, &mut report, &e));
+                for (event, _, span) in confirmed {
+                    span.in_scope(|| self.unrecorded(event, report, &e));
                 }
             }
         }
-        report.record_time = recording.elapsed();
-        Ok(StepOutcome::Worked(report))
     }
 
     fn event_span(&self, event: &ClaimedEvent) -> Span {
@@ -428,6 +467,9 @@ impl<P: Publisher> Relay<P> {
         Ok(())
     }
 }
+
+/// A send's answer: where the broker put the record, or why not and whom that is blamed on.
+type Sent = Result<Delivery, (String, Blame)>;
 
 /// A publish that got no verdict within the step's publishing budget: the broker, not the
 /// record, is slow or away.

@@ -103,16 +103,7 @@ impl Outbox {
                 outbox_event::Model::from_query_result(row, "")?,
             ));
         }
-        // Expired leases first, longest expired first; then due events, oldest first.
-        found.sort_by(|(part_a, a), (part_b, b)| {
-            let key = |part: i64, row: &outbox_event::Model| {
-                if part == 0 { (part, row.lease_until, row.created_at) } else { (part, None, row.created_at) }
-            };
-            key(*part_a, a).cmp(&key(*part_b, b)).then_with(|| a.event_id.cmp(&b.event_id))
-        });
-        found.truncate(usize::try_from(batch_size).unwrap_or(usize::MAX));
-        let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, row)| row).collect();
-        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+        let mut rows = taken(found, batch_size);
         let held = still_behind_an_unpublished_version(&txn, &rows).await?;
         rows.retain(|row| !held.contains(&row.event_id));
         if rows.is_empty() {
@@ -130,6 +121,23 @@ impl Outbox {
         txn.commit().await?;
         Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect())
     }
+}
+
+/// What a claim takes of the rows its union found (each with its part: 0 for an expired lease,
+/// 1 for a due event): expired leases first, longest expired first, then due events, oldest
+/// first, up to `batch_size`; answered in creation order.
+fn taken(mut found: Vec<(i64, outbox_event::Model)>, batch_size: u64) -> Vec<outbox_event::Model> {
+    // Expired leases first, longest expired first; then due events, oldest first.
+    found.sort_by(|(part_a, a), (part_b, b)| {
+        let key = |part: i64, row: &outbox_event::Model| {
+            if part == 0 { (part, row.lease_until, row.created_at) } else { (part, None, row.created_at) }
+        };
+        key(*part_a, a).cmp(&key(*part_b, b)).then_with(|| a.event_id.cmp(&b.event_id))
+    });
+    found.truncate(usize::try_from(batch_size).unwrap_or(usize::MAX));
+    let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, row)| row).collect();
+    rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+    rows
 }
 
 /// Which of `rows` (locked by this claim) have an earlier version of their aggregate not yet
