@@ -59,20 +59,22 @@ pub(crate) async fn release(
     let (current, mut applied) = model::drain(&txn, consumer, order_id, current, view.is_some(), now).await?;
     let exists = view.is_some() || !applied.is_empty();
     let waiting = model::parked(&txn, consumer, order_id).await?;
-    let (from, to, version) = match waiting.first() {
+    let head = waiting.first();
+    let given_up = match (give_up(current, head.map(|head| head.version)), head) {
+        (GiveUp::Nothing, _) | (_, None) => None,
+        (GiveUp::Missing { from, to }, Some(_)) => Some((from, to)),
+        (GiveUp::Head(version), Some(head)) => {
+            parked_event::Entity::delete_many()
+                .filter(parked_event::Column::ConsumerName.eq(consumer))
+                .filter(parked_event::Column::EventId.eq(head.event_id.as_str()))
+                .exec(&txn)
+                .await?;
+            Some((version, version))
+        }
+    };
+    let (from, to, version) = match given_up {
         None => (current + 1, current, current),
-        Some(head) => {
-            let (from, to) = if head.version > current + 1 {
-                (current + 1, head.version - 1)
-            } else {
-                // It follows on but cannot be applied here: it is the version given up.
-                parked_event::Entity::delete_many()
-                    .filter(parked_event::Column::ConsumerName.eq(consumer))
-                    .filter(parked_event::Column::EventId.eq(head.event_id.as_str()))
-                    .exec(&txn)
-                    .await?;
-                (head.version, head.version)
-            };
+        Some((from, to)) => {
             model::skip_to(&txn, consumer, order_id, to, now).await?;
             let (version, more) = model::drain(&txn, consumer, order_id, to, exists, now).await?;
             applied.extend(more);
@@ -98,4 +100,45 @@ pub(crate) async fn release(
         .await?;
     txn.commit().await?;
     Ok(Some(Released { from, to, applied, version, still_parked }))
+}
+
+/// What a release gives up, with the model at `current` and `head` the lowest version still
+/// parked after the model took what it could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GiveUp {
+    /// Nothing waits any more: nothing is given up.
+    Nothing,
+    /// The versions missing before the head, `from..=to`.
+    Missing { from: i64, to: i64 },
+    /// The head itself: it follows on but cannot be applied here.
+    Head(i64),
+}
+
+fn give_up(current: i64, head: Option<i64>) -> GiveUp {
+    match head {
+        None => GiveUp::Nothing,
+        Some(head) if head > current + 1 => GiveUp::Missing { from: current + 1, to: head - 1 },
+        Some(head) => GiveUp::Head(head),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_gives_up_the_versions_missing_before_the_first_parked_one() {
+        assert_eq!(give_up(2, Some(5)), GiveUp::Missing { from: 3, to: 4 });
+        assert_eq!(give_up(0, Some(2)), GiveUp::Missing { from: 1, to: 1 }, "a lost first version");
+    }
+
+    #[test]
+    fn a_parked_event_that_follows_on_but_cannot_be_applied_is_itself_given_up() {
+        assert_eq!(give_up(2, Some(3)), GiveUp::Head(3));
+    }
+
+    #[test]
+    fn with_nothing_parked_a_release_gives_up_nothing() {
+        assert_eq!(give_up(7, None), GiveUp::Nothing);
+    }
 }

@@ -54,21 +54,86 @@ pub(crate) async fn apply(
             (current, exists) = (after, true);
         }
     }
-    if event.version <= current {
-        return Ok(Outcome::Stale);
-    }
-    let reason = match &event.change {
-        Some(state) if event.version == current + 1 => {
+    let why = match decide(event.version, current, event.change.as_ref()) {
+        Decision::Stale => return Ok(Outcome::Stale),
+        Decision::Apply(state) => {
             let id = event.event_id.to_string();
             put_view(txn, consumer, event.order_id, exists, (&id, event.version, state), now).await?;
             drain(txn, consumer, event.order_id, event.version, true, now).await?;
             return Ok(Outcome::Applied);
         }
-        Some(_) => format!("version {} skips ahead of the read model's {current}", event.version),
-        None => format!("event type `{}` is unknown to this consumer", event.event_type),
+        Decision::Park(why) => why,
     };
-    park(txn, consumer, event, &reason, now).await?;
+    park(txn, consumer, event, &why.reason(&event.event_type), now).await?;
     Ok(Outcome::Parked)
+}
+
+/// What the read model does with one event, by its version and the model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision<S> {
+    /// At or below the model's version: a duplicate, absorbed.
+    Stale,
+    /// The model's next version, of a type this consumer knows: applied, as this state.
+    Apply(S),
+    /// Parked until the gap fills or an operator releases it.
+    Park(ParkReason),
+}
+
+/// Why an event is parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParkReason {
+    /// Its version is more than one ahead of the model's.
+    SkipsAhead { version: i64, current: i64 },
+    /// Its type is one this consumer does not know (`change` is `None`).
+    UnknownType,
+}
+
+impl ParkReason {
+    /// The reason as stored in `parked_event.reason`.
+    pub(crate) fn reason(self, event_type: &str) -> String {
+        match self {
+            Self::SkipsAhead { version, current } => {
+                format!("version {version} skips ahead of the read model's {current}")
+            }
+            Self::UnknownType => format!("event type `{event_type}` is unknown to this consumer"),
+        }
+    }
+}
+
+/// Decides an event of `version` against a model at `current`: a duplicate whatever its type
+/// when at or below it; applied when it is the next version and its state is known (`change`);
+/// parked otherwise. The one rule [`apply`] and [`apply_all`] share.
+pub(crate) fn decide<S>(version: i64, current: i64, change: Option<S>) -> Decision<S> {
+    if version <= current {
+        return Decision::Stale;
+    }
+    match change {
+        Some(state) if version == current + 1 => Decision::Apply(state),
+        Some(_) => Decision::Park(ParkReason::SkipsAhead { version, current }),
+        None => Decision::Park(ParkReason::UnknownType),
+    }
+}
+
+/// What draining does with a parked event of `version` when the model stands at `current`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DrainStep {
+    /// A version is missing before it: draining stops here.
+    Gap,
+    /// The model's next version: applied (if it can be decoded here), then removed.
+    Next,
+    /// At or below the model: removed as a duplicate.
+    Duplicate,
+}
+
+/// The draining rule for one parked event, in version order.
+pub(crate) fn drain_step(version: i64, current: i64) -> DrainStep {
+    if version > current + 1 {
+        DrainStep::Gap
+    } else if version == current + 1 {
+        DrainStep::Next
+    } else {
+        DrainStep::Duplicate
+    }
 }
 
 /// The set-based path for a batch: every event either is its order's next version (in the batch's
@@ -105,11 +170,10 @@ pub(crate) async fn apply_all(
     for event in events {
         let view = next.get(&event.order_id).or_else(|| views.get(&event.order_id));
         let current = view.map_or(0, |view| view.version);
-        if event.version <= current {
-            continue;
-        }
-        let Some(state) = event.change.as_ref().filter(|_| event.version == current + 1) else {
-            return Ok(false);
+        let state = match decide(event.version, current, event.change.as_ref()) {
+            Decision::Stale => continue,
+            Decision::Apply(state) => state,
+            Decision::Park(_) => return Ok(false),
         };
         next.insert(
             event.order_id,
@@ -153,18 +217,19 @@ pub(crate) async fn drain(
     let waiting = parked(txn, consumer, order_id).await?;
     let mut applied = Vec::new();
     for event in waiting {
-        if event.version > current + 1 {
-            break;
-        }
-        if event.version == current + 1 {
-            let Ok(Some((_, _, _, state))) = decode_known(&event.event_type, &event.payload) else {
-                break;
-            };
-            put_view(txn, consumer, order_id, view_exists, (&event.event_id, event.version, &state), now)
-                .await?;
-            view_exists = true;
-            current = event.version;
-            applied.push(event.version);
+        match drain_step(event.version, current) {
+            DrainStep::Gap => break,
+            DrainStep::Next => {
+                let Ok(Some((_, _, _, state))) = decode_known(&event.event_type, &event.payload) else {
+                    break;
+                };
+                put_view(txn, consumer, order_id, view_exists, (&event.event_id, event.version, &state), now)
+                    .await?;
+                view_exists = true;
+                current = event.version;
+                applied.push(event.version);
+            }
+            DrainStep::Duplicate => {}
         }
         parked_event::Entity::delete_many()
             .filter(parked_event::Column::ConsumerName.eq(consumer))
@@ -328,4 +393,49 @@ async fn park(
     .exec_without_returning(txn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_at_or_below_the_models_version_is_a_duplicate_whatever_its_type() {
+        assert_eq!(decide(3, 3, Some("state")), Decision::Stale);
+        assert_eq!(decide(1, 3, Some("state")), Decision::Stale);
+        assert_eq!(decide::<&str>(2, 3, None), Decision::Stale, "an unknown type already passed is absorbed");
+    }
+
+    #[test]
+    fn the_models_next_version_of_a_known_type_is_applied() {
+        assert_eq!(decide(4, 3, Some("state")), Decision::Apply("state"));
+        assert_eq!(decide(1, 0, Some("first")), Decision::Apply("first"), "a new order's first version");
+    }
+
+    #[test]
+    fn an_event_that_skips_ahead_is_parked_and_says_which_versions_it_skips() {
+        let decision = decide(6, 3, Some("state"));
+        assert_eq!(decision, Decision::Park(ParkReason::SkipsAhead { version: 6, current: 3 }));
+        let Decision::Park(why) = decision else { unreachable!() };
+        assert_eq!(why.reason("OrderAccepted"), "version 6 skips ahead of the read model's 3");
+    }
+
+    #[test]
+    fn an_event_of_an_unknown_type_is_parked_even_when_it_is_next() {
+        for version in [4, 9] {
+            assert_eq!(decide::<&str>(version, 3, None), Decision::Park(ParkReason::UnknownType));
+        }
+        assert_eq!(
+            ParkReason::UnknownType.reason("OrderRefunded"),
+            "event type `OrderRefunded` is unknown to this consumer"
+        );
+    }
+
+    #[test]
+    fn draining_applies_the_next_version_drops_duplicates_and_stops_at_a_gap() {
+        assert_eq!(drain_step(4, 3), DrainStep::Next);
+        assert_eq!(drain_step(3, 3), DrainStep::Duplicate);
+        assert_eq!(drain_step(1, 3), DrainStep::Duplicate);
+        assert_eq!(drain_step(5, 3), DrainStep::Gap);
+    }
 }
