@@ -22,4 +22,4 @@ pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;
-pub mod wake;
+mod wake;

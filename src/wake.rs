@@ -18,7 +18,7 @@ const WAKE: &[u8] = b"outpost.wake.v1";
 
 /// Sends wake-ups to a fixed set of relays. Cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub struct WakeSender {
+pub(crate) struct WakeSender {
     inner: Option<Arc<Sender>>,
 }
 
@@ -31,7 +31,7 @@ struct Sender {
 impl WakeSender {
     /// A sender to `relays`; with none it sends nothing. Fails only if no local UDP socket can
     /// be opened.
-    pub fn new(relays: &[SocketAddr]) -> std::io::Result<Self> {
+    pub(crate) fn new(relays: &[SocketAddr]) -> std::io::Result<Self> {
         if relays.is_empty() {
             return Ok(Self::default());
         }
@@ -47,7 +47,7 @@ impl WakeSender {
 
     /// Wakes every relay, without waiting and without failing: a datagram that cannot be sent
     /// only means the relay finds the event at its next poll.
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let Some(sender) = &self.inner else { return };
         for relay in &sender.relays {
             if let Err(error) = sender.socket.send_to(WAKE, relay) {
@@ -59,27 +59,27 @@ impl WakeSender {
 
 /// A relay's wake-up port: datagrams arriving on it end the relay's idle wait early.
 #[derive(Debug)]
-pub struct WakeListener {
+pub(crate) struct WakeListener {
     socket: UdpSocket,
     port: u16,
 }
 
 impl WakeListener {
     /// Binds `address` (port 0 picks a free port).
-    pub async fn bind(address: SocketAddr) -> std::io::Result<Self> {
+    pub(crate) async fn bind(address: SocketAddr) -> std::io::Result<Self> {
         let socket = UdpSocket::bind(address).await?;
         let port = socket.local_addr()?.port();
         Ok(Self { socket, port })
     }
 
     /// The bound port.
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// Notifies `wake` for every wake-up datagram until `stop` turns true. A flood coalesces
     /// into one pending notification, and the relay limits how often it polls.
-    pub async fn run(self, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(self, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
         let mut buffer = [0_u8; 64];
         while !*stop.borrow() {
             tokio::select! {

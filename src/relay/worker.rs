@@ -90,7 +90,7 @@ impl<P: Publisher> Relay<P> {
         self.vitals.rebuilds()
     }
 
-    /// Notifying this ends an idle wait early (see [`crate::wake`]); it never skips a poll.
+    /// Notifying this ends an idle wait early (see the `wake` module); it never skips a poll.
     pub fn wake_handle(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
     }
