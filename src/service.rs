@@ -1,6 +1,7 @@
 //! Plumbing every service shares: a migrated database, a bound listener, a health endpoint.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +14,8 @@ use tonic_health::server::HealthReporter;
 use crate::db::{self, SchemaError};
 use crate::security::{Authenticator, Listener};
 use crate::telemetry::metrics;
+
+mod port_file;
 
 /// A service could not get ready.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +40,24 @@ pub enum ReadyError {
     /// A secret setting (the database URL, Kafka options) could not be read from its file.
     #[error(transparent)]
     Secret(#[from] crate::secret::SecretError),
+    /// The bound addresses could not be written to `--port-file`.
+    #[error("cannot write the port file {path}: {source}")]
+    PortFile {
+        /// The file from the settings.
+        path: PathBuf,
+        /// Why writing failed.
+        source: std::io::Error,
+    },
+}
+
+/// Writes the bound `listeners` (`name=address`, one a line) to `path` when it is set: how a
+/// service started on port 0 tells whoever started it which ports it got.
+pub(crate) fn write_port_file(
+    path: Option<&Path>,
+    listeners: &[(&str, SocketAddr)],
+) -> Result<(), ReadyError> {
+    let Some(path) = path else { return Ok(()) };
+    port_file::write(path, listeners).map_err(|source| ReadyError::PortFile { path: path.to_owned(), source })
 }
 
 /// Connects to `url` and checks that every migration is applied; writes nothing.

@@ -2,6 +2,7 @@
 //! them its listener (health and the ConsumerAdminService) and the purge of its dedup history.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,6 +112,9 @@ impl Application {
         };
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
+        // Last: whoever waits for the file finds the consumer subscribed, not only listening.
+        let bound = [("listen", SocketAddr::new(settings.listen.ip(), port))];
+        service::write_port_file(settings.port_file.as_deref(), &bound)?;
         Ok(Self {
             consumer,
             db,

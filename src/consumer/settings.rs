@@ -93,6 +93,12 @@ pub struct Settings {
     #[arg(long, env = "OUTPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
     pub listen: SocketAddr,
 
+    /// Once every listener is bound, the service writes `name=address` lines to this file, one
+    /// per listener (`listen`), through a temporary file renamed into place: how whoever
+    /// started it on port 0 learns which ports it got.
+    #[arg(long, env = "OUTPOST_PORT_FILE")]
+    pub port_file: Option<std::path::PathBuf>,
+
     /// consumed_event rows are deleted this long after their effect committed; never shorter
     /// than the redelivery horizon.
     #[arg(long, env = "OUTPOST_CONSUMED_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
@@ -153,6 +159,7 @@ impl Settings {
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            port_file: None,
             consumed_retention: Duration::from_secs(30 * DAY),
             redelivery_horizon: Duration::from_secs(14 * DAY),
             purge_every: Duration::from_secs(3600),

@@ -1,6 +1,7 @@
 //! Builds the order service from its settings and runs it until shutdown.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
@@ -88,6 +89,11 @@ impl Application {
         let admin_listener =
             Listener::bind(settings.admin_listen, &limited).await.map_err(ReadyError::from)?;
         let (port, admin_port) = (listener.port(), admin_listener.port());
+        let bound = [
+            ("listen", SocketAddr::new(settings.listen.ip(), port)),
+            ("admin-listen", SocketAddr::new(settings.admin_listen.ip(), admin_port)),
+        ];
+        service::write_port_file(settings.port_file.as_deref(), &bound)?;
         let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {
             listener,

@@ -37,6 +37,12 @@ pub struct Settings {
     #[arg(long, env = "OUTPOST_ADMIN_LISTEN", default_value = "127.0.0.1:50054")]
     pub admin_listen: SocketAddr,
 
+    /// Once every listener is bound, the service writes `name=address` lines to this file, one
+    /// per listener (`listen`, `admin-listen`), through a temporary file renamed into place: how whoever
+    /// started it on port 0 learns which ports it got.
+    #[arg(long, env = "OUTPOST_PORT_FILE")]
+    pub port_file: Option<std::path::PathBuf>,
+
     /// PUBLISHED outbox rows are deleted this long after the broker confirmed them.
     #[arg(long, env = "OUTPOST_OUTBOX_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub outbox_retention: Duration,
@@ -84,6 +90,7 @@ impl Settings {
             db_max_connections: 16,
             shutdown_grace: Duration::from_secs(10),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            port_file: None,
             outbox_retention: Duration::from_secs(7 * DAY),
             purge_every: Duration::from_secs(3600),
             purge_batch_size: 500,

@@ -1,6 +1,7 @@
 //! Builds the relay from its settings and runs it until shutdown.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -72,6 +73,11 @@ impl Application {
             }
             None => None,
         };
+        let mut bound = vec![("listen", SocketAddr::new(settings.listen.ip(), port))];
+        if let (Some(addr), Some(wake)) = (settings.wake_listen, &wake) {
+            bound.push(("wake-listen", SocketAddr::new(addr.ip(), wake.port())));
+        }
+        service::write_port_file(settings.port_file.as_deref(), &bound)?;
         let relay = Relay::new(outbox, publisher, tuning(&settings));
         Ok(Self { relay, listener, port, wake, settings })
     }

@@ -101,6 +101,12 @@ pub struct Settings {
     #[arg(long, global = true, env = "OUTPOST_RELAY_WAKE_LISTEN")]
     pub wake_listen: Option<SocketAddr>,
 
+    /// Once every listener is bound, the service writes `name=address` lines to this file, one
+    /// per listener (`listen`, and `wake-listen` when set), through a temporary file renamed into place: how whoever
+    /// started it on port 0 learns which ports it got.
+    #[arg(long, global = true, env = "OUTPOST_PORT_FILE")]
+    pub port_file: Option<std::path::PathBuf>,
+
     /// TLS, plaintext policy and load bounds of the health listener.
     #[command(flatten)]
     pub security: crate::security::ListenerSettings,
@@ -160,6 +166,7 @@ impl Settings {
             publish_stall: Duration::from_secs(60),
             security: crate::security::ListenerSettings::default(),
             wake_listen: None,
+            port_file: None,
         }
     }
 }
