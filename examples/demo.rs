@@ -15,13 +15,10 @@ use std::time::Duration;
 
 use outpost_client::{BearerToken, ClientTls, SafeSubmitter, SubmitPolicy};
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+// The same certificate and token maker the security tests use.
+use outpost_testkit::pki;
 use sea_orm::{ConnectionTrait, Statement};
 use tonic_types::StatusExt;
-
-// The same certificate and token maker the security tests use.
-#[allow(dead_code, unreachable_pub)]
-#[path = "../tests/api/pki.rs"]
-mod pki;
 
 fn order(request_id: &str, sku: &str, quantity: u32) -> pb::SubmitOrderRequest {
     pb::SubmitOrderRequest {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outpost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, Value};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -27,23 +27,8 @@ async fn exec(app: &TestApp, sql: &str, values: Vec<Value>) {
 
 /// Runs `sql`, written with `?` placeholders, on any backend.
 async fn exec_on(conn: &DatabaseConnection, sql: &str, values: Vec<Value>) {
-    let backend = conn.get_database_backend();
-    let sql = if backend == DbBackend::Postgres {
-        let mut n = 0;
-        sql.chars()
-            .map(|c| {
-                if c == '?' {
-                    n += 1;
-                    format!("${n}")
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect()
-    } else {
-        sql.to_owned()
-    };
-    conn.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.unwrap();
+    let statement = outpost_testkit::sql::statement(conn.get_database_backend(), sql, values);
+    conn.execute_raw(statement).await.unwrap();
 }
 
 /// A consumer running in this process over `database_url`, with a client of its
@@ -99,7 +84,7 @@ impl ConsumerSide {
 }
 
 fn topic() -> String {
-    format!("outpost-admin-{}", uuid::Uuid::new_v4().simple())
+    outpost_testkit::topic::unique("outpost-admin")
 }
 
 fn ago(age: Duration) -> chrono::DateTime<Utc> {

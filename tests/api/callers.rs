@@ -8,7 +8,6 @@ use outpost_proto::v1 as pb;
 use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 
-use crate::broker::free_port;
 use crate::helpers::{
     Backend, ServiceProcess, TestApp, TestDb, assert_eventually, connect_order_service, metadata,
     on_every_backend, order, reason, violated_fields,
@@ -146,18 +145,18 @@ async fn refused_calls_are_counted_per_reason() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
-    let (port, admin_port) = (free_port(), free_port());
     let args = [
         format!("--database-url={}", db.url),
-        format!("--listen=127.0.0.1:{port}"),
-        format!("--admin-listen=127.0.0.1:{admin_port}"),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--admin-listen=127.0.0.1:0".to_owned(),
         "--auth=jwt".to_owned(),
         format!("--auth-jwks={}", pki.jwks.display()),
         format!("--auth-issuer={ISSUER}"),
         format!("--auth-audience={AUDIENCE}"),
     ];
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let mut service = ServiceProcess::spawn("outpost-order", &args, &env);
+    let (mut service, bound) = ServiceProcess::spawn_listening("outpost-order", &args, &env).await;
+    let (port, admin_port) = (bound.port("listen"), bound.port("admin-listen"));
     let mut orders = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
     let seven = tenant(&pki, 7);
 

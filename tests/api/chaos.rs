@@ -6,20 +6,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use outpost_verify::{self as verify, BrokerControl, ChaosReport, ChaosSettings, DatabaseControl};
+use outpost_verify::{self as verify, ChaosReport, ChaosSettings, DatabaseControl};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestDb, on_every_backend};
 use crate::private_db::PrivateServer;
-
-impl BrokerControl for TestBroker {
-    fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            self.kill();
-            self.run().await;
-        })
-    }
-}
 
 on_every_backend!(a_short_chaos_run_loses_nothing_and_duplicates_nothing);
 

@@ -18,7 +18,7 @@ use sea_orm::{ConnectionTrait as _, Statement};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::broker::{TestBroker, free_port};
+use crate::broker::TestBroker;
 use crate::helpers::{
     Backend, InProcess, OutboxProbe, ServiceProcess, TestDb, assert_eventually, order, service_binary,
 };
@@ -152,18 +152,17 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let conn = db.connect().await;
     let probe = OutboxProbe { conn: &conn };
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-console-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-console");
     broker.create_topic(&topic, 1).await;
 
     // The order service as an operator runs it: TLS, JWT, traces exported.
-    let (port, admin_port) = (free_port(), free_port());
     let path = |p: &Path| p.display().to_string();
-    let _order_service = ServiceProcess::spawn(
+    let (_order_service, bound) = ServiceProcess::spawn_listening(
         "outpost-order",
         &[
             format!("--database-url={}", db.url),
-            format!("--listen=127.0.0.1:{port}"),
-            format!("--admin-listen=127.0.0.1:{admin_port}"),
+            "--listen=127.0.0.1:0".to_owned(),
+            "--admin-listen=127.0.0.1:0".to_owned(),
             format!("--tls-cert={}", path(&pki.cert)),
             format!("--tls-key={}", path(&pki.key)),
             format!("--auth-jwks={}", path(&pki.jwks)),
@@ -175,7 +174,9 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
             ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
         ],
-    );
+    )
+    .await;
+    let (port, admin_port) = (bound.port("listen"), bound.port("admin-listen"));
     let tls = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     let mut orders = OrderServiceClient::new(connected(&format!("https://localhost:{port}"), &tls).await);
     let shop = BearerToken::new(&pki.token(json!({ "sub": "shop-7", "tenant_id": 7 })).unwrap()).unwrap();

@@ -20,7 +20,7 @@ use crate::helpers::{
 const WAIT: Duration = Duration::from_secs(60);
 
 fn topic() -> String {
-    format!("outpost-test-{}", uuid::Uuid::new_v4().simple())
+    outpost_testkit::topic::unique("outpost-test")
 }
 
 pub(crate) fn consumer_settings(

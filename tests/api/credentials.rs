@@ -12,7 +12,7 @@ use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::broker::{TestBroker, free_port};
+use crate::broker::TestBroker;
 use crate::dependencies::assert_health;
 use crate::helpers::{
     Backend, OutboxProbe, ServiceProcess, TestApp, TestDb, assert_eventually, connect_order_service, order,
@@ -37,12 +37,11 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
-    let port = free_port();
-    let _service = ServiceProcess::spawn(
+    let (_service, bound) = ServiceProcess::spawn_listening(
         "outpost-order",
         &[
             format!("--database-url={}", db.url),
-            format!("--listen=127.0.0.1:{port}"),
+            "--listen=127.0.0.1:0".to_owned(),
             "--admin-listen=127.0.0.1:0".to_owned(),
             "--auth=jwt".to_owned(),
             format!("--auth-jwks={}", pki.jwks.display()),
@@ -51,7 +50,9 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
             "--reload-every=100ms".to_owned(),
         ],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())],
-    );
+    )
+    .await;
+    let port = bound.port("listen");
     let client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
     let token = pki.token(json!({ "sub": "svc-tenant-7", "tenant_id": 7 })).unwrap();
     // A Reconcile of an unknown key: NOT_FOUND once the token is accepted, else its refusal.
@@ -228,7 +229,7 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
     let db = TestDb::migrated(Backend::MariaDb).await;
     let conn = db.connect().await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let url_file = dir.path().join("database-url");
@@ -243,10 +244,10 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
     let kafka = format!("--kafka-option-file={}", kafka_file.display());
     let (brokers, topic_flag) = (format!("--brokers={}", broker.address()), format!("--topic={topic}"));
 
-    let port = free_port();
-    let order_args =
-        [from_file.clone(), format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".into()];
-    let order_service = ServiceProcess::spawn("outpost-order", &order_args, &[]);
+    let order_args = [from_file.clone(), "--listen=127.0.0.1:0".into(), "--admin-listen=127.0.0.1:0".into()];
+    let (order_service, order_bound) =
+        ServiceProcess::spawn_listening("outpost-order", &order_args, &[]).await;
+    let port = order_bound.port("listen");
     // The relay takes the file's name from the environment.
     let relay_args = [brokers.clone(), topic_flag.clone(), kafka.clone(), "--listen=127.0.0.1:0".into()];
     let relay = ServiceProcess::spawn(

@@ -20,7 +20,7 @@ use crate::relay::{relay_args, relay_settings};
 const WAIT: Duration = Duration::from_secs(60);
 
 fn topic() -> String {
-    format!("outpost-test-{}", uuid::Uuid::new_v4().simple())
+    outpost_testkit::topic::unique("outpost-test")
 }
 
 /// The status a health endpoint on `port` reports for `service`, if it answers at all.

@@ -8,7 +8,7 @@ use outpost_migration::{Migrator, MigratorTrait};
 use outpost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
-use outpost_verify::process::Output;
+use outpost_verify::process::{Bound, Output, Signal};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -416,7 +416,7 @@ pub struct OutboxProbe<'a> {
 
 impl OutboxProbe<'_> {
     fn placeholder(&self, n: usize) -> String {
-        if self.conn.get_database_backend() == DbBackend::Postgres { format!("${n}") } else { "?".to_owned() }
+        outpost_testkit::sql::placeholder(self.conn.get_database_backend(), n)
     }
 
     pub async fn state(&self, event_id: &str) -> OutboxState {
@@ -510,7 +510,11 @@ pub fn service_binary(name: &str) -> std::path::PathBuf {
 /// A service running as its own process, killed when dropped: the verifier's process control,
 /// so tests and the verifier start, signal and kill services one way. Output is discarded
 /// unless `TEST_LOG` is set.
-pub struct ServiceProcess(outpost_verify::process::ServiceProcess);
+pub struct ServiceProcess(
+    outpost_verify::process::ServiceProcess,
+    // Held, never read: the port file's directory lives as long as the process.
+    #[allow(dead_code)] Option<tempfile::TempDir>,
+);
 
 impl ServiceProcess {
     pub fn spawn(name: &str, args: &[String], env: &[(&str, String)]) -> Self {
@@ -531,7 +535,25 @@ impl ServiceProcess {
     fn start(name: &str, args: &[String], env: &[(&str, String)], output: Output) -> Self {
         let process =
             outpost_verify::process::ServiceProcess::start(&service_binary(name), name, args, env, output);
-        Self(process.unwrap())
+        Self(process.unwrap(), None)
+    }
+
+    /// A service started with its listeners on port 0 (`args` say so) that writes the ports it
+    /// got to a port file: returned once it wrote them, with them. No free port is guessed.
+    pub async fn spawn_listening(name: &str, args: &[String], env: &[(&str, String)]) -> (Self, Bound) {
+        let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
+        let dir = tempfile::tempdir().unwrap();
+        let mut process = outpost_verify::process::ServiceProcess::start_with_port_file(
+            &service_binary(name),
+            name,
+            args,
+            env,
+            output,
+            &dir.path().join("ports"),
+        )
+        .unwrap();
+        let bound = process.listening(std::time::Duration::from_secs(60)).await.unwrap();
+        (Self(process, Some(dir)), bound)
     }
 
     /// Everything a logged service wrote so far.
@@ -548,9 +570,10 @@ impl ServiceProcess {
         self.0.pid().unwrap() as i32
     }
 
-    /// Sends `signal` (e.g. "KILL", "TERM") with kill(1): a real signal, not an in-process stop.
+    /// Sends `signal` (e.g. "KILL", "TERM"): a real signal, not an in-process stop.
     pub async fn signal(&self, signal: &str) {
-        assert!(self.0.signal(signal).await, "kill -{signal} {} failed", self.pid());
+        let parsed: Signal = format!("SIG{signal}").parse().unwrap_or_else(|_| panic!("no signal {signal}"));
+        assert!(self.0.signal(parsed), "SIG{signal} to {} failed", self.pid());
     }
 
     pub async fn wait(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {

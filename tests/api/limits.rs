@@ -285,12 +285,11 @@ pub async fn order_process(
     args: &[&str],
     open_files: Option<u64>,
 ) -> (outpost_verify::process::ServiceProcess, u16) {
-    let port = crate::broker::free_port();
     let binary = crate::helpers::service_binary("outpost-order");
     let mut all = vec![
         format!("--database-url={}", db.url),
-        format!("--listen=127.0.0.1:{port}"),
-        format!("--admin-listen=127.0.0.1:{}", crate::broker::free_port()),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--admin-listen=127.0.0.1:0".to_owned(),
     ];
     all.extend(args.iter().map(|a| (*a).to_owned()));
     let program = match open_files {
@@ -302,9 +301,18 @@ pub async fn order_process(
     };
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
     let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
-    let process =
-        outpost_verify::process::ServiceProcess::start(&program, "outpost-order", &all, &env, output);
-    (process.unwrap(), port)
+    let ports = tempfile::tempdir().unwrap();
+    let mut process = outpost_verify::process::ServiceProcess::start_with_port_file(
+        &program,
+        "outpost-order",
+        &all,
+        &env,
+        output,
+        &ports.path().join("ports"),
+    )
+    .unwrap();
+    let bound = process.listening(Duration::from_secs(60)).await.unwrap();
+    (process, bound.port("listen"))
 }
 
 /// How many connections the service shed for `reason` with `action`, as last exported.

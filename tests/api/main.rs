@@ -5,9 +5,9 @@
 
 mod broker;
 mod helpers;
-mod otlp;
-mod pki;
 mod private_db;
+
+use outpost_testkit::{otlp, pki};
 
 mod admin;
 mod callers;

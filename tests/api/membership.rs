@@ -36,7 +36,7 @@ async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
 async fn a_second_consumer_under_an_instance_name_in_use_stops_naming_it_and_the_first_keeps_consuming() {
     let app = TestApp::spawn(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 1).await;
     let args = |port: u16| {
         vec![

@@ -16,7 +16,7 @@ const WAIT: Duration = Duration::from_secs(120);
 const SETTLE: Duration = Duration::from_millis(1500);
 
 fn topic() -> String {
-    format!("outpost-test-{}", uuid::Uuid::new_v4().simple())
+    outpost_testkit::topic::unique("outpost-test")
 }
 
 /// The final state the read model must show for an order after its versions `1..=versions`.
@@ -106,8 +106,7 @@ pub(crate) async fn seed_changes(
     last: i64,
 ) -> HashMap<(i64, i64), String> {
     let backend = conn.get_database_backend();
-    let placeholder =
-        |n: usize| if backend == DbBackend::Postgres { format!("${n}") } else { "?".to_owned() };
+    let placeholder = |n: usize| outpost_testkit::sql::placeholder(backend, n);
     let mut ids = HashMap::new();
     for version in versions {
         for chunk in orders.chunks(100) {

@@ -41,7 +41,7 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     let mut server = PrivateServer::start(backend).await;
     let app = TestApp::spawn_on(server.migrated_database().await, |_| {}).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 2).await;
     let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.max_attempts = 1_000;

@@ -97,7 +97,7 @@ async fn a_dead_lettered_event_parks_the_later_events_of_its_order_only_and_a_re
 ) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 2).await;
     let producer = producer(&broker);
     publish(&producer, &topic, (1, 1, 4), None, None).await;
@@ -149,7 +149,7 @@ async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the
 ) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 1).await;
     let producer = producer(&broker);
     publish(&producer, &topic, (3, 1, 3), None, None).await;

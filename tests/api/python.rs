@@ -439,7 +439,7 @@ async fn consume(broker: &TestBroker, topic: &str, group: &str, extra: &[&str]) 
 async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits_its_offsets() {
     let app = TestApp::spawn(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 3).await;
     let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.clone();

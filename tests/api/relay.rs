@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const SETTLE: Duration = Duration::from_millis(1500);
 
 fn topic() -> String {
-    format!("outpost-test-{}", uuid::Uuid::new_v4().simple())
+    outpost_testkit::topic::unique("outpost-test")
 }
 
 /// Short, test-sized timings that still satisfy the relay's start-up check.

@@ -48,7 +48,7 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
 ) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-rollback-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-rollback");
     broker.create_topic(&topic, 2).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(600).await;
@@ -84,7 +84,7 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
 async fn a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_effect(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-rollback-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-rollback");
     broker.create_topic(&topic, 2).await;
     for i in 0..20 {
         app.submit(order(21, &format!("rollback-{i}"))).await.unwrap();

@@ -9,7 +9,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::ConnectionTrait as _;
 
-use crate::broker::{TestBroker, free_port, read_topic};
+use crate::broker::{TestBroker, read_topic};
 use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, connect_order_service, order};
 use crate::otlp::{ReceivedSpan, start_receiver};
 
@@ -23,7 +23,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     let (endpoint, received, _receiver) = start_receiver().await;
     let db = TestDb::migrated(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 3).await;
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
@@ -31,16 +31,13 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
         ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
     ];
     let database = format!("--database-url={}", db.url);
-    let order_port = free_port();
-    let mut order_service = ServiceProcess::spawn(
+    let (mut order_service, order_bound) = ServiceProcess::spawn_listening(
         "outpost-order",
-        &[
-            database.clone(),
-            format!("--listen=127.0.0.1:{order_port}"),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-        ],
+        &[database.clone(), "--listen=127.0.0.1:0".to_owned(), "--admin-listen=127.0.0.1:0".to_owned()],
         &env,
-    );
+    )
+    .await;
+    let order_port = order_bound.port("listen");
     let common = [
         database.clone(),
         format!("--brokers={}", broker.address()),
@@ -215,14 +212,14 @@ crate::helpers::on_every_backend!(a_tracestate_longer_than_its_column_is_shorten
 async fn a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits(backend: Backend) {
     let (endpoint, _received, _receiver) = start_receiver().await;
     let db = TestDb::migrated(backend).await;
-    let port = free_port();
     let args = [
         format!("--database-url={}", db.url),
-        format!("--listen=127.0.0.1:{port}"),
+        "--listen=127.0.0.1:0".to_owned(),
         "--admin-listen=127.0.0.1:0".to_owned(),
     ];
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
-    let mut service = ServiceProcess::spawn("outpost-order", &args, &env);
+    let (mut service, bound) = ServiceProcess::spawn_listening("outpost-order", &args, &env).await;
+    let port = bound.port("listen");
     let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
 
     let members: Vec<String> = (0..24).map(|i| format!("vendor{i:02}={}", "x".repeat(30))).collect();

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::broker::{TestBroker, free_port};
+use crate::broker::TestBroker;
 use crate::helpers::{
     Backend, OutboxProbe, ServiceProcess, TestDb, assert_eventually, connect_order_service, order,
 };
@@ -18,14 +18,13 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
     let conn = db.connect().await;
     let probe = OutboxProbe { conn: &conn };
     let broker = TestBroker::start().await;
-    let topic = format!("outpost-test-{}", uuid::Uuid::new_v4().simple());
+    let topic = outpost_testkit::topic::unique("outpost-test");
     broker.create_topic(&topic, 1).await;
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let wake_port = free_port();
     // The idle back-off may grow to ten minutes. Whether a given event was found by a wake-up or
     // by a poll depends on timing; the relay's wake-up counter shows that wake-ups arrived and
     // ended idle waits. What they save in latency is the benchmark's to show, not a test's.
-    let mut relay = ServiceProcess::spawn(
+    let (mut relay, relay_bound) = ServiceProcess::spawn_listening(
         "outpost-relay",
         &[
             format!("--database-url={}", db.url),
@@ -33,21 +32,24 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
             format!("--topic={topic}"),
             "--listen=127.0.0.1:0".to_owned(),
             "--max-idle-poll=10min".to_owned(),
-            format!("--wake-listen=127.0.0.1:{wake_port}"),
+            "--wake-listen=127.0.0.1:0".to_owned(),
         ],
         &env,
-    );
-    let order_port = free_port();
-    let mut order_service = ServiceProcess::spawn(
+    )
+    .await;
+    let wake_port = relay_bound.port("wake-listen");
+    let (mut order_service, order_bound) = ServiceProcess::spawn_listening(
         "outpost-order",
         &[
             format!("--database-url={}", db.url),
-            format!("--listen=127.0.0.1:{order_port}"),
+            "--listen=127.0.0.1:0".to_owned(),
             "--admin-listen=127.0.0.1:0".to_owned(),
             format!("--wake-relays=127.0.0.1:{wake_port}"),
         ],
         &[],
-    );
+    )
+    .await;
+    let order_port = order_bound.port("listen");
     let url = format!("http://127.0.0.1:{order_port}");
     let mut client = connect_order_service(&url).await;
 

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use outpost_testkit::process::Process;
+
 use crate::error::BenchError;
 
 /// CPU time and peak memory of one process, from `/proc/PID/stat` and `/proc/PID/status`.
@@ -47,8 +49,7 @@ fn clock_ticks() -> f64 {
 /// A running service.
 #[derive(Debug)]
 pub(crate) struct Service {
-    label: String,
-    child: tokio::process::Child,
+    process: Process,
     pid: u32,
 }
 
@@ -75,7 +76,8 @@ impl Service {
     ) -> Result<Self, BenchError> {
         let path: PathBuf = bin_dir.join(binary);
         let log = std::fs::File::create(log_dir.join(format!("{label}.log")))?;
-        let child = tokio::process::Command::new(&path)
+        let mut command = tokio::process::Command::new(&path);
+        command
             .args(args)
             // Per-event info logs are the services' default; the bench keeps warnings only, as
             // a production deployment with a log pipeline would be tuned, and says so.
@@ -89,12 +91,11 @@ impl Service {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
+            .stderr(log);
+        let process = Process::spawn(label, &mut command)
             .map_err(|e| BenchError::Stuck(format!("cannot start {}: {e}", path.display())))?;
-        let pid = child.id().ok_or_else(|| BenchError::Stuck(format!("{label} exited at once")))?;
-        Ok(Self { label: label.to_owned(), child, pid })
+        let pid = process.pid().ok_or_else(|| BenchError::Stuck(format!("{label} exited at once")))?;
+        Ok(Self { process, pid })
     }
 
     /// CPU and peak memory so far; read before stopping the process.
@@ -104,11 +105,11 @@ impl Service {
 
     /// Fails if the process has exited.
     pub(crate) fn check_alive(&mut self) -> Result<(), BenchError> {
-        match self.child.try_wait()? {
+        match self.process.try_exited()? {
             None => Ok(()),
             Some(status) => Err(BenchError::Stuck(format!(
                 "{} exited ({status}); see its log in the output directory",
-                self.label
+                self.process.label()
             ))),
         }
     }
@@ -116,10 +117,7 @@ impl Service {
     /// Reads the usage, then SIGTERM and waits for the drain (SIGKILL after 20 s).
     pub(crate) async fn stop(mut self) -> Usage {
         let usage = self.usage();
-        let _ = tokio::process::Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status().await;
-        if tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.is_err() {
-            let _ = self.child.kill().await;
-        }
+        self.process.stop(Duration::from_secs(20)).await;
         usage
     }
 }

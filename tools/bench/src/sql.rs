@@ -93,20 +93,7 @@ impl BenchDatabase {
 
 /// A statement with `?` placeholders, renumbered to `$n` for PostgreSQL.
 pub(crate) fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
-    if backend != DbBackend::Postgres {
-        return Statement::from_sql_and_values(backend, sql, values);
-    }
-    let mut numbered = String::with_capacity(sql.len() + 16);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            numbered.push_str(&format!("${n}"));
-        } else {
-            numbered.push(c);
-        }
-    }
-    Statement::from_sql_and_values(backend, numbered, values)
+    outpost_testkit::sql::statement(backend, sql, values)
 }
 
 /// One number from a query such as `SELECT COUNT(*) …`.

@@ -26,6 +26,16 @@ pub trait BrokerControl: Send {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// The test kit's per-test broker: killed with SIGKILL and started again on its storage.
+impl BrokerControl for outpost_testkit::broker::TestBroker {
+    fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            self.kill();
+            self.run().await;
+        })
+    }
+}
+
 /// Restarts the database the services share, when chaos asks for it.
 pub trait DatabaseControl: Send {
     /// Stops the database (abruptly or not, as the operator's command does) and starts it
@@ -195,13 +205,14 @@ pub async fn chaos(
     evidence::create_topic(&settings.brokers, &topic, 3).await.map_err(VerifyError::Broker)?;
     let tenant_id = i64::from(rand::random::<u32>() >> 1) + 1;
     let mut fleet = Fleet::new(settings, &topic, &run);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut order = settings.launch(
         "outpost-order",
         "chaos-order",
-        &[format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".to_owned()],
+        &["--listen=127.0.0.1:0".to_owned(), "--admin-listen=127.0.0.1:0".to_owned()],
         "",
     )?;
+    let bound = order.listening(Duration::from_secs(60)).await.map_err(VerifyError::Stuck)?;
+    let port = bound.port("listen");
     for kind in ["relay", "relay", "consumer", "consumer"] {
         fleet.start(kind)?;
     }

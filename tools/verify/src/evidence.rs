@@ -5,11 +5,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use outpost::relay::Delivery;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement, Value};
 
 /// The outbox row of one event, as an operator would query it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,20 +44,7 @@ pub struct Rows {
 
 /// `sql` with `?` placeholders, bound to `values`, in the backend's dialect.
 pub(crate) fn statement(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Statement {
-    let backend = db.get_database_backend();
-    let sql = if backend == DbBackend::Postgres {
-        let mut numbered = String::with_capacity(sql.len());
-        for (n, part) in sql.split('?').enumerate() {
-            if n > 0 {
-                numbered.push_str(&format!("${n}"));
-            }
-            numbered.push_str(part);
-        }
-        numbered
-    } else {
-        sql.to_owned()
-    };
-    Statement::from_sql_and_values(backend, sql, values)
+    outpost_testkit::sql::statement(db.get_database_backend(), sql, values)
 }
 
 /// The first column of the one row `sql` returns, as a count.
@@ -109,15 +94,7 @@ pub(crate) async fn orders_for_key(
 }
 
 /// Creates `topic` on the broker with the admin API (any Kafka-protocol broker).
-pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), String> {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().map_err(|e| e.to_string())?;
-    let results = admin
-        .create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
-        .await
-        .map_err(|e| e.to_string())?;
-    results.into_iter().try_for_each(|r| r.map(|_| ()).map_err(|(t, e)| format!("create topic {t}: {e}")))
-}
+pub use outpost_testkit::topic::create as create_topic;
 
 /// One record of the topic, as a reader saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]

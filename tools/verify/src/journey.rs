@@ -13,7 +13,7 @@ use outpost::consumer::DEFAULT_CONSUMER_NAME;
 
 use crate::evidence::{self, OutboxRow, Record};
 use crate::ordering;
-use crate::process::ServiceProcess;
+use crate::process::{ServiceProcess, Signal};
 use crate::report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
 use crate::{Settings, VerifyError};
 
@@ -336,15 +336,15 @@ async fn submit_through_faults(
 ) -> Result<(), VerifyError> {
     let (tenant_id, request_id) = (key.tenant_id, key.request_id.clone());
     let event_id = run.event_id.clone();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let failpoints = format!(
         "{}=1*return;{}=1*return",
         fp::BEFORE_ORDER_TRANSACTION_COMMIT,
         fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION
     );
-    let listen = vec![format!("--listen=127.0.0.1:{port}"), "--admin-listen=127.0.0.1:0".into()];
+    let listen = vec!["--listen=127.0.0.1:0".into(), "--admin-listen=127.0.0.1:0".into()];
     let order = run.start("outpost-order", "order", listen, failpoints)?;
-    let url = format!("http://127.0.0.1:{port}");
+    let bound = run.processes[order].listening(STEP).await.map_err(VerifyError::Stuck)?;
+    let url = format!("http://127.0.0.1:{}", bound.port("listen"));
     let mut client = until("the order service answers", STEP, || {
         let url = url.clone();
         async move { Ok(OrderServiceClient::connect(url).await.ok()) }
@@ -507,7 +507,7 @@ async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(),
     // broker's confirm and before its mark, nothing in flight) until relay 4 has taken over and
     // marked. A timed stall alone let a slow start of relay 4 end it early, and relay 3 then
     // marked under its own lease, so the late mark this step is about never happened.
-    let stopped = run.processes[relay3].signal("STOP").await;
+    let stopped = run.processes[relay3].signal(Signal::SIGSTOP);
     let relay4 = run.start("outpost-relay", "relay-4", run.relay_args(), run.failpoints("", false))?;
     seen.marked_by_new_owner = Some(
         until("relay 4 marks the event PUBLISHED", STEP, || async {
@@ -516,7 +516,7 @@ async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(),
         })
         .await?,
     );
-    let resumed = run.processes[relay3].signal("CONT").await;
+    let resumed = run.processes[relay3].signal(Signal::SIGCONT);
     seen.stopped_until_takeover = stopped && resumed;
     seen.late = until("relay 3 confirms late and records its outcome", STEP, || async {
         let log = &run.processes[relay3];

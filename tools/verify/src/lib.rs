@@ -86,8 +86,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Starts `binary` from `bin_dir` as `label`, with `failpoints` (`NAME=ACTION;…`) armed and
-    /// its JSON logs kept in `work_dir/label.log`. The database URL (which may hold a password)
+    /// Starts `binary` from `bin_dir` as `label`, with `failpoints` (`NAME=ACTION;…`) armed,
+    /// its JSON logs kept in `work_dir/label.log` and its bound addresses in `work_dir/label.ports`. The database URL (which may hold a password)
     /// goes through the environment, never the command line, which every user of the host can
     /// read.
     fn launch(
@@ -104,7 +104,8 @@ impl Settings {
             ("RUST_LOG", "info".to_owned()),
         ];
         let log = Output::File(self.work_dir.join(format!("{label}.log")));
-        ServiceProcess::start(&self.bin_dir.join(binary), label, args, &env, log)
+        let ports = self.work_dir.join(format!("{label}.ports"));
+        ServiceProcess::start_with_port_file(&self.bin_dir.join(binary), label, args, &env, log, &ports)
     }
 }
 

@@ -1,11 +1,17 @@
 //! Service processes started, signalled and killed as real OS processes: the one way the
 //! verifier and the end-to-end tests run `outpost-order`, `outpost-relay` and
-//! `outpost-consumer` out of process, with their JSON logs kept as evidence when asked.
+//! `outpost-consumer` out of process, with their JSON logs kept as evidence when asked. The
+//! process control itself is the test kit's; what is Outpost's here is the environment the
+//! services start in.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+pub use outpost_testkit::ports::Bound;
+use outpost_testkit::ports::wait_for_port_file;
+use outpost_testkit::process::Process;
+pub use outpost_testkit::process::Signal;
 use serde_json::Value;
 
 /// Where a process's output goes.
@@ -23,9 +29,9 @@ pub enum Output {
 /// One running (or exited) service process, killed when dropped.
 #[derive(Debug)]
 pub struct ServiceProcess {
-    label: String,
-    child: tokio::process::Child,
+    process: Process,
     log: Option<PathBuf>,
+    port_file: Option<PathBuf>,
 }
 
 impl ServiceProcess {
@@ -40,6 +46,35 @@ impl ServiceProcess {
         env: &[(&str, String)],
         output: Output,
     ) -> std::io::Result<Self> {
+        Self::spawn(program, label, args, env, output, None)
+    }
+
+    /// [`ServiceProcess::start`] for a service that writes its bound addresses to `port_file`
+    /// (`OUTPOST_PORT_FILE`), so it can listen on port 0: [`ServiceProcess::listening`] reads
+    /// them. A file left from an earlier process is removed first.
+    pub fn start_with_port_file(
+        program: &Path,
+        label: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        output: Output,
+        port_file: &Path,
+    ) -> std::io::Result<Self> {
+        match std::fs::remove_file(port_file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        Self::spawn(program, label, args, env, output, Some(port_file))
+    }
+
+    fn spawn(
+        program: &Path,
+        label: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        output: Output,
+        port_file: Option<&Path>,
+    ) -> std::io::Result<Self> {
         let mut command = tokio::process::Command::new(program);
         command
             .args(args)
@@ -49,8 +84,8 @@ impl ServiceProcess {
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             // A secret file inherited from the caller would contradict the URL `env` gives.
             .env_remove("OUTPOST_DATABASE_URL_FILE")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
+            .env_remove("OUTPOST_PORT_FILE")
+            .stdin(Stdio::null());
         let log = match output {
             Output::Discard => {
                 command.stdout(Stdio::null()).stderr(Stdio::null());
@@ -66,42 +101,63 @@ impl ServiceProcess {
         for (key, value) in env {
             command.env(key, value);
         }
-        Ok(Self { label: label.to_owned(), child: command.spawn()?, log })
+        if let Some(port_file) = port_file {
+            command.env("OUTPOST_PORT_FILE", port_file);
+        }
+        let port_file = port_file.map(Path::to_owned);
+        Ok(Self { process: Process::spawn(label, &mut command)?, log, port_file })
+    }
+
+    /// The addresses it bound, once it wrote them (started with
+    /// [`ServiceProcess::start_with_port_file`]); an error if it exits or `timeout` passes first.
+    pub async fn listening(&mut self, timeout: Duration) -> Result<Bound, String> {
+        let Some(path) = self.port_file.clone() else {
+            return Err(format!("{} was started without a port file", self.label()));
+        };
+        let label = self.label().to_owned();
+        let process = &mut self.process;
+        let alive = || match process.try_exited() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!("{label} exited ({status}) before it was listening")),
+            Err(e) => Err(format!("{label}: {e}")),
+        };
+        wait_for_port_file(&path, timeout, alive).await
     }
 
     /// The name it was started under.
     pub fn label(&self) -> &str {
-        &self.label
+        self.process.label()
     }
 
     /// The OS process id, while it has not been reaped.
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.process.pid()
     }
 
-    /// Sends `signal` (`TERM`, `KILL`, …) with kill(1): a real signal, not an in-process stop.
+    /// Sends `signal` (SIGTERM, SIGKILL, SIGSTOP, …): a real signal, not an in-process stop.
     /// Whether it was delivered.
-    pub async fn signal(&self, signal: &str) -> bool {
-        let Some(pid) = self.pid() else { return false };
-        let sent =
-            tokio::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
-        sent.await.is_ok_and(|status| status.success())
+    pub fn signal(&self, signal: Signal) -> bool {
+        self.process.signal(signal)
+    }
+
+    /// Its exit status if it has exited, without waiting.
+    pub fn try_exited(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        self.process.try_exited()
     }
 
     /// Waits up to `timeout` for the process to exit on its own.
     pub async fn exited(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        tokio::time::timeout(timeout, self.child.wait()).await.ok().and_then(Result::ok)
+        self.process.exited(timeout).await
     }
 
     /// SIGKILL, then reaps it: no handler runs, nothing is flushed.
     pub async fn kill(&mut self) {
-        let _ = self.child.kill().await;
+        self.process.kill().await;
     }
 
     /// SIGTERM, then waits up to `timeout` for the drain.
     pub async fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        self.signal("TERM").await;
-        self.exited(timeout).await
+        self.process.terminate(timeout).await
     }
 
     /// Everything it wrote so far (nothing unless started with [`Output::File`]).

@@ -32,6 +32,13 @@ pub struct Pki {
     kid: String,
 }
 
+impl std::fmt::Debug for Pki {
+    // Without the signing key: test output shows paths, never key material.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pki").field("ca", &self.ca).field("jwks", &self.jwks).field("kid", &self.kid).finish()
+    }
+}
+
 fn write(path: &Path, contents: &str) -> Fallible<PathBuf> {
     std::fs::write(path, contents)?;
     Ok(path.to_owned())
