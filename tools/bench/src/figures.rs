@@ -88,6 +88,8 @@ pub(crate) struct Figures {
     pub(crate) steady_relay: Vec<crate::steady::Probe>,
     pub(crate) steady_pipeline: Vec<crate::steady::Probe>,
     pub(crate) e2e: Vec<EndToEnd>,
+    /// The ordered-relay phase (none when it did not run).
+    pub(crate) ordered: Option<Ordered>,
     pub(crate) services: Vec<ServiceUse>,
     pub(crate) waits: Vec<Waits>,
     pub(crate) notes: Vec<String>,
@@ -106,4 +108,86 @@ pub(crate) struct GroupPoint {
     /// at a time.
     pub(crate) set_written: u64,
     pub(crate) set_fell_back: u64,
+}
+
+/// One relay drain of the ordered-relay phase.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OrderedDrain {
+    pub(crate) processes: usize,
+    pub(crate) drain: Drain,
+    pub(crate) phases: RelayPhases,
+}
+
+/// The ordered-relay phase: the same number of events drained one per order and many per order,
+/// and the latency of amendments.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ordered {
+    pub(crate) orders: u64,
+    pub(crate) versions: u64,
+    /// Every order with one event (the backlog of the relay phase), x1 and x2.
+    pub(crate) one_per_order: Vec<OrderedDrain>,
+    /// `versions` events per order, x1 and x2.
+    pub(crate) many_per_order: Vec<OrderedDrain>,
+    pub(crate) amends: Amends,
+}
+
+impl Ordered {
+    /// The many-per-order drain's rate over the one-per-order drain's, with `processes` relays.
+    pub(crate) fn ratio(&self, processes: usize) -> Option<f64> {
+        let rate = |drains: &[OrderedDrain]| {
+            drains.iter().find(|d| d.processes == processes).map(|d| d.drain.per_second)
+        };
+        crate::ordered::ratio(rate(&self.many_per_order)?, rate(&self.one_per_order)?)
+    }
+}
+
+/// AmendOrder calls at a modest rate through the whole pipeline.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Amends {
+    pub(crate) offered_per_second: f64,
+    /// Orders the amendments went round.
+    pub(crate) orders: usize,
+    pub(crate) accepted: u64,
+    pub(crate) failed: u64,
+    /// Accepted amendments with no notification job when the phase ended.
+    pub(crate) missing: u64,
+    /// AmendOrder sent until the consumer's notification job (its read model's transaction).
+    pub(crate) sent_to_applied: Percentiles,
+    /// The order service's stamp (the outbox row's `created_at`) until the same.
+    pub(crate) accepted_to_applied: Percentiles,
+    /// Events the consumer parked (a version that skipped ahead): 0 when in order.
+    pub(crate) parked: i64,
+    /// Orders whose read model ended at the order's own version.
+    pub(crate) views_current: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(processes: usize, per_second: f64) -> OrderedDrain {
+        OrderedDrain { processes, drain: Drain { per_second, ..Drain::default() }, ..OrderedDrain::default() }
+    }
+
+    #[test]
+    fn the_ordered_ratio_compares_drains_of_the_same_relay_count() {
+        let o = Ordered {
+            one_per_order: vec![drain(1, 8_000.0), drain(2, 10_000.0)],
+            many_per_order: vec![drain(1, 6_000.0), drain(2, 9_000.0)],
+            ..Ordered::default()
+        };
+        assert_eq!(o.ratio(1), Some(0.75));
+        assert_eq!(o.ratio(2), Some(0.9));
+        assert_eq!(o.ratio(4), None);
+    }
+
+    #[test]
+    fn there_is_no_ordered_ratio_when_the_one_per_order_drain_measured_nothing() {
+        let o = Ordered {
+            one_per_order: vec![drain(1, 0.0)],
+            many_per_order: vec![drain(1, 6_000.0)],
+            ..Ordered::default()
+        };
+        assert_eq!(o.ratio(1), None);
+    }
 }

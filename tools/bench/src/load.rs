@@ -111,6 +111,28 @@ impl OrderClients {
         let request = payload::request(format!("bench-{}", uuid::Uuid::now_v7()));
         Ok(client.submit_order(request).await?.into_inner().event_id)
     }
+
+    /// Submits one new order through the `n`th client; returns its order id.
+    pub(crate) async fn submit_for_id(&self, n: usize) -> Result<i64, BenchError> {
+        let mut client = self.0[n % self.0.len()].clone();
+        let request = payload::request(format!("bench-{}", uuid::Uuid::now_v7()));
+        Ok(client.submit_order(request).await?.into_inner().order_id)
+    }
+
+    /// Amends `order_id` at `expected_version` through the `n`th client; returns the event id
+    /// and the order's new version.
+    pub(crate) async fn amend(
+        &self,
+        n: usize,
+        order_id: i64,
+        expected_version: i64,
+    ) -> Result<(String, i64), BenchError> {
+        let mut client = self.0[n % self.0.len()].clone();
+        let request =
+            payload::amend_request(format!("bench-{}", uuid::Uuid::now_v7()), order_id, expected_version);
+        let response = client.amend_order(request).await?.into_inner();
+        Ok((response.event_id, response.version))
+    }
 }
 
 /// One order of an open loop: when it was sent and the event id it got.
@@ -135,6 +157,43 @@ pub(crate) async fn open_loop(
         }
     })
     .await;
+    gather(tasks).await
+}
+
+/// Sends AmendOrder calls at `per_second` for `duration`, going round `orders` (each at version
+/// 1 when the loop starts), each call on schedule. An order's calls wait for its previous one to
+/// answer (a call needs the version the previous one made), so a call is sent, and its time
+/// taken, once its order is free. Returns the accepted ones, and how many failed.
+pub(crate) async fn amend_loop(
+    clients: &OrderClients,
+    orders: &[i64],
+    per_second: f64,
+    duration: Duration,
+) -> (Vec<Sent>, u64, Option<String>) {
+    let versions: Arc<Vec<(i64, tokio::sync::Mutex<i64>)>> =
+        Arc::new(orders.iter().map(|&id| (id, tokio::sync::Mutex::new(1))).collect());
+    let tasks = scheduled(per_second, duration, |i| {
+        let clients = clients.clone();
+        let versions = Arc::clone(&versions);
+        async move {
+            let Some((order_id, version)) = versions.get(i as usize % versions.len().max(1)) else {
+                return Err(BenchError::Stuck("no orders to amend".into()));
+            };
+            let mut version = version.lock().await;
+            let at = SystemTime::now();
+            let (event_id, new_version) = clients.amend(i as usize, *order_id, *version).await?;
+            *version = new_version;
+            Ok(Sent { at, event_id })
+        }
+    })
+    .await;
+    gather(tasks).await
+}
+
+/// Waits for every task of an open loop: the accepted calls, how many failed, the first failure.
+async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<Result<Sent, BenchError>>>,
+) -> (Vec<Sent>, u64, Option<String>) {
     let mut sent = Vec::new();
     let mut failed = 0;
     let mut first_error = None;

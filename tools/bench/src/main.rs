@@ -10,6 +10,7 @@ mod load;
 mod machine;
 mod measure;
 mod observe;
+mod ordered;
 mod payload;
 mod phases;
 mod plan;
@@ -127,6 +128,7 @@ async fn main() -> ExitCode {
         consumer_args: cli.consumer_args,
         only: cli.only,
         max_offered: cli.max_offered,
+        ordered: if cli.quick { ordered::Shape::QUICK } else { ordered::Shape::FULL },
     };
     let figures = match run::run(&plan).await {
         Ok(figures) => figures,

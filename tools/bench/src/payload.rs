@@ -49,6 +49,60 @@ pub(crate) fn order_accepted(event_id: &str, order_id: i64, request_id: &str, at
     .encode_to_vec()
 }
 
+/// The amended line items of an order's `version`: the bench's one line, its quantity changed
+/// with each version (1 to 5), so every amendment really changes the order.
+fn amended_lines(version: i64) -> Vec<pb::LineItem> {
+    let quantity = u32::try_from(1 + version.rem_euclid(5)).unwrap_or(1);
+    vec![pb::LineItem { sku: SKU.into(), quantity, unit_price_minor: UNIT_PRICE }]
+}
+
+/// An AmendOrder request with a fresh request id that moves `order_id` from `expected_version`
+/// to the next version.
+pub(crate) fn amend_request(
+    request_id: String,
+    order_id: i64,
+    expected_version: i64,
+) -> pb::AmendOrderRequest {
+    pb::AmendOrderRequest {
+        tenant_id: TENANT,
+        request_id,
+        order_id,
+        expected_version,
+        line_items: amended_lines(expected_version + 1),
+        customer_id: String::new(),
+        event_id: String::new(),
+    }
+}
+
+/// What the order service would store for version `version` of an order: an encoded
+/// `OrderAmended` with the lines [`amend_request`] sets.
+pub(crate) fn order_amended(
+    event_id: &str,
+    order_id: i64,
+    version: i64,
+    request_id: &str,
+    at: DateTime<Utc>,
+) -> Vec<u8> {
+    let line_items = amended_lines(version);
+    let total_minor = line_items.iter().map(|l| i64::from(l.quantity) * l.unit_price_minor).sum();
+    pb::OrderAmended {
+        event_id: event_id.to_owned(),
+        event_version: version,
+        order_id,
+        tenant_id: TENANT,
+        request_id: request_id.to_owned(),
+        customer_id: CUSTOMER.into(),
+        currency: "EUR".into(),
+        line_items,
+        total_minor,
+        amended_at: Some(prost_types::Timestamp {
+            seconds: at.timestamp(),
+            nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
+        }),
+    }
+    .encode_to_vec()
+}
+
 /// The columns of an order, its line and its outbox row, as plain values.
 #[derive(Debug, Clone)]
 pub(crate) struct OrderRow {

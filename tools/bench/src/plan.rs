@@ -30,6 +30,8 @@ pub(crate) struct Plan {
     pub(crate) only: Vec<Phase>,
     /// The end-to-end levels' 100 %, instead of the least of the measured stages.
     pub(crate) max_offered: Option<f64>,
+    /// The backlog of the ordered-relay phase.
+    pub(crate) ordered: crate::ordered::Shape,
 }
 
 /// One phase of a run, as `--only` names it.
@@ -50,6 +52,9 @@ pub(crate) enum Phase {
     SteadyRelay,
     /// The steady rate with a bounded backlog, whole pipeline.
     Steady,
+    /// Many events per order: the relay x1 and x2 draining 10 versions of each of 1,000 orders
+    /// beside the same number of events one per order, and the latency of amendments.
+    Ordered,
 }
 
 impl Plan {
@@ -61,4 +66,33 @@ impl Plan {
 /// Where the services are: `--bin-dir`, or beside this binary.
 pub(crate) fn default_bin_dir() -> PathBuf {
     std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum as _;
+
+    use super::Phase;
+
+    #[test]
+    fn only_names_the_ordered_phase_ordered() {
+        assert_eq!(Phase::from_str("ordered", false), Ok(Phase::Ordered));
+        assert_eq!(
+            Phase::Ordered.to_possible_value().map(|v| v.get_name().to_owned()),
+            Some("ordered".into())
+        );
+    }
+
+    #[test]
+    fn the_existing_phase_names_stay_as_they_were() {
+        for (name, phase) in [
+            ("raw-commit", Phase::RawCommit),
+            ("relay", Phase::Relay),
+            ("consumer", Phase::Consumer),
+            ("e2e", Phase::E2e),
+            ("steady-relay", Phase::SteadyRelay),
+        ] {
+            assert_eq!(Phase::from_str(name, false), Ok(phase));
+        }
+    }
 }

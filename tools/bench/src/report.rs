@@ -10,6 +10,7 @@ use crate::phases::RelayPhases;
 use crate::sustain::Verdict as _;
 
 mod capacity;
+mod ordered;
 
 fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
@@ -103,6 +104,7 @@ impl Figures {
                 e.latency.p50 <= 50.0 && e.missing == 0,
             ));
         }
+        out.extend(ordered::targets(self));
         let mut services: Vec<&str> = self.services.iter().map(|s| s.service.as_str()).collect();
         services.dedup();
         for service in services {
@@ -292,6 +294,7 @@ impl Figures {
             );
         }
         t.push_str(&capacity::table(self));
+        t.push_str(&ordered::table(self));
         let _ = writeln!(t, "\nservices (real processes; /proc/PID/stat and VmHWM)");
         for s in &self.services {
             let _ = writeln!(
@@ -381,6 +384,7 @@ impl Figures {
                            "consume": percentiles(&e.stages.consume)},
                 "relayBatches": phases(&e.relay)})).collect::<Vec<_>>(),
             "capacity": capacity::json(self),
+            "ordered": ordered::json(self),
             "services": self.services.iter().map(|s| json!({
                 "service": s.service, "phase": s.phase, "events": s.events, "cpuSeconds": s.cpu_seconds,
                 "cpuSecondsPer1000": s.cpu_per_1000(), "peakRssMiB": s.peak_rss_mib})).collect::<Vec<_>>(),

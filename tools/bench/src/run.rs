@@ -19,6 +19,7 @@ use crate::sustain::Verdict as _;
 use crate::{machine, raw, sustain};
 
 mod capacity;
+mod ordered;
 
 struct Run<'a> {
     plan: &'a Plan,
@@ -34,6 +35,28 @@ struct Topics {
     e2e: String,
     floor: String,
     steady: String,
+}
+
+/// One drain of the pre-filled outbox by one or more relays.
+struct Drained {
+    drain: Drain,
+    phases: RelayPhases,
+    /// The relays' CPU, summed: published rows do not keep their owner, so the relays are
+    /// accounted for together.
+    cpu_seconds: f64,
+    peak_rss_mib: f64,
+}
+
+impl Drained {
+    fn usage(&self, phase: String) -> ServiceUse {
+        ServiceUse {
+            service: "outpost-relay".into(),
+            phase,
+            events: self.drain.events,
+            cpu_seconds: self.cpu_seconds,
+            peak_rss_mib: self.peak_rss_mib,
+        }
+    }
 }
 
 fn mib(usage: Usage) -> f64 {
@@ -122,6 +145,9 @@ impl Run<'_> {
         }
         if plan.runs(Phase::Steady) {
             self.steady_pipeline().await?;
+        }
+        if plan.runs(Phase::Ordered) {
+            self.ordered().await?;
         }
         Ok(())
     }
@@ -270,14 +296,33 @@ impl Run<'_> {
     /// every row PENDING again.
     async fn relay(&mut self, processes: usize, n: usize) -> Result<(), BenchError> {
         let topic = self.topics.relay[n].clone();
-        let observer = self.observe(&format!("relay x{processes} drain")).await;
+        let phase = format!("relay x{processes} drain");
+        let drained = self.drain(processes, &topic, "relay", &phase, self.plan.backlog).await?;
+        self.figures.services.push(drained.usage(format!("drain x{processes} (sum)")));
+        self.figures.relay.push((processes, drained.drain));
+        self.figures.relay_phases.push((processes, drained.phases));
+        raw::reset_outbox(&self.db).await?;
+        Ok(())
+    }
+
+    /// Starts `processes` relays on `topic` (logs `<label>-x<processes>-<n>.log`), waits until
+    /// `target` outbox rows are PUBLISHED (or the drain stalls), and stops them.
+    async fn drain(
+        &mut self,
+        processes: usize,
+        topic: &str,
+        label: &str,
+        phase: &str,
+        target: u64,
+    ) -> Result<Drained, BenchError> {
+        let observer = self.observe(phase).await;
         let started = Instant::now();
         let mut relays = Vec::new();
         let mut logs = Vec::new();
         for n in 1..=processes {
-            let mut args = self.common_args(&topic);
+            let mut args = self.common_args(topic);
             args.extend(self.plan.relay_args.iter().cloned());
-            let label = format!("relay-x{processes}-{n}");
+            let label = format!("{label}-x{processes}-{n}");
             logs.push(self.plan.out_dir.join(format!("{label}.log")));
             relays.push(Service::start_with_env(
                 &self.plan.bin_dir,
@@ -289,7 +334,7 @@ impl Run<'_> {
             )?);
         }
         let sql = "SELECT COUNT(*) FROM outbox_event WHERE status = 'PUBLISHED'";
-        let complete = self.wait_for(sql, self.plan.backlog, &mut relays).await?;
+        let complete = self.wait_for(sql, target, &mut relays).await?;
         let wall = started.elapsed();
         let mut usage = Vec::new();
         for relay in relays {
@@ -301,20 +346,13 @@ impl Run<'_> {
             "SELECT COUNT(*), MIN(published_at), MAX(published_at) FROM outbox_event WHERE status = 'PUBLISHED'",
         )
         .await?;
-        let drain = Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete };
-        self.figures.relay.push((processes, drain));
         let logs: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
-        self.figures.relay_phases.push((processes, RelayPhases::from_logs(&logs)));
-        // Published rows do not keep their owner, so the relays are accounted for together.
-        self.figures.services.push(ServiceUse {
-            service: "outpost-relay".into(),
-            phase: format!("drain x{processes} (sum)"),
-            events,
+        Ok(Drained {
+            drain: Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete },
+            phases: RelayPhases::from_logs(&logs),
             cpu_seconds: usage.iter().map(|u| u.cpu_seconds).sum(),
             peak_rss_mib: usage.iter().map(|u| mib(*u)).fold(0.0, f64::max),
-        });
-        raw::reset_outbox(&self.db).await?;
-        Ok(())
+        })
     }
 
     async fn consumer(&mut self) -> Result<(), BenchError> {
