@@ -157,7 +157,7 @@ pub(crate) struct Amends {
     pub(crate) accepted_to_applied: Percentiles,
     /// Events the consumer parked (a version that skipped ahead): 0 when in order.
     pub(crate) parked: i64,
-    /// Orders whose read model ended at the order's own version.
+    /// Amended orders whose read model ended at the order's own version.
     pub(crate) views_current: i64,
 }
 

@@ -83,7 +83,7 @@ pub(super) fn table(f: &Figures) -> String {
     let a = &o.amends;
     let _ = writeln!(
         t,
-        "  amends at {:.0}/s over {} orders: {} accepted, {} failed, {} not applied, {} parked, {} of {} read models at the order's version",
+        "  amends at {:.0}/s over {} orders: {} accepted, {} failed, {} not applied, {} parked, {} of {} amended orders' read models at the order's version",
         a.offered_per_second, a.orders, a.accepted, a.failed, a.missing, a.parked, a.views_current, a.orders
     );
     let _ = writeln!(t, "    sent -> applied      {}", ms(&a.sent_to_applied));

@@ -114,7 +114,8 @@ impl Run<'_> {
         let parked = sql::count(&self.db, "SELECT COUNT(*) FROM parked_event").await?;
         let views_current = sql::count(
             &self.db,
-            "SELECT COUNT(*) FROM orders o JOIN order_view v ON v.order_id = o.id AND v.version = o.version",
+            "SELECT COUNT(*) FROM orders o JOIN order_view v ON v.order_id = o.id AND v.version = o.version \
+             WHERE o.version > 1",
         )
         .await?;
         for service in services {
