@@ -113,18 +113,28 @@ pub(crate) fn time_at(row: &sea_orm::QueryResult, index: usize) -> Result<DateTi
 
 /// Empties every Outpost table, so each phase starts from the same state.
 pub(crate) async fn truncate_all(db: &DatabaseConnection) -> Result<(), DbErr> {
-    let tables =
-        ["order_line", "orders", "outbox_event", "consumed_event", "notification_job", "dead_letter"];
+    let tables = [
+        "order_line",
+        "order_version",
+        "orders",
+        "outbox_event",
+        "consumed_event",
+        "notification_job",
+        "dead_letter",
+        "order_view",
+        "parked_event",
+    ];
     match db.get_database_backend() {
         DbBackend::Postgres => {
             db.execute_unprepared(&format!("TRUNCATE {}", tables.join(", "))).await?;
         }
         _ => {
-            // order_line's foreign key forbids TRUNCATE of orders; DELETE it first, then
-            // TRUNCATE (fast, and it leaves no purge work behind) the rest.
+            // order_line's and order_version's foreign keys forbid TRUNCATE of orders; DELETE
+            // them first, then TRUNCATE (fast, and it leaves no purge work behind) the rest.
             db.execute_unprepared("DELETE FROM order_line").await?;
+            db.execute_unprepared("DELETE FROM order_version").await?;
             db.execute_unprepared("DELETE FROM orders").await?;
-            for table in &tables[2..] {
+            for table in &tables[3..] {
                 db.execute_unprepared(&format!("TRUNCATE TABLE {table}")).await?;
             }
         }

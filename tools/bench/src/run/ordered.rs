@@ -5,8 +5,6 @@
 
 use std::time::UNIX_EPOCH;
 
-use sea_orm::ConnectionTrait as _;
-
 use super::{Run, step};
 use crate::error::BenchError;
 use crate::figures::{Amends, Ordered, OrderedDrain};
@@ -78,9 +76,6 @@ impl Run<'_> {
     /// end-to-end level's length, with order service, relay and consumer running.
     async fn amends(&mut self, topic: &str) -> Result<Amends, BenchError> {
         sql::truncate_all(&self.db).await?;
-        // The read model of earlier phases' orders: not this phase's to judge.
-        self.db.execute_unprepared("DELETE FROM parked_event").await?;
-        self.db.execute_unprepared("DELETE FROM order_view").await?;
         let (clients, mut services) = self.start_pipeline(topic, "ordered-e2e").await?;
         let mut orders = Vec::with_capacity(AMENDED_ORDERS);
         for n in 0..AMENDED_ORDERS {
