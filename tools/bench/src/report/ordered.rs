@@ -19,7 +19,7 @@ pub(super) fn targets(f: &Figures) -> Vec<(String, String, String, bool)> {
             let complete = d.drain.complete && o.one_per_order.iter().all(|b| b.drain.complete);
             Some((
                 format!("ordered relay x{0} / one per order x{0}", d.processes),
-                format!("{r:.2}"),
+                format!("{r:.3}"),
                 format!(">= {TARGET:.2}"),
                 complete && r >= TARGET,
             ))
@@ -75,7 +75,7 @@ pub(super) fn table(f: &Figures) -> String {
         if let Some(r) = o.ratio(d.processes) {
             let _ = writeln!(
                 t,
-                "  ordered x{0} / one per order x{0} = {r:.2}  (target >= {TARGET:.2})",
+                "  ordered x{0} / one per order x{0} = {r:.3}  (target >= {TARGET:.2})",
                 d.processes
             );
         }
