@@ -75,14 +75,14 @@ pub(crate) async fn prefill(db: &DatabaseConnection, shape: Shape) -> Result<(),
             let version = i64::try_from(version).unwrap_or(i64::MAX);
             let request_id = format!("bench-{event_id}");
             let (event_type, payload) = if version == 1 {
-                (outpost::order::EVENT_TYPE, payload::order_accepted(&event_id, order_id, &request_id, at))
+                (outpost::contract::EVENT_TYPE, payload::order_accepted(&event_id, order_id, &request_id, at))
             } else {
                 let amended = payload::order_amended(&event_id, order_id, version, &request_id, at);
-                (outpost::order::ORDER_AMENDED_EVENT_TYPE, amended)
+                (outpost::contract::ORDER_AMENDED_EVENT_TYPE, amended)
             };
             values.extend([
                 event_id.into(),
-                outpost::order::AGGREGATE_TYPE.into(),
+                outpost::contract::AGGREGATE_TYPE.into(),
                 order_id.to_string().into(),
                 event_type.into(),
                 version.into(),
