@@ -309,7 +309,9 @@ async fn journey(run: &mut Run<'_>, report: &mut Report, key: Key) -> Result<(),
         ]),
     });
     report.injections.push(Injection {
-        point: fp::DURING_CONCURRENT_CLAIM,
+        // The stale owner sleeps (and is stopped) in this failpoint: after the broker's
+        // confirm, before its mark (see `stale_owner_is_fenced`).
+        point: fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED,
         expected: "the stale owner's late mark changes nothing; lease ownership is traceable; the duplicate is tolerated",
         observed: ev(&[
             ("staleLeaseOwner", seen.stale_owner.clone()),
