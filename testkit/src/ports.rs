@@ -6,14 +6,43 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// A port nothing listens on at the moment of the call. Racy by nature (another process may take
-/// it before the caller binds it): only for programs that cannot bind port 0 and say which port
-/// they got, and for addresses that must refuse connections.
+/// Where ports are reserved: below the kernel's ephemeral range (`ip_local_port_range`, 32768-60999
+/// by default), so no program that binds port 0 (every Outpost service in the tests) is handed one
+/// of them, and above the ports of the machine's own servers.
+const RESERVABLE: std::ops::Range<u16> = 20_000..32_000;
+
+/// The lock files of the ports this process reserved, held (and so the ports reserved) until the
+/// process exits: nextest runs each test in a process of its own.
+static RESERVED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+/// A port for a program that cannot bind port 0 and say which port it got (Tansu, mariadbd,
+/// pg_ctl), and for addresses that must refuse connections. Nothing listens on it at the call,
+/// no other test process is given it while this one lives (a lock on a file of its own in the
+/// temporary directory, released by the kernel when the process exits, however it ends), and no
+/// port-0 bind can take it (see [`RESERVABLE`]). A port that is free only by chance, bound and
+/// dropped, was taken by another test's service between the drop and the broker's bind.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port on 127.0.0.1: {e}"))
+    let dir = std::env::temp_dir().join("outpost-test-ports");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let span = RESERVABLE.end - RESERVABLE.start;
+    // A random start, so that test processes seldom try the same ports first.
+    let start = (uuid::Uuid::new_v4().as_u128() % u128::from(span)) as u16;
+    for offset in 0..span {
+        let port = RESERVABLE.start + (start + offset) % span;
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        if file.try_lock().is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            RESERVED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(file);
+            return port;
+        }
+    }
+    panic!("no port of {RESERVABLE:?} on 127.0.0.1 is free and unreserved")
 }
 
 /// The listeners a service wrote to its port file: `name=address`, one a line.
@@ -60,5 +89,21 @@ pub async fn wait_for_port_file(
             return Err(format!("no port file at {} within {timeout:?}", path.display()));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserved_port_is_outside_the_ephemeral_range_and_not_reserved_twice() {
+        let (a, b) = (free_port(), free_port());
+        assert_ne!(a, b);
+        assert!(RESERVABLE.contains(&a) && RESERVABLE.contains(&b));
+        // Another process (here: another open file description) cannot take the reservation.
+        let lock = std::env::temp_dir().join("outpost-test-ports").join(a.to_string());
+        let again = std::fs::OpenOptions::new().write(true).open(lock).unwrap();
+        assert!(again.try_lock().is_err(), "port {a} is reserved by this process");
     }
 }
