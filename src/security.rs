@@ -10,8 +10,11 @@ mod refusals;
 mod settings;
 mod tls;
 
-pub use auth::{AuthConfigError, AuthError, Authenticator, Caller};
-pub use listener::{Listener, ListenerError};
+pub use auth::AuthConfigError;
+pub(crate) use auth::{AuthError, Authenticator, Caller};
+pub(crate) use listener::Listener;
+pub use listener::ListenerError;
 pub(crate) use refusals::note_refusal;
-pub use settings::{AuthMode, AuthSettings, ListenerSettings, MAX_LEEWAY, SecuritySettings};
-pub use tls::{TlsError, TlsFiles};
+pub(crate) use settings::MAX_LEEWAY;
+pub use settings::{AuthMode, AuthSettings, ListenerSettings, SecuritySettings};
+pub use tls::TlsError;

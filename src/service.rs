@@ -66,7 +66,7 @@ pub async fn open_database(url: &str, max_connections: u32) -> Result<DatabaseCo
 }
 
 /// [`open_database`], with the sessions set up for `pool`.
-pub async fn open_database_for(
+pub(crate) async fn open_database_for(
     url: &str,
     max_connections: u32,
     pool: db::Pool,
@@ -79,21 +79,21 @@ pub async fn open_database_for(
 /// A pool of one connection to `url` that only health checks use: callers' calls saturating the
 /// service's own pool cannot make a database that answers look down (NOT_SERVING). Connects
 /// lazily, like the main pool, and again after the database comes back.
-pub async fn open_health_connection(url: &str) -> Result<DatabaseConnection, ReadyError> {
+pub(crate) async fn open_health_connection(url: &str) -> Result<DatabaseConnection, ReadyError> {
     db::connect(url, 1).await.map_err(ReadyError::Database)
 }
 
 /// How often each service re-checks what its health depends on.
-pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One health check's verdict: `None` when it passes, or why it fails.
-pub type Verdict = Option<String>;
+pub(crate) type Verdict = Option<String>;
 
 /// A service's `grpc.health.v1` status, kept truthful: NOT_SERVING while any of its checks fails
 /// or while it drains, SERVING otherwise. Every change is logged (with the failing check and
 /// why) and mirrored in the `outpost.health.serving` and `outpost.health.failing` gauges.
 #[derive(Debug, Clone)]
-pub struct Health {
+pub(crate) struct Health {
     reporter: HealthReporter,
     service: &'static str,
     names: &'static [&'static str],
@@ -110,7 +110,7 @@ struct HealthState {
 impl Health {
     /// Reports for `service` (the metric attribute) under each gRPC service name in `names`
     /// (`""` is the whole server). Starts SERVING.
-    pub async fn new(
+    pub(crate) async fn new(
         reporter: HealthReporter,
         service: &'static str,
         names: &'static [&'static str],
@@ -121,7 +121,7 @@ impl Health {
     }
 
     /// Records every check's verdict; the status is SERVING exactly when none failed.
-    pub async fn update(&self, checks: &[(&'static str, Verdict)]) {
+    pub(crate) async fn update(&self, checks: &[(&'static str, Verdict)]) {
         let change = {
             let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for (check, verdict) in checks {
@@ -159,13 +159,8 @@ impl Health {
         }
     }
 
-    /// The checks failing now, with why.
-    pub fn failing(&self) -> Vec<(&'static str, String)> {
-        self.state.lock().map(|s| s.failing.clone()).unwrap_or_default()
-    }
-
     /// Reports NOT_SERVING for good: the service is draining.
-    pub async fn draining(&self) {
+    pub(crate) async fn draining(&self) {
         if let Ok(mut state) = self.state.lock() {
             state.draining = true;
             state.reported = Some(false);
@@ -219,7 +214,7 @@ pub(crate) async fn purge_periodically<F, Fut, E>(
 
 /// Whether the database answers within the check interval, asked on the health checks' own
 /// connection ([`open_health_connection`]).
-pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
+pub(crate) async fn database_verdict(db: &DatabaseConnection) -> Verdict {
     match tokio::time::timeout(2 * HEALTH_INTERVAL, db.ping()).await {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(format!("the database does not answer: {e}")),
@@ -232,7 +227,7 @@ pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
 /// while its checks pass ([`HealthEndpoint::health`]), NOT_SERVING while one fails or once it
 /// drains.
 #[derive(Debug)]
-pub struct HealthEndpoint {
+pub(crate) struct HealthEndpoint {
     health: Health,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -240,7 +235,11 @@ pub struct HealthEndpoint {
 impl HealthEndpoint {
     /// Serves health for `service` on `listener` (with its TLS and load limits) until `stop`
     /// turns true.
-    pub async fn serve(listener: Listener, service: &'static str, stop: watch::Receiver<bool>) -> Self {
+    pub(crate) async fn serve(
+        listener: Listener,
+        service: &'static str,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
         let routes = tonic::service::Routes::default();
         Self::serve_with(listener, service, routes, &Authenticator::none(), stop).await
     }
@@ -267,17 +266,17 @@ impl HealthEndpoint {
     }
 
     /// The status this endpoint serves, for the service's checks to update.
-    pub fn health(&self) -> Health {
+    pub(crate) fn health(&self) -> Health {
         self.health.clone()
     }
 
     /// Reports NOT_SERVING: the service is draining.
-    pub async fn draining(&self) {
+    pub(crate) async fn draining(&self) {
         self.health.draining().await;
     }
 
     /// Waits for the server to stop (after `stop` turned true).
-    pub async fn stopped(self) -> Result<(), tonic::transport::Error> {
+    pub(crate) async fn stopped(self) -> Result<(), tonic::transport::Error> {
         match self.server.await {
             Ok(result) => result,
             // The task only ends by returning; a panic in it is a bug worth surfacing loudly.

@@ -54,9 +54,8 @@ pub(crate) type LimitedServer = tonic::transport::Server<Stack<Admission, Identi
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
-pub struct Listener {
+pub(crate) struct Listener {
     tcp: TcpListener,
-    addr: SocketAddr,
     port: u16,
     tls: Option<ReloadingTls>,
     limits: CallLimits,
@@ -80,7 +79,10 @@ impl Listener {
     /// Refuses plaintext on an address other hosts can reach, unless `allow_plaintext` says
     /// something in front encrypts. It reads only the settings, so a service checks it before
     /// connecting to anything: a policy error must not wait behind a database or a broker.
-    pub fn check_plaintext(addr: SocketAddr, settings: &ListenerSettings) -> Result<(), ListenerError> {
+    pub(crate) fn check_plaintext(
+        addr: SocketAddr,
+        settings: &ListenerSettings,
+    ) -> Result<(), ListenerError> {
         let tls = settings.tls_cert.is_some() && settings.tls_key.is_some();
         if tls || addr.ip().is_loopback() || settings.allow_plaintext {
             Ok(())
@@ -91,7 +93,7 @@ impl Listener {
 
     /// Checks the plaintext policy, loads the TLS files and binds `addr` (port 0 picks a free
     /// port).
-    pub async fn bind(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
+    pub(crate) async fn bind(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
         Self::check_plaintext(addr, settings)?;
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(ReloadingTls::load(TlsFiles {
@@ -115,7 +117,6 @@ impl Listener {
             .unwrap_or_else(|| calls.saturating_sub((calls / 8).max(1)).max(1));
         Ok(Self {
             tcp,
-            addr,
             port,
             tls,
             limits: CallLimits::new(
@@ -137,17 +138,12 @@ impl Listener {
     }
 
     /// The bound port.
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
-    /// The address from the settings.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// Whether the listener serves TLS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.tls.is_some()
     }
 

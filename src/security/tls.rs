@@ -38,13 +38,13 @@ pub enum TlsError {
 
 /// Where the server's TLS material lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
+pub(crate) struct TlsFiles {
     /// PEM certificate chain, leaf first.
-    pub cert: PathBuf,
+    pub(crate) cert: PathBuf,
     /// PEM private key.
-    pub key: PathBuf,
+    pub(crate) key: PathBuf,
     /// PEM CA bundle clients' certificates must chain to (mutual TLS), if any.
-    pub client_ca: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
 }
 
 /// The bytes a config was built from, to tell whether the files changed.
