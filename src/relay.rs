@@ -17,7 +17,6 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use application::{Application, StartupError, open_outbox, redrive};
-pub use budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 pub use outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 pub use publisher::{KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
@@ -64,7 +63,7 @@ pub struct LeaseToken(Arc<str>);
 
 impl LeaseToken {
     /// A fresh token for one claim by `worker`.
-    pub fn new(worker: &WorkerId) -> Self {
+    pub(crate) fn new(worker: &WorkerId) -> Self {
         Self(format!("{worker}/{:016x}", rand::random::<u64>()).into())
     }
 

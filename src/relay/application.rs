@@ -87,16 +87,6 @@ impl Application {
         self.port
     }
 
-    /// The wake-up port, when `wake_listen` is set.
-    pub fn wake_port(&self) -> Option<u16> {
-        self.wake.as_ref().map(WakeListener::port)
-    }
-
-    /// This relay's worker id: the prefix of the lease token of every claim it makes.
-    pub fn owner(&self) -> &super::WorkerId {
-        self.relay.owner()
-    }
-
     /// Relays until `shutdown` completes, then drains: no new claims, the batch in flight is
     /// published and marked (bounded by the lease), and the process may exit. Nothing is deleted.
     pub async fn run_until_stopped(

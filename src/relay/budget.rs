@@ -16,20 +16,20 @@
 use std::time::Duration;
 
 /// The least time a step keeps for its marks and releases.
-pub const MIN_RECORD_TIME: Duration = Duration::from_secs(1);
+pub(crate) const MIN_RECORD_TIME: Duration = Duration::from_secs(1);
 
 /// How long each phase of one step may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepBudget {
+pub(crate) struct StepBudget {
     /// The claim and the publishing (queue wait and delivery) of the batch together.
-    pub publish: Duration,
+    pub(crate) publish: Duration,
     /// The whole step, marks and releases included: `lease - margin`.
-    pub whole: Duration,
+    pub(crate) whole: Duration,
 }
 
 impl StepBudget {
     /// The budget for these settings, or why they cannot keep a step inside its lease.
-    pub fn new(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Result<Self, String> {
+    pub(crate) fn new(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Result<Self, String> {
         let least = delivery_timeout + MIN_RECORD_TIME + margin;
         if lease < least {
             return Err(format!(
@@ -43,7 +43,7 @@ impl StepBudget {
 
     /// The budget a relay built without the start-up check uses: the same split, with at least
     /// [`MIN_RECORD_TIME`] for marks and releases however short the lease.
-    pub fn lenient(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Self {
+    pub(crate) fn lenient(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Self {
         let whole = lease.saturating_sub(margin).max(delivery_timeout + MIN_RECORD_TIME);
         Self { publish: delivery_timeout, whole }
     }
@@ -56,29 +56,29 @@ impl StepBudget {
 /// of its budget, the size doubles, up to `max`; a step that used more than half of the budget
 /// halves it, and a claim that found nothing returns it to the smallest size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdaptiveBatch {
+pub(crate) struct AdaptiveBatch {
     current: u64,
     max: u64,
 }
 
 impl AdaptiveBatch {
     /// The smallest size (unless `max` is smaller).
-    pub const MIN: u64 = 10;
+    pub(crate) const MIN: u64 = 10;
 
     /// A batch size that adapts between [`AdaptiveBatch::MIN`] and `max`.
-    pub fn new(max: u64) -> Self {
+    pub(crate) fn new(max: u64) -> Self {
         let max = max.max(1);
         Self { current: Self::MIN.min(max), max }
     }
 
     /// The size of the next claim.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.current
     }
 
     /// Adapts to a step that claimed `claimed` events and spent `publishing` of its
     /// `publish_budget` on publishing them.
-    pub fn after(&mut self, claimed: u64, publishing: Duration, publish_budget: Duration) {
+    pub(crate) fn after(&mut self, claimed: u64, publishing: Duration, publish_budget: Duration) {
         let floor = Self::MIN.min(self.max);
         self.current = if claimed == 0 {
             floor

@@ -23,15 +23,15 @@ pub struct ClaimedEvent {
     /// The event's stable id.
     pub event_id: String,
     /// `order` for OrderAccepted.
-    pub aggregate_type: String,
+    pub(crate) aggregate_type: String,
     /// The order id: the Kafka record key, so one order's events stay in order.
-    pub aggregate_id: String,
+    pub(crate) aggregate_id: String,
     /// The protobuf message name of the payload.
-    pub event_type: String,
+    pub(crate) event_type: String,
     /// The version of the aggregate's facts the event describes.
-    pub event_version: i64,
+    pub(crate) event_version: i64,
     /// The encoded event, published verbatim.
-    pub payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
     /// Claims so far, this one included.
     pub attempts: i32,
     /// When this claim's lease ends, by the database clock.
@@ -39,11 +39,11 @@ pub struct ClaimedEvent {
     /// This claim's fence: every mark or release of the event carries it.
     pub lease_token: LeaseToken,
     /// When the order service wrote the event.
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
     /// The W3C `traceparent` of the SubmitOrder that wrote the event, if it was traced.
-    pub traceparent: Option<String>,
+    pub(crate) traceparent: Option<String>,
     /// The W3C `tracestate` that goes with it.
-    pub tracestate: Option<String>,
+    pub(crate) tracestate: Option<String>,
 }
 
 /// Where the broker put a confirmed record.
@@ -85,7 +85,7 @@ impl Outbox {
 
     /// The outbox in `db`, a pool opened for the relay ([`db::Pool::Relay`]), whose sessions
     /// already run at the relay's isolation level.
-    pub fn on_relay_pool(db: DatabaseConnection) -> Self {
+    pub(crate) fn on_relay_pool(db: DatabaseConnection) -> Self {
         Self { db, isolation: None }
     }
 
@@ -95,12 +95,12 @@ impl Outbox {
     }
 
     /// The backlog, as [`crate::backlog::backlog`] defines it.
-    pub async fn backlog(&self) -> Result<Backlog, DbErr> {
+    pub(crate) async fn backlog(&self) -> Result<Backlog, DbErr> {
         crate::backlog::backlog(&self.db).await
     }
 
     /// The audited redrive of [`crate::backlog::redrive`].
-    pub async fn redrive(&self, event_id: &str, audit: &RedriveAudit) -> Result<Redrive, DbErr> {
+    pub(crate) async fn redrive(&self, event_id: &str, audit: &RedriveAudit) -> Result<Redrive, DbErr> {
         crate::backlog::redrive(&self.db, event_id, audit).await
     }
 }

@@ -49,10 +49,10 @@ pub trait Publisher: Send + Sync {
 #[error("publish of {event_id} not confirmed: {source}")]
 pub struct PublishError {
     /// The event.
-    pub event_id: String,
+    pub(crate) event_id: String,
     /// What the client reported.
     #[source]
-    pub source: KafkaError,
+    pub(crate) source: KafkaError,
 }
 
 impl PublishError {
@@ -60,7 +60,7 @@ impl PublishError {
     /// could take it (unreachable, timed out, no leader, too few replicas, the local queue full).
     /// Such a failure says nothing about the event, so it must not spend the event's attempts;
     /// a record the broker refused (too large, invalid, not authorized, ...) does.
-    pub fn broker_unavailable(&self) -> bool {
+    pub(crate) fn broker_unavailable(&self) -> bool {
         use rdkafka::types::RDKafkaErrorCode as Code;
         let code = match &self.source {
             KafkaError::MessageProduction(code) => *code,
@@ -232,11 +232,6 @@ impl KafkaPublisher {
                 Err(PublishError { event_id, source })
             }
         }
-    }
-
-    /// Waits up to `timeout` for records still in the client's queue to be delivered.
-    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.current().client.flush(Timeout::After(timeout))
     }
 }
 

@@ -22,7 +22,7 @@ pub struct Settings {
 
     /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
     #[arg(long, global = true, env = "OUTPOST_DATABASE_URL_FILE")]
-    pub database_url_file: Option<std::path::PathBuf>,
+    pub(crate) database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the relay holds.
     #[arg(long, global = true, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -45,7 +45,7 @@ pub struct Settings {
     /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
     /// `--kafka-option`: the place for `sasl.password` and other secrets.
     #[arg(long, global = true, env = "OUTPOST_KAFKA_OPTION_FILE")]
-    pub kafka_option_file: Option<std::path::PathBuf>,
+    pub(crate) kafka_option_file: Option<std::path::PathBuf>,
 
     /// Batches one relay works on at once: while one batch awaits the broker's confirms,
     /// another is claimed or marked. Events of different batches may reach the topic in either
@@ -99,13 +99,13 @@ pub struct Settings {
     /// UDP address for wake-ups from the order service (its `--wake-relays`): an idle relay
     /// polls at once instead of after its back-off. Off when unset; polling alone stays correct.
     #[arg(long, global = true, env = "OUTPOST_RELAY_WAKE_LISTEN")]
-    pub wake_listen: Option<SocketAddr>,
+    pub(crate) wake_listen: Option<SocketAddr>,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
     /// per listener (`listen`, and `wake-listen` when set), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
     #[arg(long, global = true, env = "OUTPOST_PORT_FILE")]
-    pub port_file: Option<std::path::PathBuf>,
+    pub(crate) port_file: Option<std::path::PathBuf>,
 
     /// TLS, plaintext policy and load bounds of the health listener.
     #[command(flatten)]
@@ -133,7 +133,7 @@ pub enum Command {
 impl Settings {
     /// These settings with the database URL read from `database_url_file`, when that is how it
     /// was given, and the options of `kafka_option_file` added to `kafka_options`.
-    pub fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
+    pub(crate) fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
         self.database_url =
             crate::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
         self.kafka_options =

@@ -6,7 +6,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepReport {
     /// Events claimed.
-    pub claimed: usize,
+    pub(crate) claimed: usize,
     /// Confirmed by the broker and marked PUBLISHED.
     pub published: usize,
     /// Confirmed (or failed) after another worker took the lease: left alone.
@@ -16,13 +16,13 @@ pub struct StepReport {
     /// Failed to publish for the last allowed time: now FAILED.
     pub failed: usize,
     /// Outcomes that could not be written (the database failed); their leases will expire.
-    pub unrecorded: usize,
+    pub(crate) unrecorded: usize,
     /// Time spent claiming (the claim transaction).
-    pub claim_time: Duration,
+    pub(crate) claim_time: Duration,
     /// Time from the end of the claim until every record of the batch was confirmed or failed.
-    pub publish_time: Duration,
+    pub(crate) publish_time: Duration,
     /// Time spent recording the outcomes (the release and the mark statements).
-    pub record_time: Duration,
+    pub(crate) record_time: Duration,
 }
 
 /// What a step found.

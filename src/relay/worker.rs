@@ -91,7 +91,7 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// Notifying this ends an idle wait early (see the `wake` module); it never skips a poll.
-    pub fn wake_handle(&self) -> Arc<Notify> {
+    pub(crate) fn wake_handle(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
     }
 
@@ -101,7 +101,7 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// The outbox this worker relays.
-    pub fn outbox(&self) -> &Outbox {
+    pub(crate) fn outbox(&self) -> &Outbox {
         &self.outbox
     }
 
@@ -515,7 +515,7 @@ where
 /// one, restarted) publishes the events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the Kafka producer failed for good: {0}")]
-pub struct PublisherFailed(pub String);
+pub struct PublisherFailed(pub(crate) String);
 
 #[cfg(test)]
 mod tests;

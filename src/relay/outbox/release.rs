@@ -45,7 +45,7 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// Exponential backoff with jitter for the given attempt count: a random point in the upper
     /// half of the capped exponential, so released events spread out instead of returning in step.
-    pub fn backoff(&self, attempts: i32) -> Duration {
+    pub(crate) fn backoff(&self, attempts: i32) -> Duration {
         // Capped from the first wait on (start-up refuses a base above the max anyway).
         let first = Ord::min(self.backoff_base, self.backoff_max);
         Backoff::new(first, self.backoff_max).jittered().delay(u32::try_from(attempts).unwrap_or(0))
