@@ -14,10 +14,6 @@ mod settings;
 mod store;
 mod transaction;
 
-pub use accepting::{AcceptedOrder, SubmitError, Submitted};
-pub use admin::{OutboxPurgeReport, OutboxRetention};
 pub use application::{Application, StartupError};
-pub use change::{ChangeOutcome, Changed, Refusal, Refused};
 pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
-pub use store::{OrderStore, Reconciled};

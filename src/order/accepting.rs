@@ -27,35 +27,35 @@ pub(super) const LOCK_CONFLICT_RETRIES: u32 = 5;
 
 /// An order that committed with its acceptance event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AcceptedOrder {
+pub(crate) struct AcceptedOrder {
     /// The server-assigned order id.
-    pub order_id: i64,
+    pub(crate) order_id: i64,
     /// The acceptance event committed with the order.
-    pub event_id: EventId,
+    pub(crate) event_id: EventId,
     /// Total in minor units.
-    pub total_minor: i64,
+    pub(crate) total_minor: i64,
     /// Version of the order's facts.
-    pub version: i64,
+    pub(crate) version: i64,
     /// Where the order is in its life.
-    pub status: OrderStatus,
+    pub(crate) status: OrderStatus,
     /// When it was accepted, to the microsecond the database keeps.
-    pub accepted_at: DateTime<Utc>,
+    pub(crate) accepted_at: DateTime<Utc>,
 }
 
 /// A successful submission.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Submitted {
+pub(crate) struct Submitted {
     /// The committed order.
-    pub order: AcceptedOrder,
+    pub(crate) order: AcceptedOrder,
     /// True when an identical earlier submission had committed it; nothing new was written.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 /// A submission that did not produce a committed order.
 ///
 /// Each variant says what is known about the database afterwards.
 #[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
+pub(crate) enum SubmitError {
     /// `(tenant_id, request_id)` already holds an order with other content; nothing was written.
     #[error("request id already holds a different order ({existing_event_id})")]
     RequestIdReused {

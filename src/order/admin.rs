@@ -8,4 +8,4 @@ mod inspect;
 mod retention;
 
 pub(crate) use grpc::AdminGrpc;
-pub use retention::{OutboxPurgeReport, OutboxRetention};
+pub(crate) use retention::OutboxRetention;

@@ -45,26 +45,26 @@ use crate::telemetry::{self, TraceHeaders};
 
 /// A change that committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Changed {
+pub(crate) struct Changed {
     /// The changed order.
-    pub order_id: i64,
+    pub(crate) order_id: i64,
     /// The event committed with the change.
-    pub event_id: EventId,
+    pub(crate) event_id: EventId,
     /// The order's version after the change.
-    pub version: i64,
+    pub(crate) version: i64,
     /// The order's total after the change, in minor units.
-    pub total_minor: i64,
+    pub(crate) total_minor: i64,
     /// The order's status after the change.
-    pub status: OrderStatus,
+    pub(crate) status: OrderStatus,
     /// When the change committed, to the microsecond the database keeps.
-    pub committed_at: DateTime<Utc>,
+    pub(crate) committed_at: DateTime<Utc>,
     /// True when an identical earlier change had committed it; nothing new was written.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 /// Why a change was refused; nothing was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The order is not at the expected version.
     #[error(
         "the order is at version {current_version}, not the expected one: read it, decide, and retry with a new request_id"
@@ -87,15 +87,15 @@ pub enum Refusal {
 /// A refused change: why, and the event id it would have committed (none was written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{refusal}")]
-pub struct Refused {
+pub(crate) struct Refused {
     /// Why.
-    pub refusal: Refusal,
+    pub(crate) refusal: Refusal,
     /// The event id of the attempt.
-    pub event_id: EventId,
+    pub(crate) event_id: EventId,
 }
 
 /// A committed change, or why it was refused.
-pub type ChangeOutcome = Result<Changed, Refused>;
+pub(crate) type ChangeOutcome = Result<Changed, Refused>;
 
 /// How one run of a change's transaction ended before its commit.
 enum Step {
@@ -124,7 +124,7 @@ impl OrderStore {
             trace_id,
         )
     )]
-    pub async fn change(&self, change: &ChangeOrder) -> Result<ChangeOutcome, SubmitError> {
+    pub(crate) async fn change(&self, change: &ChangeOrder) -> Result<ChangeOutcome, SubmitError> {
         let event_id = change.event_id.unwrap_or_else(EventId::new);
         let span = tracing::Span::current();
         span.record("outpost.event_id", tracing::field::display(event_id));

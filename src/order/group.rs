@@ -76,7 +76,7 @@ impl Default for GroupCommitSettings {
 
 impl GroupCommitSettings {
     /// Whether group commit is on.
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.mode == GroupCommitMode::On
     }
 }

@@ -21,7 +21,7 @@ pub struct Settings {
 
     /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
     #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
-    pub database_url_file: Option<std::path::PathBuf>,
+    pub(crate) database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the service holds.
     #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -41,7 +41,7 @@ pub struct Settings {
     /// per listener (`listen`, `admin-listen`), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
     #[arg(long, env = "OUTPOST_PORT_FILE")]
-    pub port_file: Option<std::path::PathBuf>,
+    pub(crate) port_file: Option<std::path::PathBuf>,
 
     /// PUBLISHED outbox rows are deleted this long after the broker confirmed them.
     #[arg(long, env = "OUTPOST_OUTBOX_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
@@ -59,7 +59,7 @@ pub struct Settings {
     /// commits, each gets one UDP datagram so an idle relay polls at once. Best effort: a lost
     /// wake-up only means the relay finds the event at its next poll.
     #[arg(long, env = "OUTPOST_WAKE_RELAYS", value_delimiter = ',')]
-    pub wake_relays: Vec<SocketAddr>,
+    pub(crate) wake_relays: Vec<SocketAddr>,
 
     /// Group commit of orders: on, the batch limit, the writers and the queue bound.
     #[command(flatten)]
@@ -73,7 +73,7 @@ pub struct Settings {
 impl Settings {
     /// These settings with the database URL read from `database_url_file`, when that is how it
     /// was given.
-    pub fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
+    pub(crate) fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
         self.database_url =
             crate::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
         Ok(self)
@@ -101,7 +101,7 @@ impl Settings {
     }
 
     /// The outbox's retention policy.
-    pub fn retention(&self) -> OutboxRetention {
+    pub(crate) fn retention(&self) -> OutboxRetention {
         OutboxRetention { outbox: self.outbox_retention, batch_size: self.purge_batch_size }
     }
 }

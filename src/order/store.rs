@@ -15,7 +15,7 @@ use crate::telemetry::{self, TraceHeaders};
 
 /// Orders and their outbox events in one database.
 #[derive(Debug, Clone)]
-pub struct OrderStore {
+pub(crate) struct OrderStore {
     db: DatabaseConnection,
     alone: Alone,
     /// The writers that share transactions between orders; `None` writes one transaction per
@@ -24,11 +24,6 @@ pub struct OrderStore {
 }
 
 impl OrderStore {
-    /// A store over `db`, which must be the primary, writing one transaction per order.
-    pub fn new(db: DatabaseConnection) -> Self {
-        Self { alone: Alone::new(db.clone()), db, group: None }
-    }
-
     /// A store over `db` that writes orders as `settings` say: with group commit on, it starts
     /// the writers (on the current Tokio runtime); they stop once every clone of the store is
     /// dropped and the queue is drained.
@@ -70,7 +65,7 @@ impl OrderStore {
             trace_id,
         )
     )]
-    pub async fn submit(&self, submit: &SubmitOrder) -> Result<Submitted, SubmitError> {
+    pub(crate) async fn submit(&self, submit: &SubmitOrder) -> Result<Submitted, SubmitError> {
         let event_id = submit.event_id.unwrap_or_else(EventId::new);
         let span = tracing::Span::current();
         span.record("outpost.event_id", tracing::field::display(event_id));
@@ -93,7 +88,7 @@ impl OrderStore {
     /// `(tenant_id, request_id)` and its order, read from this store's database.
     ///
     /// Never returns another tenant's operation.
-    pub async fn reconcile(
+    pub(crate) async fn reconcile(
         &self,
         tenant_id: TenantId,
         request_id: &RequestId,
@@ -140,23 +135,23 @@ fn reconciled_submission(order: orders::Model) -> Result<Reconciled, DbErr> {
 
 /// The operation that used an idempotency key, and its order as it is now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reconciled {
+pub(crate) struct Reconciled {
     /// The order.
-    pub order_id: i64,
+    pub(crate) order_id: i64,
     /// The event committed with the operation.
-    pub event_id: EventId,
+    pub(crate) event_id: EventId,
     /// The order's version the operation made (1 for a submission).
-    pub version: i64,
+    pub(crate) version: i64,
     /// Which operation used the key.
-    pub operation: Operation,
+    pub(crate) operation: Operation,
     /// The order's total after the operation, in minor units.
-    pub total_minor: i64,
+    pub(crate) total_minor: i64,
     /// When the operation committed.
-    pub committed_at: DateTime<Utc>,
+    pub(crate) committed_at: DateTime<Utc>,
     /// The order's status now.
-    pub status: OrderStatus,
+    pub(crate) status: OrderStatus,
     /// The order's version now.
-    pub current_version: i64,
+    pub(crate) current_version: i64,
     /// When the order was accepted.
-    pub accepted_at: DateTime<Utc>,
+    pub(crate) accepted_at: DateTime<Utc>,
 }

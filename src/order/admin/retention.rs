@@ -12,27 +12,31 @@ use crate::entity::outbox_event::{self, Column};
 
 /// How long PUBLISHED outbox rows are kept after the broker confirmed them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxRetention {
+pub(crate) struct OutboxRetention {
     /// PUBLISHED outbox rows are kept this long after the broker confirmed them.
-    pub outbox: Duration,
+    pub(crate) outbox: Duration,
     /// Rows deleted per statement: each batch is its own short transaction.
-    pub batch_size: u64,
+    pub(crate) batch_size: u64,
 }
 
 /// What a purge deleted (or, in a dry run, would delete).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxPurgeReport {
+pub(crate) struct OutboxPurgeReport {
     /// PUBLISHED outbox rows.
-    pub outbox_rows: u64,
+    pub(crate) outbox_rows: u64,
     /// Outbox rows published before this (database clock) were eligible.
-    pub outbox_cutoff: DateTime<Utc>,
+    pub(crate) outbox_cutoff: DateTime<Utc>,
 }
 
 impl OutboxRetention {
     /// Deletes the PUBLISHED rows the window allows, oldest first, in batches of `batch_size`
     /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them. The cut-off comes from
     /// the database clock.
-    pub async fn purge(&self, db: &DatabaseConnection, dry_run: bool) -> Result<OutboxPurgeReport, DbErr> {
+    pub(crate) async fn purge(
+        &self,
+        db: &DatabaseConnection,
+        dry_run: bool,
+    ) -> Result<OutboxPurgeReport, DbErr> {
         let outbox_cutoff = purge::before(db::now(db).await?, self.outbox)?;
         let published = Condition::all()
             .add(Column::Status.eq(OutboxStatus::Published.as_str()))

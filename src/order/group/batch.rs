@@ -83,7 +83,7 @@ pub struct BatchStats {
 
 impl BatchStats {
     /// Counts for batches of up to `max_batch` orders.
-    pub fn new(max_batch: usize) -> Self {
+    pub(crate) fn new(max_batch: usize) -> Self {
         Self {
             counts: (0..=max_batch.max(1)).map(|_| AtomicU64::new(0)).collect(),
             set_writes: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
