@@ -28,12 +28,10 @@ mod settings;
 mod worker;
 
 pub use application::{Application, StartupError};
-pub use decode::{
-    ORDER_AMENDED, ORDER_CANCELLED, OrderAcceptedEvent, OrderEvent, OrderState, Poison, decode,
-};
-pub use inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
+pub use decode::{OrderAcceptedEvent, OrderEvent, Poison, decode};
+pub use inbox::{Consumed, Inbox};
 pub use instance::InstanceError;
-pub use retention::{DedupPurgeReport, DedupRetention, RetentionError};
+pub use retention::RetentionError;
 pub use settings::{Membership, Settings};
 pub use worker::{ConsumerStats, StatsSnapshot};
 

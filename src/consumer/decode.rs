@@ -7,27 +7,27 @@ use prost::Message as _;
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 
 /// `event_type` of OrderAmended events.
-pub const ORDER_AMENDED: &str = "outpost.v1.OrderAmended";
+pub(crate) const ORDER_AMENDED: &str = "outpost.v1.OrderAmended";
 /// `event_type` of OrderCancelled events.
-pub const ORDER_CANCELLED: &str = "outpost.v1.OrderCancelled";
+pub(crate) const ORDER_CANCELLED: &str = "outpost.v1.OrderCancelled";
 
 /// What the consumer needs of one event of an order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderEvent {
     /// The event's stable id, from the payload (or, for a type this consumer does not know, the
     /// `event_id` header): never a broker offset or message id.
-    pub event_id: EventId,
+    pub(crate) event_id: EventId,
     /// The order.
-    pub order_id: i64,
+    pub(crate) order_id: i64,
     /// The version of the order's facts the event describes.
-    pub version: i64,
+    pub(crate) version: i64,
     /// The protobuf message name of the payload.
-    pub event_type: String,
+    pub(crate) event_type: String,
     /// What the event makes of the order, or `None` for a type this consumer does not know: such
     /// an event is parked, not applied, so that a consumer that knows it applies it later.
-    pub change: Option<OrderState>,
+    pub(crate) change: Option<OrderState>,
     /// The record's value, kept for parking.
-    pub payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
 }
 
 /// The consumer's name kept for the events of earlier releases.
@@ -35,13 +35,13 @@ pub type OrderAcceptedEvent = OrderEvent;
 
 /// An order as its read model shows it after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OrderState {
+pub(crate) struct OrderState {
     /// The tenant that owns the order.
-    pub tenant_id: i64,
+    pub(crate) tenant_id: i64,
     /// `ACCEPTED` or `CANCELLED`.
-    pub status: &'static str,
+    pub(crate) status: &'static str,
     /// The order's total after the event, in minor units.
-    pub total_minor: i64,
+    pub(crate) total_minor: i64,
 }
 
 /// A record that cannot be acted on, and why.
@@ -49,10 +49,10 @@ pub struct OrderState {
 #[error("{reason}")]
 pub struct Poison {
     /// What is wrong with the record.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The event id from the `event_id` header, when there is one, so the dead letter can still
     /// be found by it.
-    pub event_id: Option<String>,
+    pub(crate) event_id: Option<String>,
 }
 
 /// Decodes a record's value by its `event_type` header (OrderAccepted when there is none),

@@ -30,7 +30,7 @@ pub enum Consumed {
 
 /// What storing an undecodable record did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadLettered {
+pub(crate) enum DeadLettered {
     /// The record is now in `dead_letter`.
     Stored,
     /// `uq_dead_letter_coordinates` already held this (consumer, topic, partition, offset): a
@@ -40,21 +40,21 @@ pub enum DeadLettered {
 
 /// A record that could not be decoded, with its coordinates.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoisonRecord<'a> {
+pub(crate) struct PoisonRecord<'a> {
     /// Topic it came from.
-    pub topic: &'a str,
+    pub(crate) topic: &'a str,
     /// Partition.
-    pub partition: i32,
+    pub(crate) partition: i32,
     /// Offset in the partition.
-    pub offset: i64,
+    pub(crate) offset: i64,
     /// The record key, raw.
-    pub key: Option<&'a [u8]>,
+    pub(crate) key: Option<&'a [u8]>,
     /// The record value, raw.
-    pub payload: &'a [u8],
+    pub(crate) payload: &'a [u8],
     /// The `event_id` header, if any.
-    pub event_id: Option<&'a str>,
+    pub(crate) event_id: Option<&'a str>,
     /// Why it could not be handled.
-    pub error: &'a str,
+    pub(crate) error: &'a str,
 }
 
 /// Why [`Inbox::write`] wrote nothing.
@@ -82,7 +82,7 @@ impl Inbox {
     }
 
     /// The dedup identity this inbox records events under.
-    pub fn consumer_name(&self) -> &str {
+    pub(crate) fn consumer_name(&self) -> &str {
         &self.consumer_name
     }
 
@@ -92,7 +92,7 @@ impl Inbox {
     /// `Err` means the message must not be acknowledged: the failure was anything but a
     /// violation of `uq_consumed_event_identity`, or the commit's outcome is unknown (a
     /// redelivery then meets the unique key).
-    pub async fn consume(&self, event: &OrderEvent) -> Result<Consumed, TxFailure> {
+    pub(crate) async fn consume(&self, event: &OrderEvent) -> Result<Consumed, TxFailure> {
         let txn = self.db.begin().await?;
         let consumed = match self.write(&txn, event, Utc::now().trunc_subsecs(6)).await {
             Ok(consumed) => consumed,
@@ -262,7 +262,7 @@ impl Inbox {
     /// Stores an undecodable record in the dead-letter table, in one transaction. A record already
     /// stored there (a redelivery: only a violation of `uq_dead_letter_coordinates` says so)
     /// counts as done.
-    pub async fn dead_letter(&self, record: &PoisonRecord<'_>) -> Result<DeadLettered, TxFailure> {
+    pub(crate) async fn dead_letter(&self, record: &PoisonRecord<'_>) -> Result<DeadLettered, TxFailure> {
         let stored = dead_letter::Entity::insert(dead_letter::ActiveModel {
             id: NotSet,
             consumer_name: Set(self.consumer_name.clone()),

@@ -11,14 +11,14 @@ use crate::entity::consumed_event::{self, Column};
 
 /// How long consumed_event rows are kept after their effect committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DedupRetention {
+pub(crate) struct DedupRetention {
     /// consumed_event rows are kept this long after their effect committed.
-    pub consumed: Duration,
+    pub(crate) consumed: Duration,
     /// The longest a record can be delivered again after a consumer committed it: the broker's
     /// retention plus the window in which an operator may replay (offset reset, restore).
-    pub redelivery_horizon: Duration,
+    pub(crate) redelivery_horizon: Duration,
     /// Rows deleted per statement: each batch is its own short transaction.
-    pub batch_size: u64,
+    pub(crate) batch_size: u64,
 }
 
 /// A purge that was refused or failed.
@@ -43,16 +43,16 @@ pub enum RetentionError {
 
 /// What a purge deleted (or, in a dry run, would delete).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DedupPurgeReport {
+pub(crate) struct DedupPurgeReport {
     /// consumed_event rows.
-    pub consumed_rows: u64,
+    pub(crate) consumed_rows: u64,
     /// consumed_event rows committed before this (database clock) were eligible.
-    pub consumed_cutoff: DateTime<Utc>,
+    pub(crate) consumed_cutoff: DateTime<Utc>,
 }
 
 impl DedupRetention {
     /// Refuses a consumed_event window shorter than the redelivery horizon.
-    pub fn check(&self) -> Result<(), RetentionError> {
+    pub(crate) fn check(&self) -> Result<(), RetentionError> {
         if self.consumed < self.redelivery_horizon {
             return Err(RetentionError::BelowHorizon {
                 consumed: self.consumed,
@@ -65,7 +65,7 @@ impl DedupRetention {
     /// Deletes what the window allows, oldest first, in batches of `batch_size` rows
     /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them, after
     /// [`DedupRetention::check`]. The cut-off comes from the database clock.
-    pub async fn purge(
+    pub(crate) async fn purge(
         &self,
         db: &DatabaseConnection,
         dry_run: bool,

@@ -24,7 +24,7 @@ pub struct Settings {
 
     /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
     #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
-    pub database_url_file: Option<std::path::PathBuf>,
+    pub(crate) database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the consumer holds.
     #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -74,7 +74,7 @@ pub struct Settings {
     /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
     /// `--kafka-option`: the place for `sasl.password` and other secrets.
     #[arg(long, env = "OUTPOST_KAFKA_OPTION_FILE")]
-    pub kafka_option_file: Option<std::path::PathBuf>,
+    pub(crate) kafka_option_file: Option<std::path::PathBuf>,
 
     /// Most records handled in one transaction: those already fetched, never waiting for more.
     #[arg(long, env = "OUTPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
@@ -97,7 +97,7 @@ pub struct Settings {
     /// per listener (`listen`), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
     #[arg(long, env = "OUTPOST_PORT_FILE")]
-    pub port_file: Option<std::path::PathBuf>,
+    pub(crate) port_file: Option<std::path::PathBuf>,
 
     /// consumed_event rows are deleted this long after their effect committed; never shorter
     /// than the redelivery horizon.
@@ -131,7 +131,7 @@ pub struct Settings {
 impl Settings {
     /// These settings with the database URL read from `database_url_file`, when that is how it
     /// was given, and the options of `kafka_option_file` added to `kafka_options`.
-    pub fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
+    pub(crate) fn with_secrets_read(mut self) -> Result<Self, crate::secret::SecretError> {
         self.database_url =
             crate::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
         self.kafka_options =
@@ -170,7 +170,7 @@ impl Settings {
     }
 
     /// The dedup history's retention policy.
-    pub fn retention(&self) -> DedupRetention {
+    pub(crate) fn retention(&self) -> DedupRetention {
         DedupRetention {
             consumed: self.consumed_retention,
             redelivery_horizon: self.redelivery_horizon,
@@ -179,7 +179,7 @@ impl Settings {
     }
 
     /// The consumer group: `group_id`, or the consumer name.
-    pub fn group(&self) -> &str {
+    pub(crate) fn group(&self) -> &str {
         self.group_id.as_deref().unwrap_or(&self.consumer_name)
     }
 
@@ -187,7 +187,7 @@ impl Settings {
     /// configured name, or `<host name>-<listen port>` for a fixed port. Never a name made from
     /// a port picked at start: every start would be a new member, and the old one would hold its
     /// partitions until the broker drops it (`check` refuses `static` without a stable name).
-    pub fn static_instance_name(&self) -> Option<String> {
+    pub(crate) fn static_instance_name(&self) -> Option<String> {
         match (self.membership, &self.instance_name) {
             (Membership::Dynamic, _) => None,
             (_, Some(name)) => Some(name.clone()),
@@ -200,7 +200,7 @@ impl Settings {
 
     /// The static membership id, `<consumer name>.<instance name>` in the characters Kafka
     /// allows; `None` for a dynamic member.
-    pub fn group_instance_id(&self) -> Option<String> {
+    pub(crate) fn group_instance_id(&self) -> Option<String> {
         let instance = self.static_instance_name()?;
         let id = format!("{}.{instance}", self.consumer_name)
             .chars()

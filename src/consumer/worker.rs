@@ -61,7 +61,7 @@ pub struct StatsSnapshot {
     pub dead_letter_duplicates: u64,
     /// Events parked (recorded, not applied to the read model): a version that skips ahead, or
     /// a type this consumer does not know.
-    pub parked: u64,
+    pub(crate) parked: u64,
     /// Attempts that failed and were not acknowledged.
     pub failures: u64,
     /// Deliveries handled in a transaction together with others (a subset of `handled`).
