@@ -9,8 +9,10 @@ mod dialect;
 mod failure;
 pub(crate) mod purge;
 
-pub use classify::{ErrorFacts, LockConflict, UniqueKey, lock_conflict, violated_unique_key};
-pub use connect::{Pool, SchemaError, connect, connect_for, ensure_migrated};
-pub use dialect::{has_skip_locked, now, relay_isolation, system_name};
+pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
+pub(crate) use classify::{LockConflict, lock_conflict};
+pub(crate) use connect::ensure_migrated;
+pub use connect::{Pool, SchemaError, connect, connect_for};
+pub use dialect::now;
+pub(crate) use dialect::{has_skip_locked, relay_isolation, system_name};
 pub use failure::TxFailure;
-pub use sea_orm::{DatabaseConnection, DbBackend, DbErr};

@@ -8,11 +8,11 @@ mod order;
 mod outbox_status;
 mod violation;
 
-pub use change::{CancelReason, Change, ChangeKey, ChangeOrder, Operation};
-pub use ids::{RequestId, TenantId};
-pub use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
+pub(crate) use change::{CancelReason, Change, ChangeKey, ChangeOrder, Operation};
+pub(crate) use ids::{RequestId, TenantId};
+pub(crate) use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
 pub use outbox_status::OutboxStatus;
-pub use violation::{FieldViolation, InvalidInput};
+pub(crate) use violation::{FieldViolation, InvalidInput};
 
 /// `true` when `text` is 1 to `max` visible ASCII characters (0x21 to 0x7E).
 fn is_visible_ascii(text: &str, max: usize) -> bool {

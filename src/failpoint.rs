@@ -46,7 +46,7 @@ pub const BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT: &str = "BREAK_OFFSET_COMMIT_B
 /// In the relay's publisher, armed `return(<aggregate id>)`: every publish of that aggregate's
 /// events fails as a record the broker refused, so each spends an attempt and backs off (and is
 /// FAILED once its attempts are used up); other aggregates publish normally.
-pub const RELAY_PUBLISH_REJECTED_FOR_AGGREGATE: &str = "RELAY_PUBLISH_REJECTED_FOR_AGGREGATE";
+pub(crate) const RELAY_PUBLISH_REJECTED_FOR_AGGREGATE: &str = "RELAY_PUBLISH_REJECTED_FOR_AGGREGATE";
 
 /// Whether a test armed a `BREAK_*` switch. The switches exist so that the verifier can be shown
 /// to catch the guarantee each one breaks; without the `failpoints` feature they are always off.
@@ -73,7 +73,7 @@ pub const ALLOW_FAILPOINTS: &str = "OUTPOST_ALLOW_FAILPOINTS";
 pub struct FailpointsNotAllowed;
 
 /// Whether this binary was built with the `failpoints` feature.
-pub const COMPILED_IN: bool = cfg!(feature = "failpoints");
+pub(crate) const COMPILED_IN: bool = cfg!(feature = "failpoints");
 
 /// Arms failpoints from the `FAILPOINTS` environment variable (`NAME=ACTION;NAME=ACTION`), so
 /// that tests and the verifier can inject faults into real service processes; call it once

@@ -21,7 +21,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::{EnvFilter, Layer, filter::Targets, fmt, prelude::*};
 
-pub use context::{
+pub(crate) use context::{
     TraceHeaders, context_from, follow, grpc_context, inject_into, record_trace_id, trace_id_of,
 };
 pub(crate) use metrics::metrics;

@@ -4,7 +4,7 @@ use super::{CustomerId, FieldViolation, InvalidInput, LineItem, NewOrder, Reques
 
 /// Which operation used an idempotency key; every operation of a tenant shares one key space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
+pub(crate) enum Operation {
     /// SubmitOrder: version 1 of a new order.
     Submit,
     /// AmendOrder.
@@ -15,7 +15,7 @@ pub enum Operation {
 
 impl Operation {
     /// The spelling stored in `order_version.operation`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Submit => "SUBMIT",
             Self::Amend => "AMEND",
@@ -24,14 +24,14 @@ impl Operation {
     }
 
     /// Reads a stored operation; `None` for one this version does not know.
-    pub fn from_stored(text: &str) -> Option<Self> {
+    pub(crate) fn from_stored(text: &str) -> Option<Self> {
         [Self::Submit, Self::Amend, Self::Cancel].into_iter().find(|o| o.as_str() == text)
     }
 }
 
 /// Why an order was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelReason {
+pub(crate) enum CancelReason {
     /// The customer asked for it.
     CustomerRequest,
     /// The goods cannot be supplied.
@@ -46,7 +46,7 @@ pub enum CancelReason {
 
 impl CancelReason {
     /// A stable name, used in the content fingerprint.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::CustomerRequest => "CUSTOMER_REQUEST",
             Self::OutOfStock => "OUT_OF_STOCK",
@@ -59,7 +59,7 @@ impl CancelReason {
 
 /// What a change does to an order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Replaces the customer and/or all lines; at least one of the two is given.
     Amend {
         /// The new customer; `None` keeps it.
@@ -78,44 +78,44 @@ pub enum Change {
 
 /// A request to change an existing order, keyed by `(tenant_id, request_id)` like a submission.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChangeOrder {
+pub(crate) struct ChangeOrder {
     /// The owning tenant.
-    pub tenant_id: TenantId,
+    pub(crate) tenant_id: TenantId,
     /// The caller's idempotency key of this change, in the tenant's one key space.
-    pub request_id: RequestId,
+    pub(crate) request_id: RequestId,
     /// The caller's event id, if it made one; otherwise the server makes one before the
     /// transaction begins.
-    pub event_id: Option<EventId>,
+    pub(crate) event_id: Option<EventId>,
     /// The order to change (greater than zero).
-    pub order_id: i64,
+    pub(crate) order_id: i64,
     /// The version the caller read (at least 1); the change commits only at it.
-    pub expected_version: i64,
+    pub(crate) expected_version: i64,
     /// What the change does.
-    pub change: Change,
+    pub(crate) change: Change,
 }
 
 /// The fields every change request carries, as received.
 #[derive(Debug, Clone, Default)]
-pub struct ChangeKey {
+pub(crate) struct ChangeKey {
     /// `tenant_id`.
-    pub tenant_id: i64,
+    pub(crate) tenant_id: i64,
     /// `request_id`.
-    pub request_id: String,
+    pub(crate) request_id: String,
     /// `event_id`, empty when the server is to make one.
-    pub event_id: String,
+    pub(crate) event_id: String,
     /// `order_id`.
-    pub order_id: i64,
+    pub(crate) order_id: i64,
     /// `expected_version`.
-    pub expected_version: i64,
+    pub(crate) expected_version: i64,
 }
 
 impl ChangeOrder {
     /// The longest cancellation note, in characters.
-    pub const MAX_NOTE_CHARS: usize = 512;
+    pub(crate) const MAX_NOTE_CHARS: usize = 512;
 
     /// Validates an amendment: raw lines (empty keeps them) and customer (empty keeps it), at
     /// least one of the two given. Reports every violation at once.
-    pub fn amend(
+    pub(crate) fn amend(
         key: ChangeKey,
         customer_id: String,
         lines: Vec<(String, u32, i64)>,
@@ -139,7 +139,11 @@ impl ChangeOrder {
 
     /// Validates a cancellation; `reason` is `None` when the request named none this version
     /// knows.
-    pub fn cancel(key: ChangeKey, reason: Option<CancelReason>, note: String) -> Result<Self, InvalidInput> {
+    pub(crate) fn cancel(
+        key: ChangeKey,
+        reason: Option<CancelReason>,
+        note: String,
+    ) -> Result<Self, InvalidInput> {
         let mut violations = Vec::new();
         let reason = reason
             .ok_or_else(|| violations.push(FieldViolation::new("reason", "must name a cancel reason")))
@@ -192,7 +196,7 @@ impl ChangeOrder {
     }
 
     /// The operation this change is.
-    pub fn operation(&self) -> Operation {
+    pub(crate) fn operation(&self) -> Operation {
         match self.change {
             Change::Amend { .. } => Operation::Amend,
             Change::Cancel { .. } => Operation::Cancel,
@@ -200,7 +204,7 @@ impl ChangeOrder {
     }
 
     /// The version the change makes.
-    pub fn new_version(&self) -> i64 {
+    pub(crate) fn new_version(&self) -> i64 {
         self.expected_version + 1
     }
 
@@ -210,7 +214,7 @@ impl ChangeOrder {
     ///
     /// Hashed as text with one field per line: every field is a number or visible ASCII except
     /// the note, which comes last, so no two changes share a text.
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         let mut text =
             format!("{}\n{}\n{}\n", self.operation().as_str(), self.order_id, self.expected_version);
         match &self.change {

@@ -2,16 +2,16 @@ use std::fmt;
 
 /// The tenant that owns an order: a positive integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(i64);
+pub(crate) struct TenantId(i64);
 
 impl TenantId {
     /// Accepts only values greater than zero.
-    pub fn new(value: i64) -> Result<Self, &'static str> {
+    pub(crate) fn new(value: i64) -> Result<Self, &'static str> {
         if value > 0 { Ok(Self(value)) } else { Err("must be greater than zero") }
     }
 
     /// The raw value.
-    pub fn get(self) -> i64 {
+    pub(crate) fn get(self) -> i64 {
         self.0
     }
 }
@@ -24,14 +24,14 @@ impl fmt::Display for TenantId {
 
 /// The caller's idempotency key within a tenant: 1 to 128 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RequestId(String);
+pub(crate) struct RequestId(String);
 
 impl RequestId {
     /// The longest request id accepted, in bytes.
-    pub const MAX_LEN: usize = 128;
+    pub(crate) const MAX_LEN: usize = 128;
 
     /// Accepts 1 to [`Self::MAX_LEN`] visible ASCII characters.
-    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+    pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
         if super::is_visible_ascii(&value, Self::MAX_LEN) {
             Ok(Self(value))
@@ -41,7 +41,7 @@ impl RequestId {
     }
 
     /// The key as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

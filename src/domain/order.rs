@@ -7,7 +7,7 @@ use super::{FieldViolation, InvalidInput, RequestId, TenantId, is_visible_ascii}
 
 /// Where an order is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrderStatus {
+pub(crate) enum OrderStatus {
     /// The order and its acceptance event committed together; amendments keep it here.
     Accepted,
     /// Cancelled: final, no change is accepted after it.
@@ -16,7 +16,7 @@ pub enum OrderStatus {
 
 impl OrderStatus {
     /// The spelling stored in `orders.status`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Accepted => "ACCEPTED",
             Self::Cancelled => "CANCELLED",
@@ -24,18 +24,18 @@ impl OrderStatus {
     }
 
     /// Reads a stored status; `None` for one this version does not know.
-    pub fn from_stored(text: &str) -> Option<Self> {
+    pub(crate) fn from_stored(text: &str) -> Option<Self> {
         [Self::Accepted, Self::Cancelled].into_iter().find(|s| s.as_str() == text)
     }
 }
 
 /// The ordering customer: 1 to 128 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CustomerId(String);
+pub(crate) struct CustomerId(String);
 
 impl CustomerId {
     /// Accepts 1 to 128 visible ASCII characters.
-    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+    pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
         if is_visible_ascii(&value, 128) {
             Ok(Self(value))
@@ -45,18 +45,18 @@ impl CustomerId {
     }
 
     /// The id as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 /// A stock keeping unit: 1 to 64 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sku(String);
+pub(crate) struct Sku(String);
 
 impl Sku {
     /// Accepts 1 to 64 visible ASCII characters.
-    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+    pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
         if is_visible_ascii(&value, 64) {
             Ok(Self(value))
@@ -66,32 +66,32 @@ impl Sku {
     }
 
     /// The SKU as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 /// One priced line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LineItem {
+pub(crate) struct LineItem {
     /// What is ordered.
-    pub sku: Sku,
+    pub(crate) sku: Sku,
     /// How many units: 1 to [`LineItem::MAX_QUANTITY`].
-    pub quantity: u32,
+    pub(crate) quantity: u32,
     /// Price of one unit in minor units: 1 to [`LineItem::MAX_UNIT_PRICE_MINOR`].
-    pub unit_price_minor: i64,
+    pub(crate) unit_price_minor: i64,
 }
 
 impl LineItem {
     /// The most units one line may order.
-    pub const MAX_QUANTITY: u32 = 10_000;
+    pub(crate) const MAX_QUANTITY: u32 = 10_000;
     /// The highest unit price, in minor units.
-    pub const MAX_UNIT_PRICE_MINOR: i64 = 1_000_000_000_000;
+    pub(crate) const MAX_UNIT_PRICE_MINOR: i64 = 1_000_000_000_000;
 }
 
 /// An order's facts as submitted, validated and totalled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewOrder {
+pub(crate) struct NewOrder {
     customer_id: CustomerId,
     currency: String,
     lines: Vec<LineItem>,
@@ -100,12 +100,12 @@ pub struct NewOrder {
 
 impl NewOrder {
     /// The most lines one order may have.
-    pub const MAX_LINES: usize = 100;
+    pub(crate) const MAX_LINES: usize = 100;
 
     /// Validates raw facts, collecting every violation under the caller's field names.
     ///
     /// `lines` holds raw `(sku, quantity, unit_price_minor)` triples.
-    pub fn parse(
+    pub(crate) fn parse(
         customer_id: String,
         currency: String,
         lines: Vec<(String, u32, i64)>,
@@ -178,29 +178,29 @@ impl NewOrder {
     }
 
     /// The ordering customer.
-    pub fn customer_id(&self) -> &CustomerId {
+    pub(crate) fn customer_id(&self) -> &CustomerId {
         &self.customer_id
     }
 
     /// The ISO 4217 currency code.
-    pub fn currency(&self) -> &str {
+    pub(crate) fn currency(&self) -> &str {
         &self.currency
     }
 
     /// The lines in the order submitted.
-    pub fn lines(&self) -> &[LineItem] {
+    pub(crate) fn lines(&self) -> &[LineItem] {
         &self.lines
     }
 
     /// Sum of quantity times unit price over all lines, in minor units.
-    pub fn total_minor(&self) -> i64 {
+    pub(crate) fn total_minor(&self) -> i64 {
         self.total_minor
     }
 
     /// SHA-256 (lower-case hex) of the facts as submitted: kept with the order's first version,
     /// so that a resubmission is still told from a reused key once amendments changed the
     /// order.
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         let mut text = format!("SUBMIT\n{}\n{}\n", self.customer_id.as_str(), self.currency);
         super::push_lines(&mut text, &self.lines);
         super::sha256_hex(&text)
@@ -209,21 +209,21 @@ impl NewOrder {
 
 /// A request to accept an order, keyed by `(tenant_id, request_id)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubmitOrder {
+pub(crate) struct SubmitOrder {
     /// The owning tenant.
-    pub tenant_id: TenantId,
+    pub(crate) tenant_id: TenantId,
     /// The caller's idempotency key within the tenant.
-    pub request_id: RequestId,
+    pub(crate) request_id: RequestId,
     /// The caller's event id, if it made one; otherwise the server makes one before the
     /// transaction begins.
-    pub event_id: Option<EventId>,
+    pub(crate) event_id: Option<EventId>,
     /// The order's facts.
-    pub order: NewOrder,
+    pub(crate) order: NewOrder,
 }
 
 impl SubmitOrder {
     /// Validates every field, reporting all violations at once.
-    pub fn parse(
+    pub(crate) fn parse(
         tenant_id: i64,
         request_id: String,
         event_id: &str,
