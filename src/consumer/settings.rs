@@ -20,7 +20,7 @@ pub struct Settings {
     /// The consumer's own database: mysql://, postgres:// or sqlite:// URL. A URL with a
     /// password belongs in `--database-url-file`: flags show in `ps`.
     #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
-    pub database_url: String,
+    pub(crate) database_url: String,
 
     /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
     #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
@@ -28,11 +28,11 @@ pub struct Settings {
 
     /// Most database connections the consumer holds.
     #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub db_max_connections: u32,
+    pub(crate) db_max_connections: u32,
 
     /// Kafka bootstrap servers, comma-separated host:port.
     #[arg(long, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
+    pub(crate) brokers: String,
 
     /// Topic to consume.
     #[arg(long, env = "OUTPOST_TOPIC", default_value = DEFAULT_TOPIC)]
@@ -78,7 +78,7 @@ pub struct Settings {
 
     /// Most records handled in one transaction: those already fetched, never waiting for more.
     #[arg(long, env = "OUTPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
-    pub batch_size: u16,
+    pub(crate) batch_size: u16,
 
     /// Longest wait between retries of a record whose handling failed.
     #[arg(long, env = "OUTPOST_CONSUMER_BACKOFF_MAX", default_value = "30s", value_parser = humantime::parse_duration)]

@@ -29,7 +29,7 @@ pub struct Settings {
 
     /// How long in-flight calls may run after SIGTERM before the server stops anyway.
     #[arg(long, env = "OUTPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
 
     /// Address the AdminService listens on (order and outbox timelines, backlog, redrive, outbox
     /// purge): keep it on an

@@ -26,7 +26,7 @@ pub struct Settings {
 
     /// Most database connections the relay holds.
     #[arg(long, global = true, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub db_max_connections: u32,
+    pub(crate) db_max_connections: u32,
 
     /// Kafka bootstrap servers, comma-separated host:port.
     #[arg(long, global = true, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -109,7 +109,7 @@ pub struct Settings {
 
     /// TLS, plaintext policy and load bounds of the health listener.
     #[command(flatten)]
-    pub security: crate::security::ListenerSettings,
+    pub(crate) security: crate::security::ListenerSettings,
 }
 
 /// Operator commands.
