@@ -147,21 +147,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let reflection = self.settings.auth.reflection_on(self.settings.listen).then(|| {
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(outpost_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .build_v1()
-        });
-        let mut routes = tonic::service::Routes::new(ConsumerAdminGrpc::server(
-            self.db.clone(),
-            self.settings.consumer_name.clone(),
-            self.retention.clone(),
-            self.auth.clone(),
-        ));
-        if let Some(reflection) = reflection.transpose()? {
-            routes = routes.add_service(reflection);
-        }
+        let routes = self.admin_routes()?;
         let health = HealthEndpoint::serve_with(
             self.listener,
             "outpost-consumer",
@@ -194,34 +180,14 @@ impl Application {
             "consumer started"
         );
         let (identity, mut lock) = self.instance.take().unzip();
-        let run = async {
-            let mut consumer = Arc::clone(&self.consumer);
-            loop {
-                let worker = Worker {
-                    consumer: &consumer,
-                    inbox: &self.inbox,
-                    stats: &self.stats,
-                    backoff_max: self.settings.backoff_max,
-                    group: self.settings.group(),
-                    batch_size: usize::from(self.settings.batch_size),
-                };
-                let Some(Fatal { reason, fenced }) = worker.run(stop_rx.clone()).await else {
-                    return Ok::<_, StartupError>(());
-                };
-                // Fenced by a member with the same instance id: rejoining would fence it in turn.
-                if let (true, Some(identity)) = (fenced, &identity) {
-                    return Err(identity.duplicate().into());
-                }
-                // Offsets stored but not yet committed are lost with the old client: their
-                // records are delivered again and deduplicated.
-                consumer = subscribed(&self.settings, &self.stats)?;
-                let old = current_tx.send_replace(Arc::clone(&consumer));
-                old.context().closing();
-                tokio::task::spawn_blocking(move || drop(old));
-                metrics().client_rebuilds.add(1, &[]);
-                tracing::warn!(%reason, "Kafka consumer rebuilt after a fatal error; it rejoins the group");
-            }
-        };
+        let run = Rebuilding {
+            inbox: &self.inbox,
+            stats: &self.stats,
+            settings: &self.settings,
+            identity: identity.as_ref(),
+            current: &current_tx,
+        }
+        .consume(Arc::clone(&self.consumer), stop_rx.clone());
         tokio::pin!(run);
         let duplicate = guard_instance(lock.as_mut());
         tokio::pin!(duplicate);
@@ -243,9 +209,7 @@ impl Application {
             }
         };
         let consumer = Arc::clone(&current.borrow());
-        commit_stored(consumer.as_ref(), "shutdown");
-        leave_group(consumer.as_ref()).await;
-        consumer.context().closing();
+        close(consumer.as_ref()).await;
         let _ = stop_tx.send(true);
         let _ = watcher.await;
         purger.abort();
@@ -255,6 +219,87 @@ impl Application {
         tracing::info!(stats = ?self.stats.snapshot(), "consumer stopped");
         Ok(())
     }
+
+    /// The admin listener's routes: the ConsumerAdminService, and reflection when the auth
+    /// settings allow it on this listener. Fails only when reflection cannot load the service
+    /// descriptors.
+    fn admin_routes(&self) -> Result<tonic::service::Routes, StartupError> {
+        let reflection = self.settings.auth.reflection_on(self.settings.listen).then(|| {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(outpost_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()
+        });
+        let mut routes = tonic::service::Routes::new(ConsumerAdminGrpc::server(
+            self.db.clone(),
+            self.settings.consumer_name.clone(),
+            self.retention.clone(),
+            self.auth.clone(),
+        ));
+        if let Some(reflection) = reflection.transpose()? {
+            routes = routes.add_service(reflection);
+        }
+        Ok(routes)
+    }
+}
+
+/// What the record loop needs to run a worker and to replace its Kafka client after a fatal
+/// error.
+struct Rebuilding<'a> {
+    inbox: &'a Inbox,
+    stats: &'a Arc<ConsumerStats>,
+    settings: &'a Settings,
+    /// This instance's static identity, when it runs under one.
+    identity: Option<&'a Identity>,
+    /// Where the client in use is published (health and the shutdown read it).
+    current: &'a watch::Sender<Arc<StreamConsumer<CommitOnRevoke>>>,
+}
+
+impl Rebuilding<'_> {
+    /// Runs workers over `consumer` until `stop` says stop (`Ok`). After a fatal client error
+    /// it subscribes a new client, publishes it on `current` and runs again; stored offsets not
+    /// yet committed are lost with the old client, so their records come again and are
+    /// deduplicated. `Err` when a new client cannot be subscribed, or when the broker fenced
+    /// this static instance for another with its id: rejoining would fence that one in turn.
+    async fn consume(
+        self,
+        mut consumer: Arc<StreamConsumer<CommitOnRevoke>>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<(), StartupError> {
+        loop {
+            let worker = Worker {
+                consumer: &consumer,
+                inbox: self.inbox,
+                stats: self.stats,
+                backoff_max: self.settings.backoff_max,
+                group: self.settings.group(),
+                batch_size: usize::from(self.settings.batch_size),
+            };
+            let Some(Fatal { reason, fenced }) = worker.run(stop.clone()).await else {
+                return Ok(());
+            };
+            // Fenced by a member with the same instance id: rejoining would fence it in turn.
+            if let (true, Some(identity)) = (fenced, self.identity) {
+                return Err(identity.duplicate().into());
+            }
+            // Offsets stored but not yet committed are lost with the old client: their
+            // records are delivered again and deduplicated.
+            consumer = subscribed(self.settings, self.stats)?;
+            let old = self.current.send_replace(Arc::clone(&consumer));
+            old.context().closing();
+            tokio::task::spawn_blocking(move || drop(old));
+            metrics().client_rebuilds.add(1, &[]);
+            tracing::warn!(%reason, "Kafka consumer rebuilt after a fatal error; it rejoins the group");
+        }
+    }
+}
+
+/// Hands the client in use back on shutdown: commits the offsets of committed work, leaves the
+/// group (bounded by [`LEAVE_TIMEOUT`]) and marks the client closing.
+async fn close(consumer: &StreamConsumer<CommitOnRevoke>) {
+    commit_stored(consumer, "shutdown");
+    leave_group(consumer).await;
+    consumer.context().closing();
 }
 
 /// A new Kafka consumer, subscribed to the topic.
