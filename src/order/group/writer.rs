@@ -174,8 +174,30 @@ impl Writer {
     /// a lock conflict and was rolled back (confirmed): the unanswered orders are open again.
     async fn attempt(&self, rows: &mut [Row]) -> Option<(LockConflict, TxFailure)> {
         // No transaction: every order is answered, nothing to run again.
-        let mut txn = self.begin(rows).await?;
+        let txn = self.begin(rows).await?;
         let mut batch = Written::default();
+        let txn = match self.write_set(txn, rows, &mut batch).await {
+            Ok(txn) => txn,
+            Err(end) => return end,
+        };
+        if let Err(cause) = write_each(&txn, rows, &mut batch).await {
+            return abort(txn, rows, cause).await;
+        }
+        commit(txn, rows).await
+    }
+
+    /// Writes the batch's open orders (two or more) in one statement per table into `txn`,
+    /// noting them in `batch`. `Ok` with the transaction to go on in: `txn`, or after a row error
+    /// (the set rolled back, counted as a fallback) a new one in which every order is then
+    /// written on its own. `Err` ends the attempt with what [`Writer::attempt`] returns: a lock
+    /// conflict rolled back, or `None` when every order is answered (no new transaction, or an
+    /// unconfirmed rollback: UNKNOWN).
+    async fn write_set(
+        &self,
+        mut txn: DatabaseTransaction,
+        rows: &mut [Row],
+        batch: &mut Written,
+    ) -> Result<DatabaseTransaction, Option<(LockConflict, TxFailure)>> {
         let candidates = set_candidates(rows.iter().map(|row| {
             (matches!(row.fate, Fate::Open) && !row.abandoned()).then(|| {
                 let submit = &row.job.accepting.submit;
@@ -207,7 +229,7 @@ impl Writer {
                 // A deadlock or lock-wait victim: the whole transaction is rolled back (MariaDB
                 // has already rolled back a deadlock victim) and the batch runs again, as today.
                 Err(cause) if cause.db_err().and_then(lock_conflict).is_some() => {
-                    return abort(txn, rows, cause).await;
+                    return Err(abort(txn, rows, cause).await);
                 }
                 Err(cause) => {
                     // A row error, most likely: nothing else is in this transaction yet, so
@@ -223,85 +245,13 @@ impl Writer {
                     if let Err(e) = txn.rollback().await {
                         tracing::warn!(error = %e, "batch rollback failed; outcome unknown");
                         settle_unknown(rows, &cause);
-                        return None;
+                        return Err(None);
                     }
-                    txn = self.begin(rows).await?;
+                    txn = self.begin(rows).await.ok_or(None)?;
                 }
             }
         }
-        for i in 0..rows.len() {
-            if !matches!(rows[i].fate, Fate::Open) {
-                continue;
-            }
-            if let Some(&leader) = batch.keys.get(&rows[i].key())
-                && let Fate::IfCommitted(Ok(written)) = &rows[leader].fate
-            {
-                let answer = follow(&rows[leader].job.accepting, written, &rows[i].job.accepting);
-                rows[i].fate = Fate::IfCommitted(answer);
-                continue;
-            }
-            let row = &mut rows[i];
-            if row.abandoned() {
-                // The caller went away (its deadline passed) before the order was written: as
-                // with a transaction of its own, nothing of it is written.
-                row.fate = Fate::Answered;
-                continue;
-            }
-            let span = row.job.span.clone();
-            match write_row(&txn, row, &batch).instrument(span).await {
-                RowEnd::Written(order_id) => {
-                    batch.keys.insert(row.key(), i);
-                    batch.order_ids.insert(order_id);
-                    batch.event_ids.insert(row.event_id());
-                    row.fate = Fate::IfCommitted(Ok(row.job.accepting.accepted(order_id)));
-                }
-                RowEnd::IfCommitted(answer) => row.fate = Fate::IfCommitted(answer),
-                RowEnd::Final(answer) => row.answer(answer),
-                RowEnd::Abandoned => row.fate = Fate::Answered,
-                RowEnd::Abort(cause) => return abort(txn, rows, cause).await,
-            }
-        }
-        if !rows.iter().any(|r| matches!(r.fate, Fate::IfCommitted(_))) {
-            // Every order was answered from rows committed before: nothing to commit.
-            let _ = txn.rollback().await;
-            return None;
-        }
-
-        if let Err(injected) = failpoint::hit(failpoint::BEFORE_ORDER_TRANSACTION_COMMIT) {
-            return abort(txn, rows, injected.into()).await;
-        }
-        if let Err(injected) = failpoint::hit(failpoint::COMMIT_FAILS_WITHOUT_COMMITTING) {
-            let _ = txn.rollback().await;
-            settle_unknown(rows, &injected.into());
-            return None;
-        }
-        if let Err(e) = txn.commit().await {
-            // The server may have committed and only the acknowledgement was lost: never
-            // ROLLED_BACK.
-            settle_unknown(rows, &e.into());
-            return None;
-        }
-        if let Err(injected) = failpoint::hit(failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION) {
-            settle_unknown(rows, &injected.into());
-            return None;
-        }
-        let size = rows.len();
-        for row in rows.iter_mut() {
-            if let Fate::IfCommitted(answer) = std::mem::replace(&mut row.fate, Fate::Open) {
-                if let Ok(Submitted { order, replayed: false }) = &answer {
-                    row.job.span.in_scope(|| {
-                        tracing::info!(
-                            order_id = order.order_id,
-                            outcome = "COMMITTED",
-                            batch_size = size,
-                            "transaction committed; order ACCEPTED, outbox event PENDING"
-                        );
-                    });
-                }
-                row.answer(answer);
-            }
-        }
-        None
+        Ok(txn)
     }
 }
 
@@ -332,6 +282,103 @@ struct Written {
     keys: HashMap<(i64, String), usize>,
     order_ids: HashSet<i64>,
     event_ids: HashSet<EventId>,
+}
+
+/// Writes, each in its own savepoint, the orders still open that the set-based write did not
+/// take: an order whose key a row of this transaction already wrote follows that row, an
+/// abandoned one is dropped unwritten. `Err` when the transaction itself failed; the caller
+/// then rolls it back.
+async fn write_each(
+    txn: &DatabaseTransaction,
+    rows: &mut [Row],
+    batch: &mut Written,
+) -> Result<(), TxFailure> {
+    for i in 0..rows.len() {
+        if !matches!(rows[i].fate, Fate::Open) {
+            continue;
+        }
+        if let Some(&leader) = batch.keys.get(&rows[i].key())
+            && let Fate::IfCommitted(Ok(written)) = &rows[leader].fate
+        {
+            let answer = follow(&rows[leader].job.accepting, written, &rows[i].job.accepting);
+            rows[i].fate = Fate::IfCommitted(answer);
+            continue;
+        }
+        let row = &mut rows[i];
+        if row.abandoned() {
+            // The caller went away (its deadline passed) before the order was written: as
+            // with a transaction of its own, nothing of it is written.
+            row.fate = Fate::Answered;
+            continue;
+        }
+        let span = row.job.span.clone();
+        match write_row(txn, row, batch).instrument(span).await {
+            RowEnd::Written(order_id) => {
+                batch.keys.insert(row.key(), i);
+                batch.order_ids.insert(order_id);
+                batch.event_ids.insert(row.event_id());
+                row.fate = Fate::IfCommitted(Ok(row.job.accepting.accepted(order_id)));
+            }
+            RowEnd::IfCommitted(answer) => row.fate = Fate::IfCommitted(answer),
+            RowEnd::Final(answer) => row.answer(answer),
+            RowEnd::Abandoned => row.fate = Fate::Answered,
+            RowEnd::Abort(cause) => return Err(cause),
+        }
+    }
+    Ok(())
+}
+
+/// Commits the batch's transaction, unless every order was answered from rows committed before
+/// (then it is rolled back: nothing to commit), and answers the orders it holds. A failed or
+/// unacknowledged commit is UNKNOWN for every order, never ROLLED_BACK. Returns what [`abort`]
+/// decides when the failpoint before the commit aborts the transaction, otherwise `None`.
+async fn commit(txn: DatabaseTransaction, rows: &mut [Row]) -> Option<(LockConflict, TxFailure)> {
+    if !rows.iter().any(|r| matches!(r.fate, Fate::IfCommitted(_))) {
+        // Every order was answered from rows committed before: nothing to commit.
+        let _ = txn.rollback().await;
+        return None;
+    }
+
+    if let Err(injected) = failpoint::hit(failpoint::BEFORE_ORDER_TRANSACTION_COMMIT) {
+        return abort(txn, rows, injected.into()).await;
+    }
+    if let Err(injected) = failpoint::hit(failpoint::COMMIT_FAILS_WITHOUT_COMMITTING) {
+        let _ = txn.rollback().await;
+        settle_unknown(rows, &injected.into());
+        return None;
+    }
+    if let Err(e) = txn.commit().await {
+        // The server may have committed and only the acknowledgement was lost: never
+        // ROLLED_BACK.
+        settle_unknown(rows, &e.into());
+        return None;
+    }
+    if let Err(injected) = failpoint::hit(failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION) {
+        settle_unknown(rows, &injected.into());
+        return None;
+    }
+    answer_committed(rows);
+    None
+}
+
+/// Answers every order whose answer held only if the transaction committed, now that it did.
+fn answer_committed(rows: &mut [Row]) {
+    let size = rows.len();
+    for row in rows.iter_mut() {
+        if let Fate::IfCommitted(answer) = std::mem::replace(&mut row.fate, Fate::Open) {
+            if let Ok(Submitted { order, replayed: false }) = &answer {
+                row.job.span.in_scope(|| {
+                    tracing::info!(
+                        order_id = order.order_id,
+                        outcome = "COMMITTED",
+                        batch_size = size,
+                        "transaction committed; order ACCEPTED, outbox event PENDING"
+                    );
+                });
+            }
+            row.answer(answer);
+        }
+    }
 }
 
 /// Writes one order in its own savepoint and decides a row error as a transaction of its own
