@@ -182,6 +182,35 @@ struct ChangeArgs {
     event_id: String,
 }
 
+impl ChangeArgs {
+    /// The AmendOrder request for this change: `lines` (when given) replace all lines,
+    /// `customer_id` (when not empty) the customer.
+    fn amend(&self, lines: &[pb::LineItem], customer_id: &str) -> pb::AmendOrderRequest {
+        pb::AmendOrderRequest {
+            tenant_id: self.tenant_id,
+            request_id: self.request_id.clone(),
+            order_id: self.order_id,
+            expected_version: self.expected_version,
+            line_items: lines.to_vec(),
+            customer_id: customer_id.to_owned(),
+            event_id: self.event_id.clone(),
+        }
+    }
+
+    /// The CancelOrder request for this change.
+    fn cancel(&self, reason: CancelReasonArg, note: &str) -> pb::CancelOrderRequest {
+        pb::CancelOrderRequest {
+            tenant_id: self.tenant_id,
+            request_id: self.request_id.clone(),
+            order_id: self.order_id,
+            expected_version: self.expected_version,
+            reason: pb::CancelReason::from(reason).into(),
+            note: note.to_owned(),
+            event_id: self.event_id.clone(),
+        }
+    }
+}
+
 /// `--reason` of `cancel`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum CancelReasonArg {
@@ -286,157 +315,130 @@ type Authorized = InterceptedService<
 pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
     let json = cli.json;
     Ok(match &cli.command {
-        Command::Console(args) => {
-            let (tls, token) = (cli.tls(), cli.token()?);
-            // Refused at start, not at the first call, when the token would travel in plaintext.
-            let url = |setting, url| {
-                outpost_client::token_url(url, &tls, token.as_ref())
-                    .map_err(|source| CtlError::Connect { setting, source })
-            };
-            let admin_url = url(ADMIN_URL, &cli.admin_url)?;
-            let consumer_url = url(CONSUMER_ADMIN_URL, &cli.consumer_admin_url)?;
-            let admin = console::Upstream::new(&admin_url, tls.clone(), token.clone());
-            let consumer = console::Upstream::new(&consumer_url, tls, token);
-            console::serve(args, admin, consumer).await?;
-            String::new()
-        }
-        Command::Timeline { event_id } => {
-            let mut admin = cli.admin().await?;
-            let order = admin.get_event_timeline(pb::GetEventTimelineRequest { event_id: event_id.clone() });
-            let order = match order.await {
-                Ok(reply) => reply.into_inner().timeline,
-                // The consumer may still know it (or say the id is unknown there too).
-                Err(status) if status.code() == tonic::Code::NotFound => None,
-                Err(status) => return Err(status.into()),
-            };
-            joined(cli, event_id, order).await?
-        }
+        Command::Console(args) => console(cli, args).await?,
+        Command::Timeline { event_id } => timeline(cli, event_id).await?,
         Command::Find { tenant_id, request_id } => {
-            let reply = cli
-                .admin()
-                .await?
-                .find_by_business_key(pb::FindByBusinessKeyRequest {
-                    tenant_id: *tenant_id,
-                    request_id: request_id.clone(),
-                })
-                .await?
-                .into_inner();
+            let mut client = cli.admin().await?;
+            let request =
+                pb::FindByBusinessKeyRequest { tenant_id: *tenant_id, request_id: request_id.clone() };
+            let reply = client.find_by_business_key(request).await?.into_inner();
             let order = reply.timeline.unwrap_or_default();
             joined(cli, &order.event_id.clone(), Some(order)).await?
         }
         Command::Backlog { status, older_than, limit } => {
-            let reply = cli
-                .admin()
-                .await?
-                .list_backlog(pb::ListBacklogRequest {
-                    status: status.clone(),
-                    older_than: duration("--older-than", *older_than)?,
-                    limit: *limit,
-                })
-                .await?
-                .into_inner();
+            let mut client = cli.admin().await?;
+            let request = pb::ListBacklogRequest {
+                status: status.clone(),
+                older_than: duration("--older-than", *older_than)?,
+                limit: *limit,
+            };
+            let reply = client.list_backlog(request).await?.into_inner();
             render::backlog(reply, json)
         }
         Command::Redrive { event_id, reason, by } => {
-            let reply = cli
-                .admin()
-                .await?
-                .redrive(pb::RedriveRequest {
-                    event_id: event_id.clone(),
-                    requested_by: by.clone(),
-                    reason: reason.clone(),
-                })
-                .await?
-                .into_inner();
+            let mut client = cli.admin().await?;
+            let request = pb::RedriveRequest {
+                event_id: event_id.clone(),
+                requested_by: by.clone(),
+                reason: reason.clone(),
+            };
+            let reply = client.redrive(request).await?.into_inner();
             render::redriven(event_id, reply.outbox.unwrap_or_default(), json)
         }
         Command::DeadLetters { consumer_name, limit } => {
-            let reply = cli
-                .consumer_admin()
-                .await?
-                .list_dead_letters(pb::ListDeadLettersRequest {
-                    consumer_name: consumer_name.clone(),
-                    limit: *limit,
-                })
-                .await?
-                .into_inner();
+            let mut client = cli.consumer_admin().await?;
+            let request = pb::ListDeadLettersRequest { consumer_name: consumer_name.clone(), limit: *limit };
+            let reply = client.list_dead_letters(request).await?.into_inner();
             render::dead_letters(&reply.dead_letters, json)
         }
         Command::Amend { change, lines, customer_id } => {
-            let request = pb::AmendOrderRequest {
-                tenant_id: change.tenant_id,
-                request_id: change.request_id.clone(),
-                order_id: change.order_id,
-                expected_version: change.expected_version,
-                line_items: lines.clone(),
-                customer_id: customer_id.clone(),
-                event_id: change.event_id.clone(),
-            };
+            let request = change.amend(lines, customer_id);
             render::changed("amended", &cli.submitter().await?.amend(request).await?, json)
         }
         Command::Cancel { change, reason, note } => {
-            let request = pb::CancelOrderRequest {
-                tenant_id: change.tenant_id,
-                request_id: change.request_id.clone(),
-                order_id: change.order_id,
-                expected_version: change.expected_version,
-                reason: pb::CancelReason::from(*reason).into(),
-                note: note.clone(),
-                event_id: change.event_id.clone(),
-            };
+            let request = change.cancel(*reason, note);
             render::changed("cancelled", &cli.submitter().await?.cancel(request).await?, json)
         }
         Command::Parked { order_id, limit } => {
-            let reply = cli
-                .consumer_admin()
-                .await?
-                .list_parked_events(pb::ListParkedEventsRequest {
-                    order_id: order_id.unwrap_or(0),
-                    limit: *limit,
-                })
-                .await?
-                .into_inner();
+            let mut client = cli.consumer_admin().await?;
+            let request = pb::ListParkedEventsRequest { order_id: order_id.unwrap_or(0), limit: *limit };
+            let reply = client.list_parked_events(request).await?.into_inner();
             render::parked(&reply.parked_events, json)
         }
         Command::ReleaseGap { order_id, reason } => {
-            let reply = cli
-                .consumer_admin()
-                .await?
-                .release_parked_gap(pb::ReleaseParkedGapRequest {
-                    order_id: *order_id,
-                    reason: reason.clone(),
-                })
-                .await?
-                .into_inner();
+            let mut client = cli.consumer_admin().await?;
+            let request = pb::ReleaseParkedGapRequest { order_id: *order_id, reason: reason.clone() };
+            let reply = client.release_parked_gap(request).await?.into_inner();
             render::released(*order_id, &reply, json)
         }
         Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
-            let outbox = cli
-                .admin()
-                .await?
-                .purge(pb::PurgeRequest {
-                    outbox_older_than: duration("--outbox-older-than", *outbox_older_than)?,
-                    dry_run: *dry_run,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            let consumed_older_than = duration("--consumed-older-than", *consumed_older_than)?;
-            let consumed = async {
-                let request = pb::PurgeConsumedRequest { consumed_older_than, dry_run: *dry_run };
-                Ok::<_, CtlError>(cli.consumer_admin().await?.purge_consumed(request).await?.into_inner())
-            };
-            match consumed.await {
-                Ok(consumed) => render::purged(&outbox, Some(&consumed), *dry_run, json),
-                Err(error) => {
-                    return Err(CtlError::ConsumerSide {
-                        done: render::purged(&outbox, None, *dry_run, json),
-                        error: Box::new(error),
-                    });
-                }
-            }
+            purge(cli, *outbox_older_than, *consumed_older_than, *dry_run).await?
         }
     })
+}
+
+/// `console`: serves the web console until stopped, calling both admin services with the
+/// configured TLS and token. Refuses at start, not at the first call, a URL the token would
+/// travel to in plaintext. Prints nothing.
+async fn console(cli: &Cli, args: &console::ConsoleArgs) -> Result<String, CtlError> {
+    let (tls, token) = (cli.tls(), cli.token()?);
+    // Refused at start, not at the first call, when the token would travel in plaintext.
+    let url = |setting, url| {
+        outpost_client::token_url(url, &tls, token.as_ref())
+            .map_err(|source| CtlError::Connect { setting, source })
+    };
+    let admin_url = url(ADMIN_URL, &cli.admin_url)?;
+    let consumer_url = url(CONSUMER_ADMIN_URL, &cli.consumer_admin_url)?;
+    let admin = console::Upstream::new(&admin_url, tls.clone(), token.clone());
+    let consumer = console::Upstream::new(&consumer_url, tls, token);
+    console::serve(args, admin, consumer).await?;
+    Ok(String::new())
+}
+
+/// `timeline`: the order side's timeline of `event_id` joined to the consumer side's. An event
+/// the order side does not know is still looked up on the consumer side.
+async fn timeline(cli: &Cli, event_id: &str) -> Result<String, CtlError> {
+    let mut admin = cli.admin().await?;
+    let order = admin.get_event_timeline(pb::GetEventTimelineRequest { event_id: event_id.to_owned() });
+    let order = match order.await {
+        Ok(reply) => reply.into_inner().timeline,
+        // The consumer may still know it (or say the id is unknown there too).
+        Err(status) if status.code() == tonic::Code::NotFound => None,
+        Err(status) => return Err(status.into()),
+    };
+    joined(cli, event_id, order).await
+}
+
+/// `purge`: the order side's outbox purge, then the consumer's dedup history purge. When the
+/// consumer side fails after the order side purged, the error carries what the order side did.
+async fn purge(
+    cli: &Cli,
+    outbox_older_than: Option<Duration>,
+    consumed_older_than: Option<Duration>,
+    dry_run: bool,
+) -> Result<String, CtlError> {
+    let outbox = cli
+        .admin()
+        .await?
+        .purge(pb::PurgeRequest {
+            outbox_older_than: duration("--outbox-older-than", outbox_older_than)?,
+            dry_run,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let consumed_older_than = duration("--consumed-older-than", consumed_older_than)?;
+    let consumed = async {
+        let request = pb::PurgeConsumedRequest { consumed_older_than, dry_run };
+        Ok::<_, CtlError>(cli.consumer_admin().await?.purge_consumed(request).await?.into_inner())
+    };
+    match consumed.await {
+        Ok(consumed) => Ok(render::purged(&outbox, Some(&consumed), dry_run, cli.json)),
+        Err(error) => Err(CtlError::ConsumerSide {
+            done: render::purged(&outbox, None, dry_run, cli.json),
+            error: Box::new(error),
+        }),
+    }
 }
 
 /// The consumer side's part of `event_id` joined to the order side's `order`. When the consumer
