@@ -119,7 +119,28 @@ pub(crate) fn timeline(
         value["consumerSideUnavailable"] = json!(consumer_unavailable);
         return pretty(&value);
     }
-    let mut rows: Vec<(Option<String>, String, String)> = Vec::new();
+    let mut rows = order_rows(&t);
+    rows.extend(outbox_rows(t.outbox.as_ref()));
+    rows.extend(consumer_rows(&t));
+    if let Some(why) = consumer_unavailable {
+        rows.push((None, "consumer side".into(), format!("not shown: {why}")));
+    }
+    let mut out = table(&["when", "what", "details"]);
+    for (when, what, details) in rows {
+        out.add_row(vec![text(when), what, details]);
+    }
+    if t.order_events.is_empty() {
+        return format!("event {}\n{out}", t.event_id);
+    }
+    format!("event {}\n{out}\nevery version of the order:\n{}", t.event_id, versions(&t, consumer_states))
+}
+
+/// One row of the timeline table: when (if known), what, details.
+type TimelineRow = (Option<String>, String, String);
+
+/// The order side's order row of the timeline, if the order is known.
+fn order_rows(t: &pb::EventTimeline) -> Vec<TimelineRow> {
+    let mut rows = Vec::new();
     if let Some(o) = &t.order {
         rows.push((
             time(o.created_at.as_ref()),
@@ -130,7 +151,14 @@ pub(crate) fn timeline(
             ),
         ));
     }
-    if let Some(o) = &t.outbox {
+    rows
+}
+
+/// The outbox row's history: written, its state now (lease, last error, where it was
+/// published) and its last redrive; one row saying so when the row is gone.
+fn outbox_rows(outbox: Option<&pb::OutboxRecord>) -> Vec<TimelineRow> {
+    let mut rows = Vec::new();
+    if let Some(o) = outbox {
         rows.push((time(o.created_at.as_ref()), "outbox".into(), "written PENDING with the order".into()));
         let mut now = format!("{} after {} attempt(s)", o.status, o.attempts);
         if !o.lease_owner.is_empty() {
@@ -157,6 +185,12 @@ pub(crate) fn timeline(
     } else {
         rows.push((None, "outbox".into(), "no row (purged after publication, or never written)".into()));
     }
+    rows
+}
+
+/// The consumer side's rows: who consumed the event, the effects it made and its dead letters.
+fn consumer_rows(t: &pb::EventTimeline) -> Vec<TimelineRow> {
+    let mut rows = Vec::new();
     for c in &t.consumers {
         rows.push((time(c.consumed_at.as_ref()), "consumed".into(), format!("by {}", c.consumer_name)));
     }
@@ -178,17 +212,7 @@ pub(crate) fn timeline(
             format!("{} at {}: {}", d.consumer_name, text(at), d.error),
         ));
     }
-    if let Some(why) = consumer_unavailable {
-        rows.push((None, "consumer side".into(), format!("not shown: {why}")));
-    }
-    let mut out = table(&["when", "what", "details"]);
-    for (when, what, details) in rows {
-        out.add_row(vec![text(when), what, details]);
-    }
-    if t.order_events.is_empty() {
-        return format!("event {}\n{out}", t.event_id);
-    }
-    format!("event {}\n{out}\nevery version of the order:\n{}", t.event_id, versions(&t, consumer_states))
+    rows
 }
 
 /// The table of every version of the event's order: each event's outbox status and consumer state.
