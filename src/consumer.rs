@@ -28,7 +28,7 @@ mod settings;
 mod worker;
 
 pub use application::{Application, StartupError};
-pub use decode::{OrderAcceptedEvent, OrderEvent, Poison, decode};
+pub use decode::{OrderEvent, Poison, decode};
 pub use inbox::{Consumed, Inbox};
 pub use instance::InstanceError;
 pub use retention::RetentionError;

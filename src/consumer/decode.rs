@@ -30,9 +30,6 @@ pub struct OrderEvent {
     pub(crate) payload: Vec<u8>,
 }
 
-/// The consumer's name kept for the events of earlier releases.
-pub type OrderAcceptedEvent = OrderEvent;
-
 /// An order as its read model shows it after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OrderState {

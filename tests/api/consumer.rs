@@ -834,7 +834,7 @@ async fn a_batch_of_new_events_takes_one_insert_per_table_and_a_batch_holding_a_
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use outpost::consumer::{Consumed, Inbox, OrderAcceptedEvent, decode};
+    use outpost::consumer::{Consumed, Inbox, OrderEvent, decode};
 
     let app = TestApp::spawn(backend).await;
     let mut db = app.db.connect().await;
@@ -846,12 +846,12 @@ async fn a_batch_of_new_events_takes_one_insert_per_table_and_a_batch_holding_a_
         }
     });
     let inbox = Inbox::new(db, "planner");
-    let event = |order_id: i64| -> OrderAcceptedEvent {
+    let event = |order_id: i64| -> OrderEvent {
         let (event_id, payload) = event_record(order_id);
         decode(Some(&payload), |name| (name == "event_id").then(|| event_id.clone())).unwrap()
     };
 
-    let first: Vec<OrderAcceptedEvent> = (1..=3).map(event).collect();
+    let first: Vec<OrderEvent> = (1..=3).map(event).collect();
     assert_eq!(inbox.consume_all(&first).await.unwrap(), [Consumed::Committed; 3]);
     assert_eq!(
         inserts.swap(0, Ordering::SeqCst),
