@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::Settings;
 use super::budget::StepBudget;
 use super::health::{Vitals, publish_verdict};
 use super::outbox::{Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
+use super::settings::Settings;
 use super::worker::{PublisherFailed, Relay, Tuning};
 use crate::backlog::{Redrive, RedriveAudit};
 use crate::db;

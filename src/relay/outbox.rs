@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{DatabaseConnection, DbErr, IsolationLevel};
 
-use super::LeaseToken;
+use super::lease::LeaseToken;
 use crate::backlog::{Backlog, Redrive, RedriveAudit};
 use crate::db;
 

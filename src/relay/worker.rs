@@ -10,9 +10,9 @@ use sea_orm::DbErr;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{Instrument as _, Span};
 
-use super::WorkerId;
 use super::budget::{AdaptiveBatch, StepBudget};
 use super::health::Vitals;
+use super::lease::WorkerId;
 use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
 use super::publisher::Publisher;
 use super::step::{StepOutcome, StepReport};

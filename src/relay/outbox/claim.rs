@@ -10,7 +10,7 @@ use super::{ClaimedEvent, Outbox};
 use crate::db;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
-use crate::relay::{LeaseToken, WorkerId};
+use crate::relay::lease::{LeaseToken, WorkerId};
 
 mod mysql;
 mod postgres;

@@ -8,7 +8,7 @@ use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_ord
 use super::{Delivery, Fenced, Outbox};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
-use crate::relay::LeaseToken;
+use crate::relay::lease::LeaseToken;
 use crate::{db, failpoint};
 
 impl Outbox {

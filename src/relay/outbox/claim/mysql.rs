@@ -13,7 +13,7 @@ use super::{CLAIM_INDEX, DUE_INDEX, claimed, first_unpublished, lease_to};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::failpoint;
-use crate::relay::LeaseToken;
+use crate::relay::lease::LeaseToken;
 use crate::relay::outbox::{ClaimedEvent, Outbox, lease_end};
 
 impl Outbox {

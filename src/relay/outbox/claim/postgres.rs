@@ -7,7 +7,7 @@ use sea_orm::{DbBackend, DbErr, EntityTrait, Statement};
 use super::{claimed, first_unpublished};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event;
-use crate::relay::LeaseToken;
+use crate::relay::lease::LeaseToken;
 use crate::relay::outbox::{ClaimedEvent, Outbox};
 
 impl Outbox {

@@ -10,7 +10,7 @@ use super::{claimed, first_unpublished, lease_to};
 use crate::db;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
-use crate::relay::LeaseToken;
+use crate::relay::lease::LeaseToken;
 use crate::relay::outbox::{ClaimedEvent, Outbox, lease_end};
 
 impl Outbox {
