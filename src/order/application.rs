@@ -7,10 +7,10 @@ use std::time::Duration;
 use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
-use super::Settings;
 use super::admin::{AdminGrpc, OutboxRetention};
 use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
+use super::settings::Settings;
 use super::store::OrderStore;
 use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, ReadyError};

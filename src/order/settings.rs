@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::admin::OutboxRetention;
+use super::group::GroupCommitSettings;
 
 const DAY: u64 = 24 * 3600;
 
@@ -63,7 +64,7 @@ pub struct Settings {
 
     /// Group commit of orders: on, the batch limit, the writers and the queue bound.
     #[command(flatten)]
-    pub group_commit: super::GroupCommitSettings,
+    pub group_commit: GroupCommitSettings,
 
     /// TLS, load bounds and caller authentication of both listeners.
     #[command(flatten)]
@@ -95,7 +96,7 @@ impl Settings {
             purge_every: Duration::from_secs(3600),
             purge_batch_size: 500,
             wake_relays: Vec::new(),
-            group_commit: super::GroupCommitSettings::default(),
+            group_commit: GroupCommitSettings::default(),
             security: crate::security::SecuritySettings::loopback(),
         }
     }
