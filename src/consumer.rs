@@ -32,8 +32,5 @@ pub use decode::{OrderEvent, Poison, decode};
 pub use inbox::{Consumed, Inbox};
 pub use instance::InstanceError;
 pub use retention::RetentionError;
-pub use settings::{Membership, Settings};
+pub use settings::{DEFAULT_CONSUMER_NAME, Membership, Settings};
 pub use worker::{ConsumerStats, StatsSnapshot};
-
-/// The consumer name (dedup identity) unless configured otherwise.
-pub const DEFAULT_CONSUMER_NAME: &str = "notification-planner";

@@ -3,9 +3,11 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 
-use super::DEFAULT_CONSUMER_NAME;
 use super::retention::DedupRetention;
 use crate::contract::DEFAULT_TOPIC;
+
+/// The consumer name (dedup identity) unless configured otherwise.
+pub const DEFAULT_CONSUMER_NAME: &str = "notification-planner";
 
 const DAY: u64 = 24 * 3600;
 
