@@ -21,8 +21,9 @@ use tonic::codegen::{Bytes, http};
 use tonic_types::{ErrorDetails, StatusExt as _};
 use tower::{Layer, Service};
 
-use super::Authenticator;
+use super::auth::{AuthError, Authenticator};
 use super::connection::{ConnectionInfo, InFlight};
+use super::refusals::note_refusal;
 
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 const WATCH_PATH: &str = "/grpc.health.v1.Health/Watch";
@@ -76,8 +77,8 @@ fn overloaded(what: &str) -> Refusal {
 }
 
 /// The caller's refusal (UNAUTHENTICATED with its reason): nothing was done.
-fn refused(why: super::AuthError) -> Refusal {
-    super::note_refusal(why);
+fn refused(why: AuthError) -> Refusal {
+    note_refusal(why);
     let mut details = ErrorDetails::new();
     details.set_error_info(why.reason(), outpost_proto::ERROR_DOMAIN, std::collections::HashMap::new());
     Box::new(tonic::Status::with_error_details(why.code(), why.to_string(), details).into_http())

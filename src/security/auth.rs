@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tonic::Code;
 use tonic::metadata::MetadataMap;
 
-use super::{AuthMode, AuthSettings};
+use super::settings::{AuthMode, AuthSettings, MAX_LEEWAY};
 use crate::telemetry::metrics;
 
 /// Why a call was refused before it did anything.
@@ -217,7 +217,7 @@ impl Authenticator {
                         audience,
                         tenant_claim: settings.auth_tenant_claim.clone(),
                         admin_scope: settings.auth_admin_scope.clone(),
-                        leeway: settings.auth_leeway.min(super::MAX_LEEWAY),
+                        leeway: settings.auth_leeway.min(MAX_LEEWAY),
                     })),
                 })
             }

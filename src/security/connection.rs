@@ -15,7 +15,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::ListenerSettings;
+use super::settings::ListenerSettings;
 use crate::telemetry::metrics;
 
 /// Connections a listener keeps past its limits for health checks only, so that probes still

@@ -13,9 +13,10 @@ use tokio_rustls::TlsAcceptor;
 use tower::layer::util::{Identity, Stack};
 
 use super::admission::{Admission, CallLimits};
+use super::auth::Authenticator;
 use super::connection::{Connection, ConnectionLimits, Io, Shed};
+use super::settings::ListenerSettings;
 use super::tls::{ReloadingTls, TlsError, TlsFiles};
-use super::{Authenticator, ListenerSettings};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
 /// hold handshake slots.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 
-use super::AuthError;
+use super::auth::AuthError;
 use crate::telemetry::metrics;
 
 /// The least time between two WARNs for one reason.
