@@ -15,10 +15,11 @@ use outpost::consumer::DEFAULT_CONSUMER_NAME;
 use outpost_client::{SafeSubmitter, SubmitPolicy};
 use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
+use crate::error::VerifyError;
 use crate::evidence::{self, Record};
 use crate::ordering;
 use crate::process::ServiceProcess;
-use crate::{Settings, VerifyError};
+use crate::settings::Settings;
 
 /// Restarts the broker, on durable storage, when chaos asks for it.
 pub trait BrokerControl: Send {

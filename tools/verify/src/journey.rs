@@ -11,11 +11,12 @@ use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use outpost::consumer::DEFAULT_CONSUMER_NAME;
 
+use crate::error::VerifyError;
 use crate::evidence::{self, OutboxRow, Record};
 use crate::ordering;
 use crate::process::{ServiceProcess, Signal};
 use crate::report::{Counts, EventFacts, Injection, Invariant, Report, Versions};
-use crate::{Settings, VerifyError};
+use crate::settings::Settings;
 
 const STEP: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
