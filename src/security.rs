@@ -15,6 +15,5 @@ pub(crate) use auth::{AuthError, Authenticator, Caller};
 pub(crate) use listener::Listener;
 pub use listener::ListenerError;
 pub(crate) use refusals::note_refusal;
-pub(crate) use settings::MAX_LEEWAY;
 pub use settings::{AuthMode, AuthSettings, ListenerSettings, SecuritySettings};
 pub use tls::TlsError;

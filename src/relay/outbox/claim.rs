@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{DbBackend, DbErr};
 
-use super::{ClaimedEvent, Outbox};
+use super::event::ClaimedEvent;
+use super::table::Outbox;
 use crate::db;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};

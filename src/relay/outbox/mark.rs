@@ -4,8 +4,9 @@ use std::collections::{HashMap, HashSet};
 
 use sea_orm::{ColumnTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect, Value};
 
+use super::event::{Delivery, Fenced};
 use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
-use super::{Delivery, Fenced, Outbox};
+use super::table::Outbox;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::relay::lease::LeaseToken;

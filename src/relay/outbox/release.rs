@@ -5,8 +5,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{DbErr, Value};
 
+use super::event::{ClaimedEvent, Fenced};
 use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
-use super::{ClaimedEvent, Fenced, Outbox, lease_end};
+use super::table::{Outbox, lease_end};
 use crate::db;
 use crate::domain::OutboxStatus;
 use outpost_client::Backoff;

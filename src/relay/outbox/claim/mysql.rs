@@ -14,7 +14,8 @@ use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::failpoint;
 use crate::relay::lease::LeaseToken;
-use crate::relay::outbox::{ClaimedEvent, Outbox, lease_end};
+use crate::relay::outbox::event::ClaimedEvent;
+use crate::relay::outbox::table::{Outbox, lease_end};
 
 impl Outbox {
     /// MariaDB/MySQL's claim: one transaction of a plain read of the expired leases, one locking

@@ -8,7 +8,8 @@ use super::{claimed, first_unpublished};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event;
 use crate::relay::lease::LeaseToken;
-use crate::relay::outbox::{ClaimedEvent, Outbox};
+use crate::relay::outbox::event::ClaimedEvent;
+use crate::relay::outbox::table::Outbox;
 
 impl Outbox {
     /// PostgreSQL's claim: the clock read, both candidate queries (each on its own index, in its

@@ -11,7 +11,8 @@ use crate::db;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::relay::lease::LeaseToken;
-use crate::relay::outbox::{ClaimedEvent, Outbox, lease_end};
+use crate::relay::outbox::event::ClaimedEvent;
+use crate::relay::outbox::table::{Outbox, lease_end};
 
 impl Outbox {
     pub(super) async fn claim_single_writer(
