@@ -9,6 +9,7 @@
 
 mod batch;
 mod bulk_insert;
+mod job;
 mod writer;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use tokio::sync::{Mutex, Semaphore, SemaphorePermit, mpsc, oneshot};
 
 pub use batch::{BatchSizes, BatchStats};
 
+use self::job::Job;
 use super::accepting::{Accepting, SubmitError, Submitted, unknown};
 use super::alone::Alone;
 
@@ -79,16 +81,6 @@ impl GroupCommitSettings {
     pub(crate) fn is_on(&self) -> bool {
         self.mode == GroupCommitMode::On
     }
-}
-
-/// One order waiting for a writer, with the caller's span and where its answer goes.
-#[derive(Debug)]
-struct Job {
-    accepting: Accepting,
-    /// The caller's `order transaction` span: the order's own work is traced in it.
-    span: tracing::Span,
-    /// Taken when the order is answered.
-    reply: Option<oneshot::Sender<Result<Submitted, SubmitError>>>,
 }
 
 /// The queue in front of the writers. Clones share it; the writers stop once every clone is

@@ -30,9 +30,9 @@ use tokio::sync::{Mutex, Semaphore, mpsc};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use super::Job;
 use super::batch::{BatchStats, Fate, follow, set_candidates};
 use super::bulk_insert::{self, IdsBack};
+use super::job::Job;
 use crate::db::{LockConflict, TxFailure, lock_conflict, violated_unique_key};
 use crate::failpoint;
 use crate::order::accepting::{
