@@ -1,6 +1,6 @@
 use sea_orm::DbErr;
 
-use super::ErrorFacts;
+use super::classify::ErrorFacts;
 use crate::failpoint::Injected;
 
 /// Why a transaction did not commit, or may not have.
