@@ -1,6 +1,9 @@
 use outpost_proto::EventId;
 
-use super::{CustomerId, FieldViolation, InvalidInput, LineItem, NewOrder, RequestId, TenantId};
+use super::ids::{RequestId, TenantId};
+use super::order::{CustomerId, LineItem, NewOrder, push_lines};
+use super::text::sha256_hex;
+use super::violation::{FieldViolation, InvalidInput};
 
 /// Which operation used an idempotency key; every operation of a tenant shares one key space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,7 +226,7 @@ impl ChangeOrder {
                 text.push('\n');
                 match lines {
                     None => text.push_str("-\n"),
-                    Some((lines, _)) => super::push_lines(&mut text, lines),
+                    Some((lines, _)) => push_lines(&mut text, lines),
                 }
             }
             Change::Cancel { reason, note } => {
@@ -232,7 +235,7 @@ impl ChangeOrder {
                 text.push_str(note);
             }
         }
-        super::sha256_hex(&text)
+        sha256_hex(&text)
     }
 }
 

@@ -1,5 +1,7 @@
 use std::fmt;
 
+use super::text::is_visible_ascii;
+
 /// The tenant that owns an order: a positive integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct TenantId(i64);
@@ -33,7 +35,7 @@ impl RequestId {
     /// Accepts 1 to [`Self::MAX_LEN`] visible ASCII characters.
     pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
-        if super::is_visible_ascii(&value, Self::MAX_LEN) {
+        if is_visible_ascii(&value, Self::MAX_LEN) {
             Ok(Self(value))
         } else {
             Err("must be 1 to 128 visible ASCII characters")

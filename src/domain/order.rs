@@ -3,7 +3,9 @@ use std::str::FromStr;
 use iso_currency::Currency;
 use outpost_proto::EventId;
 
-use super::{FieldViolation, InvalidInput, RequestId, TenantId, is_visible_ascii};
+use super::ids::{RequestId, TenantId};
+use super::text::{is_visible_ascii, sha256_hex};
+use super::violation::{FieldViolation, InvalidInput};
 
 /// Where an order is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +89,14 @@ impl LineItem {
     pub(crate) const MAX_QUANTITY: u32 = 10_000;
     /// The highest unit price, in minor units.
     pub(crate) const MAX_UNIT_PRICE_MINOR: i64 = 1_000_000_000_000;
+}
+
+/// Appends one `sku quantity unit_price_minor` line per item: an unambiguous text, since a SKU is
+/// visible ASCII without spaces.
+pub(super) fn push_lines(text: &mut String, lines: &[LineItem]) {
+    for line in lines {
+        text.push_str(&format!("{} {} {}\n", line.sku.as_str(), line.quantity, line.unit_price_minor));
+    }
 }
 
 /// An order's facts as submitted, validated and totalled.
@@ -202,8 +212,8 @@ impl NewOrder {
     /// order.
     pub(crate) fn fingerprint(&self) -> String {
         let mut text = format!("SUBMIT\n{}\n{}\n", self.customer_id.as_str(), self.currency);
-        super::push_lines(&mut text, &self.lines);
-        super::sha256_hex(&text)
+        push_lines(&mut text, &self.lines);
+        sha256_hex(&text)
     }
 }
 
