@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outpost::consumer::{self, ConsumerStats};
-use outpost_proto::v1 as pb;
 use prost::Message;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -14,7 +13,7 @@ use sea_orm::{ConnectionTrait, Statement};
 
 use crate::broker::TestBroker;
 use crate::helpers::{
-    Backend, InProcess, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
+    Backend, InProcess, ServiceProcess, TestApp, assert_eventually, on_every_backend, order, order_accepted,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -64,19 +63,7 @@ impl RunningConsumer {
 /// An OrderAccepted record as the relay would publish it.
 pub(crate) fn event_record(order_id: i64) -> (String, Vec<u8>) {
     let event_id = uuid::Uuid::now_v7().to_string();
-    let payload = pb::OrderAccepted {
-        event_id: event_id.clone(),
-        event_version: 1,
-        order_id,
-        tenant_id: 7,
-        request_id: format!("req-{order_id}"),
-        customer_id: "c".to_owned(),
-        currency: "EUR".to_owned(),
-        line_items: order(7, "x").line_items,
-        total_minor: 3299,
-        accepted_at: None,
-    }
-    .encode_to_vec();
+    let payload = order_accepted(order_id, &event_id, 3299).encode_to_vec();
     (event_id, payload)
 }
 

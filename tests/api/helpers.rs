@@ -284,6 +284,23 @@ pub fn order(tenant_id: i64, request_id: &str) -> pb::SubmitOrderRequest {
     }
 }
 
+/// The `OrderAccepted` event a relay would publish for order `order_id` of tenant 7 (request
+/// `req-<order_id>`, the lines of [`order`]), as tests that produce records by hand need it.
+pub fn order_accepted(order_id: i64, event_id: &str, total_minor: i64) -> pb::OrderAccepted {
+    pb::OrderAccepted {
+        event_id: event_id.to_owned(),
+        event_version: 1,
+        order_id,
+        tenant_id: 7,
+        request_id: format!("req-{order_id}"),
+        customer_id: "c".to_owned(),
+        currency: "EUR".to_owned(),
+        line_items: order(7, "x").line_items,
+        total_minor,
+        accepted_at: None,
+    }
+}
+
 /// The `ErrorInfo.reason` of a status, and its metadata value for `key`.
 pub fn reason(status: &tonic::Status) -> String {
     status.get_details_error_info().map(|info| info.reason).unwrap_or_default()

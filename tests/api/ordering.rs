@@ -10,7 +10,9 @@ use prost::Message as _;
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement};
 
 use crate::broker::{Record, TestBroker, read_topic};
-use crate::helpers::{Backend, OutboxProbe, TestApp, assert_eventually, on_every_backend, order};
+use crate::helpers::{
+    Backend, OutboxProbe, TestApp, assert_eventually, on_every_backend, order, order_accepted,
+};
 
 const WAIT: Duration = Duration::from_secs(120);
 const SETTLE: Duration = Duration::from_millis(1500);
@@ -42,18 +44,7 @@ pub(crate) fn change_payload(
 ) -> (&'static str, Vec<u8>) {
     let total_minor = total_of(order_id, version);
     if version == 1 {
-        let accepted = pb::OrderAccepted {
-            event_id: event_id.to_owned(),
-            event_version: 1,
-            order_id,
-            tenant_id: 7,
-            request_id: format!("req-{order_id}"),
-            customer_id: "c".to_owned(),
-            currency: "EUR".to_owned(),
-            line_items: order(7, "x").line_items,
-            total_minor,
-            accepted_at: None,
-        };
+        let accepted = order_accepted(order_id, event_id, total_minor);
         return ("outpost.v1.OrderAccepted", accepted.encode_to_vec());
     }
     if version == last && order_id % 2 == 0 {

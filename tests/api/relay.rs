@@ -77,6 +77,7 @@ on_every_backend!(
     two_relay_processes_drain_a_backlog_of_a_thousand_events,
     a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing,
     a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing,
+    a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing,
     a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
     while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent,
     a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
@@ -924,6 +925,57 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     assert_eq!(records.len(), 2, "the late confirm is a duplicate on the topic, not a loss");
 }
 
+/// The publishing budget counts from before the claim: a relay stalled after its claim (a
+/// paused process, a starved thread) for longer than its delivery timeout wakes with nothing
+/// left to publish with. Had it published then, its copy would land after whatever another relay
+/// published meanwhile, and for an order that is an old version after newer ones.
+#[cfg(feature = "failpoints")]
+async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing(
+    backend: Backend,
+) {
+    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
+
+    let app = TestApp::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let ids = probe.seed(1).await;
+    let outbox = Outbox::new(app.db.connect().await);
+    let (brokers, to) = (broker.address(), topic.clone());
+    let publisher = move || KafkaPublisher::new(&brokers, to.clone(), Duration::from_secs(3), &[]).unwrap();
+    let fast_tuning = Tuning {
+        batch_size: 10,
+        lease: Duration::from_millis(1000),
+        delivery_timeout: Duration::from_secs(10),
+        lease_margin: Duration::ZERO,
+        retry: quick_retry(10),
+        max_idle_poll: Duration::from_millis(100),
+    };
+    // The slow relay may publish for half its lease: by the time its lease has expired and the
+    // fast relay has claimed the event, that time is spent whatever the machine's load.
+    let slow_tuning = Tuning { delivery_timeout: Duration::from_millis(500), ..fast_tuning.clone() };
+    let mut held = crate::helpers::hold(DURING_CONCURRENT_CLAIM);
+    let fast = Relay::new(outbox.clone(), publisher(), fast_tuning);
+    let (slow_owner, slow_step) = step_apart(&app, publisher, slow_tuning).await;
+    held.reached("the slow relay has claimed and stops before publishing", WAIT).await;
+    let holder = probe.state(&ids[0]).await.lease_owner;
+    assert!(holder.as_deref().is_some_and(|t| t.starts_with(slow_owner.as_str())), "{holder:?}");
+    assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
+        matches!(fast.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
+    })
+    .await;
+    let after_fast = probe.state(&ids[0]).await;
+
+    held.release();
+    let StepOutcome::Worked(late) = slow_step.await.unwrap() else { panic!("the slow relay had claimed") };
+    assert_eq!((late.published, late.lease_lost), (0, 1), "its failed sends' release was fenced: {late:?}");
+    assert_eq!(probe.state(&ids[0]).await, after_fast, "the stalled relay changed nothing");
+    let records = read_topic(&broker.address(), &topic, 1, WAIT, SETTLE).await;
+    assert_eq!(records.len(), 1, "only the fast relay's copy reached the topic");
+    assert_eq!(records[0].header("event_id"), ids[0]);
+}
+
 #[cfg(feature = "failpoints")]
 async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
     backend: Backend,
@@ -974,6 +1026,9 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
 
 #[cfg(not(feature = "failpoints"))]
 async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(_: Backend) {}
+
+#[cfg(not(feature = "failpoints"))]
+async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing(_: Backend) {}
 
 #[cfg(not(feature = "failpoints"))]
 async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(_: Backend) {}
