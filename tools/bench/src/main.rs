@@ -68,6 +68,11 @@ struct Cli {
     /// relay published); `e2e` without `submit`, `relay` and `consumer` needs `--max-offered`.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<plan::Phase>,
+    /// Versions per order in the ordered-relay phase's backlog (over 1,000 orders; 100 with
+    /// `--quick`). The default, 10, is issue 25's shape, whose drains last 2-3 s; more versions
+    /// make longer drains over the same 1,000 orders, so that a relay's start-up weighs less.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=1000))]
+    ordered_versions: u64,
     /// The end-to-end phase's max offered load (orders/s) instead of the one the bench finds
     /// (the whole pipeline's sustained rate, never above the least of the measured stages): its
     /// levels are 25/50/75 % of this.
@@ -128,7 +133,10 @@ async fn main() -> ExitCode {
         consumer_args: cli.consumer_args,
         only: cli.only,
         max_offered: cli.max_offered,
-        ordered: if cli.quick { ordered::Shape::QUICK } else { ordered::Shape::FULL },
+        ordered: ordered::Shape {
+            versions: cli.ordered_versions,
+            ..if cli.quick { ordered::Shape::QUICK } else { ordered::Shape::FULL }
+        },
     };
     let figures = match run::run(&plan).await {
         Ok(figures) => figures,
