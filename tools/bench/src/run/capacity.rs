@@ -143,7 +143,13 @@ impl Run<'_> {
         sql::truncate_all(&self.db).await?;
         let pipeline = sustain::sustained(&self.figures.pipeline);
         let upper = self.upper(pipeline.max(self.figures.stages_max), "steady rate, whole pipeline");
-        let topic = self.topics.steady.clone();
+        // A topic of its own: the relay-alone probes published to `topics.steady`, and a consumer
+        // reading those too counted their jobs against this phase's orders (a negative backlog,
+        // every probe "steady").
+        let topic = format!("{}-pipeline", self.topics.steady);
+        outpost_verify::create_topic(&self.plan.brokers, &topic, self.plan.partitions)
+            .await
+            .map_err(BenchError::Stuck)?;
         let (clients, mut services) = self.start_pipeline(&topic, "steady").await?;
         // Accepted orders not yet consumed.
         let backlog = "SELECT (SELECT COUNT(*) FROM orders) - (SELECT COUNT(*) FROM notification_job)";
