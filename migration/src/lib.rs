@@ -15,6 +15,7 @@ mod m20261203_000003_event_id_lookup;
 mod m20261205_000001_exact_identifiers;
 mod m20261205_000002_order_version;
 mod m20261205_000003_per_order_order;
+mod m20261205_000004_held_back;
 
 /// Every migration Outpost knows, oldest first.
 #[derive(Debug)]
@@ -32,6 +33,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000001_exact_identifiers::Migration),
             Box::new(m20261205_000002_order_version::Migration),
             Box::new(m20261205_000003_per_order_order::Migration),
+            Box::new(m20261205_000004_held_back::Migration),
         ]
     }
 }

@@ -26,6 +26,10 @@ pub struct Model {
     pub last_redriven_at: Option<DateTimeUtc>,
     pub last_redriven_by: Option<String>,
     pub last_redrive_reason: Option<String>,
+    /// TRUE while the version just before this one was known to be unpublished when this row
+    /// was written, and that version's mark has not cleared it: the relay's claim skips it
+    /// without probing. FALSE only says "may be claimable".
+    pub held_back: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

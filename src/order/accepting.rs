@@ -420,6 +420,7 @@ pub(super) fn event_row(event: OrderEvent, trace: &TraceHeaders) -> outbox_event
         last_redriven_at: Set(None),
         last_redriven_by: Set(None),
         last_redrive_reason: Set(None),
+        held_back: Set(false),
     }
 }
 

@@ -20,13 +20,16 @@
 //!    expected version, which the original commit moved past.
 //! 3. Otherwise the change itself, the `order_version` row (whose unique keys catch a key or an
 //!    event id that another operation holds; then the key is read after the rollback) and the
-//!    PENDING outbox row.
+//!    PENDING outbox row, held back while the previous version's event is unpublished (read
+//!    under a lock on that event's row, which the relay's mark also takes).
 
 use chrono::{DateTime, SubsecRound, Utc};
 use outpost_proto::EventId;
+use sea_orm::sea_query::LockType;
 use sea_orm::sea_query::{Expr, ExprTrait as _};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, EntityTrait,
+    QueryFilter, QuerySelect,
 };
 
 use super::accepting::{
@@ -36,9 +39,9 @@ use super::accepting::{
 use super::event::{ChangedOrder, encode_order_amended, encode_order_cancelled};
 use super::store::OrderStore;
 use super::transaction::{begin, commit, read_committed, rerun_lock_conflicts};
-use crate::contract::{ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
+use crate::contract::{AGGREGATE_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use crate::db::{TxFailure, UniqueKey, lock_conflict, violated_unique_key};
-use crate::domain::{Change, ChangeOrder, LineItem, Operation, OrderStatus};
+use crate::domain::{Change, ChangeOrder, LineItem, Operation, OrderStatus, OutboxStatus};
 use crate::entity::{order_line, order_version, orders, outbox_event};
 use crate::failpoint;
 use crate::telemetry::{self, TraceHeaders};
@@ -330,7 +333,9 @@ async fn write_change(
         payload,
         created_at: committed_at,
     };
-    outbox_event::Entity::insert(event_row(event, trace)).exec_without_returning(txn).await?;
+    let mut row = event_row(event, trace);
+    row.held_back = Set(previous_version_unpublished(txn, change.order_id, version - 1).await?);
+    outbox_event::Entity::insert(row).exec_without_returning(txn).await?;
     tracing::info!(version, "order change and PENDING outbox row written; not yet committed");
     Ok(Changed {
         order_id: change.order_id,
@@ -341,6 +346,31 @@ async fn write_change(
         committed_at,
         replayed: false,
     })
+}
+
+/// Whether the order's outbox event of `version` is not yet PUBLISHED, read under a lock on its
+/// row: the new event is then written held back (`outbox_event.held_back`), and the relay's mark
+/// of that version, which must wait for this lock, clears it in the mark's transaction after
+/// this one has committed. Without the lock a mark committing between this read and this
+/// transaction's commit would find no later version to clear, and the new event would stay held
+/// back for good. A row that is gone was published (retention deletes only PUBLISHED rows).
+/// SQLite has one writer, which this transaction already is.
+async fn previous_version_unpublished(
+    txn: &DatabaseTransaction,
+    order_id: i64,
+    version: i64,
+) -> Result<bool, DbErr> {
+    let mut query = outbox_event::Entity::find()
+        .select_only()
+        .column(outbox_event::Column::Status)
+        .filter(outbox_event::Column::AggregateType.eq(AGGREGATE_TYPE))
+        .filter(outbox_event::Column::AggregateId.eq(order_id.to_string()))
+        .filter(outbox_event::Column::EventVersion.eq(version));
+    if txn.get_database_backend() != DbBackend::Sqlite {
+        query = query.lock(LockType::Update);
+    }
+    let status: Option<String> = query.into_tuple().one(txn).await?;
+    Ok(status.is_some_and(|status| status != OutboxStatus::Published.as_str()))
 }
 
 /// The order row as this transaction sees it (claimed, so present).

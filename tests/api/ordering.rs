@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outpost_proto::v1 as pb;
 use prost::Message as _;
-use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement};
+use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement, TransactionTrait as _};
 
 use crate::broker::{Record, TestBroker, read_topic};
 use crate::helpers::{
@@ -88,8 +88,11 @@ pub(crate) fn expected(order_id: i64, last: i64) -> Expected {
 
 /// Writes PENDING outbox rows for versions `versions` of every order in `orders`, as the order
 /// service's transactions would have (one per change, so the versions of an order are written in
-/// order), version by version across the orders. Versions of `last` end the order. Answers the
-/// event ids by (order, version).
+/// order), version by version across the orders, each chunk in a transaction. Versions of
+/// `last` end the order. As the order service does, a version whose previous version is still
+/// unpublished is written `held_back`, read under a lock on that previous version's row, so
+/// that a relay marking it meanwhile either waits for this transaction or is seen as done.
+/// Answers the event ids by (order, version).
 pub(crate) async fn seed_changes(
     conn: &DatabaseConnection,
     orders: &[i64],
@@ -97,24 +100,16 @@ pub(crate) async fn seed_changes(
     last: i64,
 ) -> HashMap<(i64, i64), String> {
     let backend = conn.get_database_backend();
-    let placeholder = |n: usize| outpost_testkit::sql::placeholder(backend, n);
     let mut ids = HashMap::new();
     for version in versions {
         for chunk in orders.chunks(100) {
+            let txn = conn.begin().await.unwrap();
+            let behind = unpublished_previous_versions(&txn, chunk, version).await;
             let (mut rows, mut values) = (Vec::new(), Vec::<sea_orm::Value>::new());
             for &order_id in chunk {
                 let event_id = uuid::Uuid::now_v7().to_string();
                 let (event_type, payload) = change_payload(order_id, version, last, &event_id);
-                let n = values.len();
-                rows.push(format!(
-                    "({}, 'order', {}, {}, {}, {}, 'PENDING', 0, {})",
-                    placeholder(n + 1),
-                    placeholder(n + 2),
-                    placeholder(n + 3),
-                    placeholder(n + 4),
-                    placeholder(n + 5),
-                    placeholder(n + 6)
-                ));
+                rows.push("(?, 'order', ?, ?, ?, ?, 'PENDING', 0, ?, ?)");
                 values.extend([
                     event_id.clone().into(),
                     order_id.to_string().into(),
@@ -122,18 +117,51 @@ pub(crate) async fn seed_changes(
                     version.into(),
                     payload.into(),
                     chrono::Utc::now().into(),
+                    behind.contains(&order_id).into(),
                 ]);
                 ids.insert((order_id, version), event_id);
             }
             let sql = format!(
                 "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
-                 payload, status, attempts, created_at) VALUES {}",
+                 payload, status, attempts, created_at, held_back) VALUES {}",
                 rows.join(", ")
             );
-            conn.execute_raw(Statement::from_sql_and_values(backend, sql, values)).await.unwrap();
+            txn.execute_raw(outpost_testkit::sql::statement(backend, &sql, values)).await.unwrap();
+            txn.commit().await.unwrap();
         }
     }
     ids
+}
+
+/// The orders of `orders` whose version `version - 1` has an outbox row not yet PUBLISHED, read
+/// under a lock on those rows. SQLite has no row locks: a write that changes nothing first makes
+/// the transaction the one writer, as the order service's compare-and-set does.
+async fn unpublished_previous_versions(
+    txn: &sea_orm::DatabaseTransaction,
+    orders: &[i64],
+    version: i64,
+) -> std::collections::HashSet<i64> {
+    let backend = txn.get_database_backend();
+    let keys = vec!["?"; orders.len()].join(", ");
+    let lock = if backend == DbBackend::Sqlite {
+        txn.execute_unprepared("UPDATE outbox_event SET held_back = held_back WHERE 1 = 0").await.unwrap();
+        ""
+    } else {
+        " FOR UPDATE"
+    };
+    let sql = format!(
+        "SELECT aggregate_id, status FROM outbox_event WHERE aggregate_type = 'order' \
+         AND aggregate_id IN ({keys}) AND event_version = ?{lock}"
+    );
+    let values: Vec<sea_orm::Value> =
+        orders.iter().map(|id| id.to_string().into()).chain([(version - 1).into()]).collect();
+    txn.query_all_raw(outpost_testkit::sql::statement(backend, &sql, values))
+        .await
+        .unwrap()
+        .iter()
+        .filter(|row| row.try_get_by_index::<String>(1).unwrap() != "PUBLISHED")
+        .map(|row| row.try_get_by_index::<String>(0).unwrap().parse().unwrap())
+        .collect()
 }
 
 /// Each order's versions in the order the topic holds them.
@@ -372,4 +400,57 @@ pub(crate) async fn read_model(conn: &DatabaseConnection, name: &str) -> BTreeMa
             (order_id, expected)
         })
         .collect()
+}
+
+on_every_backend!(
+    a_change_committed_while_its_previous_version_is_unpublished_waits_held_back_until_that_version_is_marked
+);
+
+/// The claim reads only events that may be their order's next: an amendment committed while
+/// version 1 is in flight is written held back and no claim takes it; the mark of version 1
+/// releases it in the mark's transaction and the next claim takes it; a cancellation committed
+/// once version 2 is published is claimable at once.
+async fn a_change_committed_while_its_previous_version_is_unpublished_waits_held_back_until_that_version_is_marked(
+    backend: Backend,
+) {
+    use outpost::relay::{Delivery, Fenced, Outbox, WorkerId};
+
+    use crate::change_order::{amend, cancel};
+
+    let app = TestApp::spawn(backend).await;
+    let order_id = app.submit(order(7, "held-1")).await.unwrap().order_id;
+    let outbox = Outbox::new(app.db.connect().await);
+    let worker = WorkerId::generate();
+    let lease = Duration::from_secs(30);
+    let delivery = Delivery { topic: "t".into(), partition: 0, offset: 1 };
+    let v1 = outbox.claim(&worker, lease, 10).await.unwrap();
+    assert_eq!(v1.len(), 1, "version 1 is claimed");
+
+    let v2 = app.amend(amend("held-2", order_id, 1, 3)).await.unwrap().event_id;
+    assert!(held_back(&app.conn, &v2).await, "version 1 was PUBLISHING when version 2 committed");
+    assert!(outbox.claim(&worker, lease, 10).await.unwrap().is_empty(), "version 2 waits");
+    let marked = outbox.mark_published(&v1[0].event_id, &v1[0].lease_token, &delivery).await.unwrap();
+    assert_eq!(marked, Fenced::Done(()));
+    assert!(!held_back(&app.conn, &v2).await, "the mark of version 1 released version 2");
+    let claimed = outbox.claim(&worker, lease, 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), [v2.as_str()]);
+    let marked = outbox.mark_published(&v2, &claimed[0].lease_token, &delivery).await.unwrap();
+    assert_eq!(marked, Fenced::Done(()));
+
+    let v3 = app.cancel(cancel("held-3", order_id, 2)).await.unwrap().event_id;
+    assert!(!held_back(&app.conn, &v3).await, "version 2 was PUBLISHED when version 3 committed");
+    let claimed = outbox.claim(&worker, lease, 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), [v3.as_str()]);
+}
+
+/// Whether the outbox row of `event_id` is held back.
+async fn held_back(conn: &DatabaseConnection, event_id: &str) -> bool {
+    let backend = conn.get_database_backend();
+    let sql = "SELECT held_back FROM outbox_event WHERE event_id = ?";
+    let row = conn
+        .query_one_raw(outpost_testkit::sql::statement(backend, sql, vec![event_id.into()]))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no outbox row {event_id}"));
+    row.try_get_by_index(0).unwrap()
 }

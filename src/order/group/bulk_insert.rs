@@ -35,7 +35,7 @@ fn rows_per_statement(columns: usize) -> usize {
 const ORDER_COLUMNS: usize = 9;
 const LINE_COLUMNS: usize = 5;
 const VERSION_COLUMNS: usize = 9;
-const OUTBOX_COLUMNS: usize = 22;
+const OUTBOX_COLUMNS: usize = 23;
 
 /// Whether a MySQL-protocol server that reports `version` (`SELECT VERSION()`) takes
 /// `INSERT … RETURNING`: MariaDB from 10.5 on; MySQL never.

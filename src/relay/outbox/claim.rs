@@ -26,8 +26,8 @@ impl Outbox {
     /// the candidates are locked with `FOR UPDATE SKIP LOCKED` and leased in one short
     /// transaction, so concurrent relays take disjoint batches without waiting on each other.
     /// Each candidate query reads an index in the order it takes rows (`idx_outbox_claim` for
-    /// expired leases, `idx_outbox_due` for due events), so `LIMIT` stops the scan and the claim
-    /// locks only the rows it leases; on MariaDB/MySQL the transaction runs at READ COMMITTED,
+    /// expired leases, `idx_outbox_ready` for due events not held back), so `LIMIT` stops the
+    /// scan and the claim locks only the rows it leases; on MariaDB/MySQL the transaction runs at READ COMMITTED,
     /// which takes no gap locks, so a claim never blocks an order's insert or another relay's
     /// claim or mark. SQLite has one writer at a time, so one
     /// `UPDATE … RETURNING` does the same. Every claim counts as an attempt.
@@ -36,7 +36,10 @@ impl Outbox {
     /// aggregate is unpublished ([`first_unpublished`]), so an aggregate has at most one event
     /// leased at a time, and version n + 1 is claimed only after version n was marked PUBLISHED,
     /// which only the broker's confirm leads to. An event in backoff, leased elsewhere, or FAILED
-    /// therefore holds back the later events of its own aggregate and nothing else.
+    /// therefore holds back the later events of its own aggregate and nothing else. Events
+    /// written `held_back` (their previous version was unpublished) are not read at all until
+    /// that version's mark releases them, so the due read passes only events that may be their
+    /// aggregate's next, however many later versions wait.
     pub async fn claim(
         &self,
         worker: &WorkerId,
@@ -69,8 +72,9 @@ fn first_unpublished(backend: DbBackend, alias: &str) -> String {
     )
 }
 
-/// The index due events are claimed through.
-const DUE_INDEX: &str = "idx_outbox_due";
+/// The index due events are claimed through: `(status, held_back, created_at, event_id)`, so the
+/// read of PENDING rows not held back goes oldest first and never passes a held-back one.
+const READY_INDEX: &str = "idx_outbox_ready";
 /// The index expired leases are claimed through.
 const CLAIM_INDEX: &str = "idx_outbox_claim";
 /// The index that finds an aggregate's earlier versions.

@@ -85,11 +85,11 @@ impl FencedUpdate<'_> {
         Ok(still)
     }
 
-    /// Runs the update as one statement of its own (no transaction around it: one round trip)
-    /// and says for each row (in order) whether it changed, or `None` when that is not known:
+    /// Runs the update as one statement (on a connection, no transaction around it: one round
+    /// trip) and says for each row (in order) whether it changed, or `None` when that is not known:
     /// on MariaDB/MySQL, which has no `UPDATE … RETURNING`, when fewer rows changed than were
     /// asked. The changes are committed either way; the caller finds out which rows they were.
-    pub(super) async fn run_alone(&self, db: &DatabaseConnection) -> Result<Option<Vec<bool>>, DbErr> {
+    pub(super) async fn run_alone(&self, db: &impl ConnectionTrait) -> Result<Option<Vec<bool>>, DbErr> {
         if self.rows.is_empty() {
             return Ok(Some(Vec::new()));
         }

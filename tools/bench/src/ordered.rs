@@ -52,7 +52,8 @@ pub(crate) fn layout(shape: Shape) -> impl Iterator<Item = (u64, u64)> {
 /// Fills the outbox with the backlog of `shape` as [`layout`] orders it: PENDING rows as the
 /// order service writes them (version 1 an `OrderAccepted`, later ones `OrderAmended`, aggregate
 /// id = order id, `event_version` = version), in multi-row inserts like the relay phase's
-/// backlog. Only outbox rows: the relay reads nothing else.
+/// backlog; versions after the first `held_back`, as the order service writes a change whose
+/// previous version is not yet published. Only outbox rows: the relay reads nothing else.
 pub(crate) async fn prefill(db: &DatabaseConnection, shape: Shape) -> Result<(), DbErr> {
     let backend = db.get_database_backend();
     let base = now_micros() - chrono::Duration::hours(1);
@@ -60,14 +61,14 @@ pub(crate) async fn prefill(db: &DatabaseConnection, shape: Shape) -> Result<(),
     for (chunk_no, chunk) in events.chunks(500).enumerate() {
         let mut sql = String::from(
             "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
-             payload, status, attempts, created_at) VALUES ",
+             payload, status, attempts, created_at, held_back) VALUES ",
         );
-        let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 9);
+        let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 10);
         for (i, &(order, version)) in chunk.iter().enumerate() {
             if i > 0 {
                 sql.push_str(", ");
             }
-            sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?)");
+            sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
             let n = i64::try_from(chunk_no * 500 + i).unwrap_or(i64::MAX);
             let at = base + chrono::Duration::microseconds(n * 10);
             let event_id = uuid::Uuid::now_v7().to_string();
@@ -90,6 +91,8 @@ pub(crate) async fn prefill(db: &DatabaseConnection, shape: Shape) -> Result<(),
                 "PENDING".into(),
                 0i32.into(),
                 at.into(),
+                // As the order service writes a change while its previous version is unpublished.
+                (version > 1).into(),
             ]);
         }
         db.execute_raw(statement(backend, &sql, values)).await?;

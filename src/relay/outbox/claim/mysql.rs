@@ -9,7 +9,7 @@ use sea_orm::{
     Statement, TransactionTrait, Value,
 };
 
-use super::{CLAIM_INDEX, DUE_INDEX, claimed, first_unpublished, lease_to};
+use super::{CLAIM_INDEX, READY_INDEX, claimed, first_unpublished, lease_to};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::failpoint;
@@ -24,8 +24,8 @@ impl Outbox {
     /// the server thread to be scheduled.
     ///
     /// The locking read is a `UNION ALL` of the expired leases found (locked by primary key, the
-    /// expiry checked again) and the due events (`idx_outbox_due` in its order, forced, up to
-    /// `batch_size`), both `FOR UPDATE SKIP LOCKED`, and returns the server's clock
+    /// expiry checked again) and the due events not held back (`idx_outbox_ready` in its order,
+    /// forced, up to `batch_size`), both `FOR UPDATE SKIP LOCKED`, and returns the server's clock
     /// (`UTC_TIMESTAMP(6)`, one value per statement) with every row; the leases end `lease`
     /// after it. Expired leases come first (each row says its part, since a union's order is not
     /// promised), and due events beyond the batch stay locked only until the commit, unleased.
@@ -74,8 +74,9 @@ impl Outbox {
         let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
         let first = first_unpublished(DbBackend::MySql, "o");
         let due = format!(
-            "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({DUE_INDEX}) \
-              WHERE o.status = '{pending}' AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
+            "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
+              WHERE o.status = '{pending}' AND o.held_back = FALSE \
+              AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
               AND {first} ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
         );
         let statement = if expired.is_empty() {

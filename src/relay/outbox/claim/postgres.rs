@@ -38,7 +38,8 @@ impl Outbox {
                WHERE status = '{publishing}' AND lease_until < (SELECT now FROM clock) \
                ORDER BY lease_until, created_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
              due AS MATERIALIZED (SELECT o.event_id FROM outbox_event AS o \
-               WHERE o.status = '{pending}' AND (o.lease_until IS NULL OR o.lease_until <= (SELECT now FROM clock)) \
+               WHERE o.status = '{pending}' AND o.held_back = FALSE \
+               AND (o.lease_until IS NULL OR o.lease_until <= (SELECT now FROM clock)) \
                AND {first} \
                ORDER BY o.created_at, o.event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE OF o SKIP LOCKED) \
              UPDATE outbox_event AS o SET status = '{publishing}', lease_owner = $1, \

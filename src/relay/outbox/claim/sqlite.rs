@@ -49,10 +49,11 @@ fn claimable(now: DateTime<Utc>) -> Condition {
     Condition::any().add(due(now)).add(expired(now))
 }
 
-/// PENDING events whose retry time, if any, has come.
+/// PENDING events not held back whose retry time, if any, has come.
 fn due(now: DateTime<Utc>) -> Condition {
     Condition::all()
         .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
+        .add(Column::HeldBack.eq(false))
         .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now)))
 }
 
