@@ -580,6 +580,34 @@ async fn another_loop_takes_over(
     (loop_a, loop_b, held_by_b)
 }
 
+/// A slow relay (a runtime of its own, see [`step_apart`]) claims `event_id` and is held at
+/// `DURING_CONCURRENT_CLAIM` before publishing, until a fast relay has taken its expired lease and
+/// published. Answers the hold (still holding), the slow relay's step, and the row as the fast
+/// relay left it.
+#[cfg(feature = "failpoints")]
+async fn overtaken_while_held(
+    app: &TestApp,
+    probe: &OutboxProbe<'_>,
+    outbox: &Outbox,
+    publisher: impl Fn() -> KafkaPublisher + Send + 'static,
+    fast_tuning: Tuning,
+    slow_tuning: Tuning,
+    event_id: &str,
+) -> (crate::helpers::Held, tokio::sync::oneshot::Receiver<StepOutcome>, crate::helpers::OutboxState) {
+    let mut held = crate::helpers::hold(outpost::failpoint::DURING_CONCURRENT_CLAIM);
+    let fast = Relay::new(outbox.clone(), publisher(), fast_tuning);
+    let (slow_owner, slow_step) = step_apart(app, publisher, slow_tuning).await;
+    held.reached("the slow relay has claimed and stops before publishing", WAIT).await;
+    let holder = probe.state(event_id).await.lease_owner;
+    assert!(holder.as_deref().is_some_and(|t| t.starts_with(slow_owner.as_str())), "{holder:?}");
+    // The fast relay's claim succeeds only once the slow relay's lease has expired.
+    assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
+        matches!(fast.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
+    })
+    .await;
+    (held, slow_step, probe.state(event_id).await)
+}
+
 /// One step of a relay with a thread, a runtime and a database pool of its own, as a relay in
 /// another process has; returns its worker id and, once the step has ended, its outcome.
 ///
@@ -875,8 +903,6 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
 
 #[cfg(feature = "failpoints")]
 async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(backend: Backend) {
-    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
-
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
@@ -903,18 +929,8 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
     // stop the runtime's I/O and timers with it (see `step_apart`): the fast relay then claimed
     // only once the sleep was over, racing the slow relay's publish and mark, and on a loaded
     // machine the slow relay won and marked under its own lease, expired but not yet taken.
-    let mut held = crate::helpers::hold(DURING_CONCURRENT_CLAIM);
-    let fast = Relay::new(outbox.clone(), publisher(), tuning.clone());
-    let (slow_owner, slow_step) = step_apart(&app, publisher, tuning).await;
-    held.reached("the slow relay has claimed and stops before publishing", WAIT).await;
-    let holder = probe.state(&ids[0]).await.lease_owner;
-    assert!(holder.as_deref().is_some_and(|t| t.starts_with(slow_owner.as_str())), "{holder:?}");
-    // The fast relay's claim succeeds only once the slow relay's lease has expired.
-    assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
-        matches!(fast.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
-    })
-    .await;
-    let after_fast = probe.state(&ids[0]).await;
+    let (held, slow_step, after_fast) =
+        overtaken_while_held(&app, &probe, &outbox, publisher, tuning.clone(), tuning, &ids[0]).await;
 
     // Past its lease and overtaken, the slow relay goes on: it publishes and its mark is fenced.
     held.release();
@@ -933,8 +949,6 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
 async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing(
     backend: Backend,
 ) {
-    use outpost::failpoint::DURING_CONCURRENT_CLAIM;
-
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
@@ -955,17 +969,8 @@ async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_pu
     // The slow relay may publish for half its lease: by the time its lease has expired and the
     // fast relay has claimed the event, that time is spent whatever the machine's load.
     let slow_tuning = Tuning { delivery_timeout: Duration::from_millis(500), ..fast_tuning.clone() };
-    let mut held = crate::helpers::hold(DURING_CONCURRENT_CLAIM);
-    let fast = Relay::new(outbox.clone(), publisher(), fast_tuning);
-    let (slow_owner, slow_step) = step_apart(&app, publisher, slow_tuning).await;
-    held.reached("the slow relay has claimed and stops before publishing", WAIT).await;
-    let holder = probe.state(&ids[0]).await.lease_owner;
-    assert!(holder.as_deref().is_some_and(|t| t.starts_with(slow_owner.as_str())), "{holder:?}");
-    assert_eventually("the fast relay takes the expired lease and publishes", WAIT, || async {
-        matches!(fast.step().await.unwrap(), StepOutcome::Worked(report) if report.published == 1)
-    })
-    .await;
-    let after_fast = probe.state(&ids[0]).await;
+    let (held, slow_step, after_fast) =
+        overtaken_while_held(&app, &probe, &outbox, publisher, fast_tuning, slow_tuning, &ids[0]).await;
 
     held.release();
     let StepOutcome::Worked(late) = slow_step.await.unwrap() else { panic!("the slow relay had claimed") };
