@@ -18,6 +18,7 @@ use super::instance::{Identity, InstanceError, InstanceLock};
 use super::retention::{DedupRetention, RetentionError};
 use super::settings::{Membership, Settings};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
+use crate::db;
 use crate::security::{AuthConfigError, Authenticator, Listener};
 use crate::service::{self, Health, HealthEndpoint, ReadyError};
 use crate::telemetry::metrics;
@@ -89,7 +90,12 @@ impl Application {
         let auth = Authenticator::from_settings(&settings.auth, &[settings.listen])?;
         // Before connecting to anything: a policy error must not wait behind the database.
         Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
-        let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
+        let db = service::open_database_for(
+            &settings.database_url,
+            settings.db_max_connections,
+            db::Pool::Consumer,
+        )
+        .await?;
         let health_db = service::open_health_connection(&settings.database_url).await?;
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: a fixed port names the instance when --instance-name does not, and no
