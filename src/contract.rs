@@ -1,6 +1,7 @@
 //! The event's contract, which the order service writes, the relay publishes and the consumer
-//! reads: its topic, type, aggregate and content type. One place, so that no service takes these
-//! from another. (The error domain statuses carry is the gRPC contract's: `outpost_proto`.)
+//! reads: its topic, type, aggregate and content type; and the datagram that wakes an idle
+//! relay. One place, so that no service takes these from another. (The error domain statuses
+//! carry is the gRPC contract's: `outpost_proto`.)
 
 /// The Kafka topic OrderAccepted events go to (and the consumer reads) unless configured
 /// otherwise.
@@ -20,3 +21,7 @@ pub const AGGREGATE_TYPE: &str = "order";
 
 /// `content-type` header of every record: the value is a protobuf message named by `event_type`.
 pub const CONTENT_TYPE: &str = "application/x-protobuf";
+
+/// The one datagram an idle relay's wake-up port (`--wake-listen`) answers: it ends the relay's
+/// idle wait early and decides nothing else. Anything else arriving there is ignored.
+pub const WAKE_DATAGRAM: &[u8] = b"outpost.wake.v1";

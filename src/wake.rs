@@ -13,8 +13,7 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::sync::{Notify, watch};
 
-/// The datagram's content; anything else arriving on the port is ignored.
-const WAKE: &[u8] = b"outpost.wake.v1";
+use crate::contract::WAKE_DATAGRAM as WAKE;
 
 /// Sends wake-ups to a fixed set of relays. Cheap to clone.
 #[derive(Debug, Clone, Default)]

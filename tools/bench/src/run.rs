@@ -37,6 +37,22 @@ struct Topics {
     steady: String,
 }
 
+/// How a drain's relays meet their backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Claimable before the relays start: the first relay up has it to itself until the others
+    /// are, which a long drain does not notice.
+    Claimable,
+    /// Written held back (`outbox_event.held_back`): the relays start, and once every one has
+    /// written its port file every order's first version is released in one statement and the
+    /// relays are woken, so that a drain of a few seconds is not decided by which relay started
+    /// first.
+    HeldBack,
+}
+
+/// How long a relay may take to start before the bench gives up.
+const READY_LIMIT: Duration = Duration::from_secs(30);
+
 /// One drain of the pre-filled outbox by one or more relays.
 struct Drained {
     drain: Drain,
@@ -315,15 +331,37 @@ impl Run<'_> {
         phase: &str,
         target: u64,
     ) -> Result<Drained, BenchError> {
+        self.drain_from(Start::Claimable, processes, topic, label, phase, target).await
+    }
+
+    /// [`Run::drain`] of a backlog `start` says how to meet.
+    async fn drain_from(
+        &mut self,
+        start: Start,
+        processes: usize,
+        topic: &str,
+        label: &str,
+        phase: &str,
+        target: u64,
+    ) -> Result<Drained, BenchError> {
         let observer = self.observe(phase).await;
-        let started = Instant::now();
+        let mut started = Instant::now();
         let mut relays = Vec::new();
         let mut logs = Vec::new();
+        let mut ready = Vec::new();
         for n in 1..=processes {
             let mut args = self.common_args(topic);
             args.extend(self.plan.relay_args.iter().cloned());
             let label = format!("{label}-x{processes}-{n}");
             logs.push(self.plan.out_dir.join(format!("{label}.log")));
+            if start == Start::HeldBack {
+                let (wake, ports) = (free_port()?, self.plan.out_dir.join(format!("{label}.ports")));
+                // A file left by an earlier run would say "ready" before this relay is.
+                let _ = std::fs::remove_file(&ports);
+                args.push(format!("--wake-listen=127.0.0.1:{wake}"));
+                args.push(format!("--port-file={}", ports.display()));
+                ready.push((ports, wake));
+            }
             relays.push(Service::start_with_env(
                 &self.plan.bin_dir,
                 "outpost-relay",
@@ -332,6 +370,10 @@ impl Run<'_> {
                 &self.plan.out_dir,
                 &RELAY_STEP_LOG,
             )?);
+        }
+        if start == Start::HeldBack {
+            self.release_when_ready(&ready, &mut relays).await?;
+            started = Instant::now();
         }
         let sql = "SELECT COUNT(*) FROM outbox_event WHERE status = 'PUBLISHED'";
         let complete = self.wait_for(sql, target, &mut relays).await?;
@@ -353,6 +395,33 @@ impl Run<'_> {
             cpu_seconds: usage.iter().map(|u| u.cpu_seconds).sum(),
             peak_rss_mib: usage.iter().map(|u| mib(*u)).fold(0.0, f64::max),
         })
+    }
+
+    /// Waits until every relay of `ready` (its port file, its wake-up port) has written its port
+    /// file (connected to the database, created its producer, bound its ports), then releases
+    /// every order's first version in one statement and wakes the relays, so that they all meet
+    /// the backlog at once.
+    async fn release_when_ready(
+        &self,
+        ready: &[(PathBuf, u16)],
+        relays: &mut [Service],
+    ) -> Result<(), BenchError> {
+        let deadline = Instant::now() + READY_LIMIT;
+        while !ready.iter().all(|(ports, _)| ports.exists()) {
+            if Instant::now() > deadline {
+                return Err(BenchError::Stuck(format!("a relay did not start in {READY_LIMIT:?}")));
+            }
+            for relay in relays.iter_mut() {
+                relay.check_alive()?;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        sql::release_first_versions(&self.db).await?;
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        for (_, wake) in ready {
+            socket.send_to(outpost::contract::WAKE_DATAGRAM, ("127.0.0.1", *wake))?;
+        }
+        Ok(())
     }
 
     async fn consumer(&mut self) -> Result<(), BenchError> {

@@ -111,6 +111,21 @@ pub(crate) fn time_at(row: &sea_orm::QueryResult, index: usize) -> Result<DateTi
     })
 }
 
+/// Holds back every waiting outbox row, so no relay claims any until
+/// [`release_first_versions`].
+pub(crate) async fn hold_back_all(db: &DatabaseConnection) -> Result<(), DbErr> {
+    db.execute_unprepared("UPDATE outbox_event SET held_back = TRUE WHERE status = 'PENDING'").await?;
+    Ok(())
+}
+
+/// Releases every order's first version in one statement (one commit): what a relay may claim
+/// appears at once. Later versions stay held back until their previous version is marked.
+pub(crate) async fn release_first_versions(db: &DatabaseConnection) -> Result<(), DbErr> {
+    db.execute_unprepared("UPDATE outbox_event SET held_back = FALSE WHERE held_back AND event_version = 1")
+        .await?;
+    Ok(())
+}
+
 /// Empties every Outpost table, so each phase starts from the same state.
 pub(crate) async fn truncate_all(db: &DatabaseConnection) -> Result<(), DbErr> {
     let tables = [

@@ -5,7 +5,7 @@
 
 use std::time::UNIX_EPOCH;
 
-use super::{Run, step};
+use super::{Run, Start, step};
 use crate::error::BenchError;
 use crate::figures::{Amends, Ordered, OrderedDrain};
 use crate::load;
@@ -38,6 +38,7 @@ impl Run<'_> {
             sql::truncate_all(&self.db).await?;
             step(&format!("ordered: pre-filling the outbox with {} events, one per order", shape.events()));
             raw::prefill(&self.db, shape.events()).await?;
+            sql::hold_back_all(&self.db).await?;
             let drain = self.ordered_drain(processes, &topics[0], "one-per-order", shape.events()).await?;
             figures.one_per_order.push(drain);
 
@@ -47,6 +48,7 @@ impl Run<'_> {
                 shape.orders, shape.versions
             ));
             ordered::prefill(&self.db, shape).await?;
+            sql::hold_back_all(&self.db).await?;
             let drain = self.ordered_drain(processes, &topics[1], "many-per-order", shape.events()).await?;
             figures.many_per_order.push(drain);
         }
@@ -67,7 +69,10 @@ impl Run<'_> {
         events: u64,
     ) -> Result<OrderedDrain, BenchError> {
         let phase = format!("ordered: {label} x{processes}");
-        let drained = self.drain(processes, topic, &format!("relay-{label}"), &phase, events).await?;
+        // Held back until every relay is up: these drains last a few seconds, and a relay that
+        // starts half a second after the other would decide the x2 figure.
+        let relay = format!("relay-{label}");
+        let drained = self.drain_from(Start::HeldBack, processes, topic, &relay, &phase, events).await?;
         self.figures.services.push(drained.usage(format!("{label} x{processes} (sum)")));
         Ok(OrderedDrain { processes, drain: drained.drain, phases: drained.phases })
     }
