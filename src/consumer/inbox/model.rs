@@ -7,10 +7,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Expr, Func, LockType, OnConflict};
+use sea_orm::sea_query::{ArrayType, Expr, Func, LockType, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait as _, ConnectionTrait as _, DatabaseTransaction, DbBackend, DbErr,
-    EntityTrait as _, QueryFilter as _, QueryOrder as _, QuerySelect as _,
+    EntityTrait as _, FromQueryResult as _, QueryFilter as _, QueryOrder as _, QuerySelect as _, Statement,
+    Value,
 };
 
 use super::super::decode::{OrderEvent, OrderState, decode_known};
@@ -147,17 +148,11 @@ pub(crate) async fn apply_all(
     now: DateTime<Utc>,
 ) -> Result<bool, DbErr> {
     let orders: Vec<i64> = events.iter().map(|e| e.order_id).collect();
-    let views = locked(
-        order_view::Entity::find()
-            .filter(order_view::Column::ConsumerName.eq(consumer))
-            .filter(order_view::Column::OrderId.is_in(orders.clone())),
-        txn,
-    )
-    .all(txn)
-    .await?
-    .into_iter()
-    .map(|view| (view.order_id, view))
-    .collect::<HashMap<_, _>>();
+    let views = locked_views(txn, consumer, &orders)
+        .await?
+        .into_iter()
+        .map(|view| (view.order_id, view))
+        .collect::<HashMap<_, _>>();
     let parked = parked_event::Entity::find()
         .filter(parked_event::Column::ConsumerName.eq(consumer))
         .filter(parked_event::Column::OrderId.is_in(orders))
@@ -200,6 +195,38 @@ pub(crate) async fn apply_all(
         .exec_without_returning(txn)
         .await?;
     Ok(true)
+}
+
+/// `consumer`'s models of `orders` (those that exist), locked for the transaction.
+///
+/// On PostgreSQL one primary-key probe per order, whatever the statistics say: until the first
+/// ANALYZE of `order_view` (a consumer's first minute on a new database, however many events it
+/// drains meanwhile) the planner takes `consumer_name = $1` for 0.5 % of the table, where it is
+/// all of it, and read the batch's models as `consumer_name = $1 AND order_id IN (…)` by scanning
+/// every model of the consumer (4-6 ms a batch at 20,000 models). A lateral probe per order
+/// leaves it nothing else to choose.
+async fn locked_views(
+    txn: &DatabaseTransaction,
+    consumer: &str,
+    orders: &[i64],
+) -> Result<Vec<order_view::Model>, DbErr> {
+    if txn.get_database_backend() == DbBackend::Postgres {
+        let orders = orders.iter().map(|&id| Value::from(id)).collect();
+        let sql = "SELECT v.* FROM unnest($2::bigint[]) AS k(order_id) CROSS JOIN LATERAL \
+                   (SELECT * FROM order_view AS o WHERE o.consumer_name = $1 AND o.order_id = k.order_id \
+                   FOR UPDATE) AS v";
+        let values = [Value::from(consumer), Value::Array(ArrayType::BigInt, Some(Box::new(orders)))];
+        let statement = Statement::from_sql_and_values(DbBackend::Postgres, sql, values);
+        return order_view::Model::find_by_statement(statement).all(txn).await;
+    }
+    locked(
+        order_view::Entity::find()
+            .filter(order_view::Column::ConsumerName.eq(consumer))
+            .filter(order_view::Column::OrderId.is_in(orders.iter().copied())),
+        txn,
+    )
+    .all(txn)
+    .await
 }
 
 /// Applies the parked events of `order_id` that follow `current` without a gap, in version
