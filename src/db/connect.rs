@@ -30,12 +30,12 @@ pub enum Pool {
     Relay,
     /// The consumer's batches, which read and write the read model of a few dozen orders by key
     /// in tables that grow from empty while it runs: on PostgreSQL planned as they are now, with
-    /// no bitmap scans, as for the relay. With the statistics of a nearly empty `order_view`,
-    /// the batch's read of its orders' models (`consumer_name = $1 AND order_id IN (…)`) was
-    /// planned as a bitmap scan of every model of the consumer, filtered by order: 4-6 ms per
-    /// batch over 20,000 models, where the primary key finds them in a fraction of a
-    /// millisecond (a 50,000-event drain: 1,773 events/s with generic plans, 7,477 planned each
-    /// run). MariaDB/MySQL sessions keep the server's defaults.
+    /// no bitmap scans, as for the relay. A generic plan of the batch's read of its orders'
+    /// models, made while `order_view` was nearly empty, scanned every model of the consumer
+    /// with the orders as a filter for the pool's life: 4-6 ms per batch over 20,000 models
+    /// (a 50,000-event drain at 1,773 events/s). That read is also written so that missing
+    /// statistics cannot mislead it (see `consumer::inbox::model`). MariaDB/MySQL sessions keep
+    /// the server's defaults.
     Consumer,
 }
 
