@@ -1,16 +1,17 @@
 //! The raw-pipeline floor: the pipeline's work with no Outpost code in the path. Plain SQL
 //! order transactions at the offered rate ([`offer`], from the bench process), a plain relay
 //! (claim, a bare idempotent producer, the set-based mark; two loops, as `--workers 2`) and a
-//! bare consumer (the dedup row and the job in one transaction, then the offset), each in its
-//! own process ([`serve`], `outpost-bench --floor-role ...`), so the CPU of each is its own, as
-//! it is for the services.
+//! bare consumer (the dedup rows and jobs of what has arrived in one transaction, then the
+//! offsets), each in its own process ([`serve`], `outpost-bench --floor-role ...`), so the CPU
+//! of each is its own, as it is for the services.
 
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::future::join_all;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
-use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::message::{BorrowedMessage, Headers as _, Message as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use sea_orm::DatabaseConnection;
@@ -24,7 +25,8 @@ use crate::raw;
 pub(crate) enum Role {
     /// Claim, publish, mark.
     Relay,
-    /// Consume, write the dedup row and the job, store the offset for the next commit.
+    /// Consume, write the dedup rows and the jobs of what has arrived in one transaction, store
+    /// the offsets for the next commit.
     Consumer,
 }
 
@@ -123,20 +125,41 @@ async fn consumer(
         .create()?;
     consumer.subscribe(&[topic])?;
     loop {
-        let message = tokio::select! {
+        let first = tokio::select! {
             message = consumer.recv() => message?,
             _ = stop.changed() => return Ok(()),
         };
-        let event_id = message
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .ok_or_else(|| BenchError::Stuck("a record without an event_id header".into()))?;
-        let order_id =
-            message.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse().ok()).unwrap_or(0);
-        raw::consume_transaction(&db, &event_id, order_id).await?;
-        consumer.store_offset_from_message(&message)?;
+        // What has arrived with it, up to a batch: one transaction for all of them, as a bare
+        // consumer that keeps up would write (one commit per record bound the floor at the
+        // database's commit rate: 628 events/s on PostgreSQL, 2026-12-05).
+        let mut batch = vec![first];
+        while batch.len() < CONSUME_BATCH {
+            match consumer.recv().now_or_never() {
+                Some(message) => batch.push(message?),
+                None => break,
+            }
+        }
+        let records = batch.iter().map(record).collect::<Result<Vec<_>, _>>()?;
+        raw::consume_transaction(&db, &records).await?;
+        for message in &batch {
+            consumer.store_offset_from_message(message)?;
+        }
     }
+}
+
+/// Records the bare consumer writes in one transaction at the most.
+const CONSUME_BATCH: usize = 500;
+
+/// A record's event id (its header) and order id (its key).
+fn record(message: &BorrowedMessage<'_>) -> Result<(String, i64), BenchError> {
+    let event_id = message
+        .headers()
+        .and_then(|h| h.iter().find(|h| h.key == "event_id").and_then(|h| h.value))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .ok_or_else(|| BenchError::Stuck("a record without an event_id header".into()))?;
+    let order_id =
+        message.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse().ok()).unwrap_or(0);
+    Ok((event_id, order_id))
 }
 
 /// Writes order transactions (order, line, outbox row) at `per_second` for `duration`, each on

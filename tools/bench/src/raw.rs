@@ -98,33 +98,42 @@ pub(crate) async fn insert(url: &str, duration: Duration) -> Result<LoopResult, 
     let shared = db.clone();
     let result = closed_loop(1, duration, move |_| {
         let db = shared.clone();
-        async move { Ok(consume_transaction(&db, &uuid::Uuid::now_v7().to_string(), 1).await?) }
+        async move { Ok(consume_transaction(&db, &[(uuid::Uuid::now_v7().to_string(), 1)]).await?) }
     })
     .await;
     db.close().await?;
     Ok(result)
 }
 
-/// The consumer's dedup row and its job, in one transaction.
+/// The consumer's dedup rows and their jobs for `records` (event id, order id), in one
+/// transaction: one multi-row insert per table.
 pub(crate) async fn consume_transaction(
     db: &DatabaseConnection,
-    event_id: &str,
-    order_id: i64,
+    records: &[(String, i64)],
 ) -> Result<(), DbErr> {
     let backend = db.get_database_backend();
     let now = now_micros();
+    let rows = |n: usize| vec![format!("({})", vec!["?"; n].join(", ")); records.len()].join(", ");
     let txn = db.begin().await?;
+    let dedup = records.iter().flat_map(|(event_id, _)| {
+        [Value::from("bench-raw"), Value::from(event_id.as_str()), Value::from(now)]
+    });
     txn.execute_raw(statement(
         backend,
-        "INSERT INTO consumed_event (consumer_name, event_id, consumed_at) VALUES (?, ?, ?)",
-        vec!["bench-raw".into(), event_id.into(), now.into()],
+        &format!("INSERT INTO consumed_event (consumer_name, event_id, consumed_at) VALUES {}", rows(3)),
+        dedup.collect(),
     ))
     .await?;
+    let jobs = records.iter().flat_map(|(event_id, order_id)| {
+        [event_id.as_str().into(), (*order_id).into(), 1i64.into(), "PENDING".into(), Value::from(now)]
+    });
     txn.execute_raw(statement(
         backend,
-        "INSERT INTO notification_job (event_id, order_id, source_version, status, created_at) \
-         VALUES (?, ?, ?, ?, ?)",
-        vec![event_id.into(), order_id.into(), 1i64.into(), "PENDING".into(), now.into()],
+        &format!(
+            "INSERT INTO notification_job (event_id, order_id, source_version, status, created_at) VALUES {}",
+            rows(5)
+        ),
+        jobs.collect(),
     ))
     .await?;
     txn.commit().await
