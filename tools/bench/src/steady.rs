@@ -6,16 +6,10 @@
 
 use std::time::Duration;
 
-use crate::sustain::Verdict;
+use crate::sustain::{ON_SCHEDULE, Verdict};
 
 /// Most the backlog may grow per second for a rate to count as steady.
 pub(crate) const MAX_GROWTH: f64 = 100.0;
-
-/// Least share of the offered rate the writer must have kept for a probe to count: on two cores
-/// the plain-SQL writer that feeds the relay alone fell behind its schedule (211,753 writes offered
-/// for 60 s took 79 s), and the relay, keeping up with the slower writer, was credited with the
-/// rate offered.
-pub(crate) const ON_SCHEDULE: f64 = 0.95;
 
 /// Length of one probe in a full run.
 pub(crate) const RUN: Duration = Duration::from_secs(60);
