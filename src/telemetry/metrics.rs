@@ -22,6 +22,9 @@ pub(crate) struct Metrics {
     /// Relay statements that lost a lock conflict and ran again (attribute `outpost.relay.phase`:
     /// `claim` or `record`); the relay's statements are meant never to wait on each other.
     pub(crate) relay_lock_conflicts: Counter<u64>,
+    /// Claims that waited the whole of the claim gate's wait and claimed without it
+    /// (MariaDB/MySQL).
+    pub(crate) claim_gate_timeouts: Counter<u64>,
     /// Idle waits ended early by a wake-up from the order service.
     pub(crate) wakeups: Counter<u64>,
     /// Events moved to FAILED.
@@ -93,6 +96,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .with_description(
                 "Claims and outcome writes that lost a deadlock or lock-wait timeout and ran again",
             )
+            .build(),
+        claim_gate_timeouts: meter
+            .u64_counter("outpost.relay.claim_gate_timeouts")
+            .with_description("Claims that waited the claim gate's whole wait and claimed without it")
             .build(),
         releases: meter
             .u64_counter("outpost.relay.releases")

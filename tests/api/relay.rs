@@ -307,6 +307,8 @@ struct RelayCounts {
     published: f64,
     lease_losses: f64,
     lock_conflicts: f64,
+    /// Claims that waited out the claim gate (MariaDB) and claimed without it.
+    gate_timeouts: f64,
     /// Its warnings and errors, for the failure message (read through `Debug` only).
     #[allow(dead_code)]
     warnings: Vec<String>,
@@ -359,6 +361,7 @@ impl MeteredRelay {
             published: self.counter("outpost.relay.published"),
             lease_losses: self.counter("outpost.relay.lease_losses"),
             lock_conflicts: self.counter("outpost.relay.lock_conflicts"),
+            gate_timeouts: self.counter("outpost.relay.claim_gate_timeouts"),
             warnings,
         }
     }
@@ -1155,6 +1158,40 @@ async fn a_mariadb_claim_in_progress_does_not_hold_up_the_mark_of_an_event_in_fl
         "the second claim took the next event"
     );
     assert_eq!(probe.state(&ids[0]).await.status, "PUBLISHED");
+}
+
+/// MariaDB claims pass one at a time through a named lock per database (the claim gate), which
+/// only throttles: while something else holds it (here the test, as a relay stalled inside its
+/// claim would), a relay's claims wait out the gate's wait, claim without it, and count it.
+#[tokio::test]
+async fn a_mariadb_relay_that_cannot_get_the_claim_gate_claims_without_it_and_counts_it() {
+    use sea_orm::sqlx::{self, Connection as _};
+
+    const EVENTS: usize = 20;
+    let app = TestApp::spawn(Backend::MariaDb).await;
+    let mut holder = sqlx::MySqlConnection::connect(&app.db.url).await.unwrap();
+    let taken: i64 =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outpost.relay.claim.', MD5(DATABASE())), 0)")
+            .fetch_one(&mut holder)
+            .await
+            .unwrap();
+    assert_eq!(taken, 1, "the test holds the claim gate");
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 1).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    probe.seed(EVENTS).await;
+    let logs = tempfile::tempdir().unwrap();
+    let args = ordinary_relay_args(&app, &broker.address(), &topic);
+    let relay = MeteredRelay::spawn(&args, logs.path(), 0).await;
+    assert_eventually("every event is PUBLISHED", WAIT, || all_published(&probe, EVENTS as i64)).await;
+
+    let counts = relay.stop().await;
+    assert!(counts.gate_timeouts >= 1.0, "the relay's claims waited on the gate the test held: {counts:#?}");
+    assert_eq!(counts.lock_trouble(), 0.0, "{counts:#?}");
+    let claimed_again = app.scalar_i64("SELECT COUNT(*) FROM outbox_event WHERE attempts <> 1").await;
+    assert_eq!(claimed_again, 0, "every event was claimed once");
+    holder.close().await.unwrap();
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::relay::lease::{LeaseToken, WorkerId};
 
+mod gate;
 mod mysql;
 mod postgres;
 mod sqlite;

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use chrono::NaiveDateTime;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait as _, DbBackend, DbErr, EntityTrait, FromQueryResult as _, QueryFilter,
-    Statement, TransactionTrait, Value,
+    ColumnTrait, ConnectionTrait as _, DatabaseTransaction, DbBackend, DbErr, EntityTrait,
+    FromQueryResult as _, QueryFilter, QueryResult, Statement, TransactionTrait, Value,
 };
 
-use super::{CLAIM_INDEX, READY_INDEX, claimed, first_unpublished, lease_to};
+use super::{CLAIM_INDEX, READY_INDEX, claimed, first_unpublished, gate, lease_to};
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
 use crate::failpoint;
@@ -18,10 +18,10 @@ use crate::relay::outbox::event::ClaimedEvent;
 use crate::relay::outbox::table::{Outbox, lease_end};
 
 impl Outbox {
-    /// MariaDB/MySQL's claim: one transaction of a plain read of the expired leases, one locking
-    /// read and one lease update, so five round trips where a clock read and a locking query per
-    /// kind of candidate made seven; under a loaded two-core machine each round trip waits for
-    /// the server thread to be scheduled.
+    /// MariaDB/MySQL's claim: one transaction of the claim gate, a plain read of the expired
+    /// leases, one locking read, one lease update and the gate's release, so seven round trips
+    /// (a clock read and a locking query per kind of candidate made two more); under a loaded
+    /// two-core machine each round trip waits for the server thread to be scheduled.
     ///
     /// The locking read is a `UNION ALL` of the expired leases found (locked by primary key, the
     /// expiry checked again) and the due events not held back (`idx_outbox_ready` in its order,
@@ -48,81 +48,104 @@ impl Outbox {
     /// bench's end-to-end run showed it, two claims of 22 and 80 rows holding 1,019 and 1,020
     /// row locks). On its own index, in the index's order, it stops at its `LIMIT` and locks
     /// only what it takes and what it skips.
+    ///
+    /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
+    /// one at a time, and releases it before the commit.
     pub(super) async fn claim_locking(
         &self,
         token: &LeaseToken,
         lease: Duration,
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let (publishing, pending) = (OutboxStatus::Publishing.as_str(), OutboxStatus::Pending.as_str());
         let txn = self.db.begin_with_config(self.isolation, None).await?;
-        let expired: Vec<Value> = txn
-            .query_all_raw(Statement::from_sql_and_values(
-                DbBackend::MySql,
-                format!(
-                    "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
+        let gate = gate::enter(&txn).await?;
+        let leased = match lock_candidates(&txn, batch_size).await {
+            Ok(candidates) => lease_found(&txn, candidates, token, lease, batch_size).await,
+            Err(e) => Err(e),
+        };
+        // Before the commit: the next claim may read while this one commits, and skips its rows.
+        gate.leave(&txn).await;
+        // On an error the transaction is dropped, which rolls it back.
+        let leased = leased?;
+        txn.commit().await?;
+        Ok(leased)
+    }
+}
+
+/// The claim's locking read in `txn`: expired leases and due events, each row with its part
+/// and the server's clock, locked `FOR UPDATE SKIP LOCKED`.
+async fn lock_candidates(txn: &DatabaseTransaction, batch_size: u64) -> Result<Vec<QueryResult>, DbErr> {
+    let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+    let (publishing, pending) = (OutboxStatus::Publishing.as_str(), OutboxStatus::Pending.as_str());
+    let expired: Vec<Value> = txn
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::MySql,
+            format!(
+                "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
                      WHERE status = '{publishing}' AND lease_until < UTC_TIMESTAMP(6) \
                      ORDER BY lease_until, created_at LIMIT ?"
-                ),
-                [limit.into()],
-            ))
-            .await?
-            .iter()
-            .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
-            .collect::<Result<_, _>>()?;
-        let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
-        let first = first_unpublished(DbBackend::MySql, "o");
-        let due = format!(
-            "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
+            ),
+            [limit.into()],
+        ))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
+        .collect::<Result<_, _>>()?;
+    let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
+    let first = first_unpublished(DbBackend::MySql, "o");
+    let due = format!(
+        "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
               WHERE o.status = '{pending}' AND o.held_back = FALSE \
               AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
               AND {first} ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
-        );
-        let statement = if expired.is_empty() {
-            Statement::from_sql_and_values(DbBackend::MySql, due, [limit.into()])
-        } else {
-            let keys = vec!["?"; expired.len()].join(", ");
-            let sql = format!(
-                "(SELECT {columns}, 0 AS claim_part FROM outbox_event AS o \
+    );
+    let statement = if expired.is_empty() {
+        Statement::from_sql_and_values(DbBackend::MySql, due, [limit.into()])
+    } else {
+        let keys = vec!["?"; expired.len()].join(", ");
+        let sql = format!(
+            "(SELECT {columns}, 0 AS claim_part FROM outbox_event AS o \
                   WHERE o.event_id IN ({keys}) AND o.status = '{publishing}' AND o.lease_until < UTC_TIMESTAMP(6) \
                   FOR UPDATE SKIP LOCKED) UNION ALL {due}"
-            );
-            let values = expired.into_iter().chain([limit.into()]);
-            Statement::from_sql_and_values(DbBackend::MySql, sql, values)
-        };
-        let result = txn.query_all_raw(statement).await?;
-        // One clock value per statement: the first row's is every row's.
-        let Some(first) = result.first() else {
-            txn.commit().await?;
-            return Ok(Vec::new());
-        };
-        let lease_until = lease_end(first.try_get::<NaiveDateTime>("", "claim_now")?.and_utc(), lease)?;
-        let mut found = Vec::with_capacity(result.len());
-        for row in &result {
-            found.push((
-                row.try_get::<i64>("", "claim_part")?,
-                outbox_event::Model::from_query_result(row, "")?,
-            ));
-        }
-        let mut rows = taken(found, batch_size);
-        let held = still_behind_an_unpublished_version(&txn, &rows).await?;
-        rows.retain(|row| !held.contains(&row.event_id));
-        if rows.is_empty() {
-            txn.commit().await?;
-            return Ok(Vec::new());
-        }
-        // At most `batch_size` placeholders, and never an empty `IN ()`.
-        let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
-        lease_to(outbox_event::Entity::update_many(), token, lease_until)
-            .filter(Column::EventId.is_in(ids))
-            .exec(&txn)
-            .await?;
-        failpoint::hit(failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT)
-            .map_err(|e| DbErr::Custom(e.to_string()))?;
-        txn.commit().await?;
-        Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect())
+        );
+        let values = expired.into_iter().chain([limit.into()]);
+        Statement::from_sql_and_values(DbBackend::MySql, sql, values)
+    };
+    txn.query_all_raw(statement).await
+}
+
+/// Leases what `lock_candidates` found in `txn` (not committed): up to `batch_size`, those not
+/// behind an unpublished earlier version of their aggregate.
+async fn lease_found(
+    txn: &DatabaseTransaction,
+    result: Vec<QueryResult>,
+    token: &LeaseToken,
+    lease: Duration,
+    batch_size: u64,
+) -> Result<Vec<ClaimedEvent>, DbErr> {
+    // One clock value per statement: the first row's is every row's.
+    let Some(first) = result.first() else {
+        return Ok(Vec::new());
+    };
+    let lease_until = lease_end(first.try_get::<NaiveDateTime>("", "claim_now")?.and_utc(), lease)?;
+    let mut found = Vec::with_capacity(result.len());
+    for row in &result {
+        found.push((row.try_get::<i64>("", "claim_part")?, outbox_event::Model::from_query_result(row, "")?));
     }
+    let mut rows = taken(found, batch_size);
+    let held = still_behind_an_unpublished_version(txn, &rows).await?;
+    rows.retain(|row| !held.contains(&row.event_id));
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // At most `batch_size` placeholders, and never an empty `IN ()`.
+    let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
+    lease_to(outbox_event::Entity::update_many(), token, lease_until)
+        .filter(Column::EventId.is_in(ids))
+        .exec(txn)
+        .await?;
+    failpoint::hit(failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT).map_err(|e| DbErr::Custom(e.to_string()))?;
+    Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect())
 }
 
 /// What a claim takes of the rows its union found (each with its part: 0 for an expired lease,
@@ -152,7 +175,7 @@ fn taken(mut found: Vec<(i64, outbox_event::Model)>, batch_size: u64) -> Vec<out
 /// (n committed first). What it finds PUBLISHED stays so, so an event it clears stays clear.
 /// PostgreSQL's claim reads one snapshot throughout and SQLite has one writer: neither needs it.
 async fn still_behind_an_unpublished_version(
-    txn: &sea_orm::DatabaseTransaction,
+    txn: &DatabaseTransaction,
     rows: &[outbox_event::Model],
 ) -> Result<HashSet<String>, DbErr> {
     if rows.is_empty() {
