@@ -7,7 +7,7 @@
 //! with one relay), every claim's locking read walked the same tens of thousands of dead entries,
 //! and the walking took the CPU purge needed: draining 200,000 events, claims of ~460 events took
 //! 38 / 137 / 681 ms (p50) with 1 / 2 / 4 relays, and 4 relays drained at 0.54x the rate of one.
-//! Claims taken one at a time kept purge caught up and 4 relays at 0.92x one.
+//! Claims taken one at a time kept purge caught up and 4 relays at 0.89-0.96x one (three runs).
 //!
 //! The gate is a named lock (`GET_LOCK`, named after the database, so that databases on one
 //! server do not share it), taken by the claim's first statement and released before its commit.
