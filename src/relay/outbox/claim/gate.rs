@@ -17,7 +17,8 @@
 //! SKIP LOCKED` keeps overlapping claims disjoint exactly as without the gate. Releasing before
 //! the commit lets the next claim start while this one commits; it skips this claim's rows.
 //! Releasing earlier, once the locking read was done, measured worse (4 relays at 0.71x one):
-//! the next claim's read then overlapped this one's lease update. Each wait that runs out counts in `outpost.relay.claim_gate_timeouts`.
+//! the next claim's read then overlapped this one's lease update. Each wait that runs out counts
+//! in `outpost.relay.claim_gate_timeouts`.
 
 use std::time::Duration;
 

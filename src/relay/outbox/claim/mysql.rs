@@ -59,10 +59,11 @@ impl Outbox {
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
         let txn = self.db.begin_with_config(self.isolation, None).await?;
         let gate = gate::enter(&txn).await?;
-        let leased = match lock_candidates(&txn, batch_size).await {
-            Ok(candidates) => lease_found(&txn, candidates, token, lease, batch_size).await,
-            Err(e) => Err(e),
-        };
+        let leased = async {
+            let candidates = lock_candidates(&txn, batch_size).await?;
+            lease_found(&txn, candidates, token, lease, batch_size).await
+        }
+        .await;
         // Before the commit: the next claim may read while this one commits, and skips its rows.
         gate.leave(&txn).await;
         // On an error the transaction is dropped, which rolls it back.
