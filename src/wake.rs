@@ -1,35 +1,40 @@
 //! Best-effort wake-ups from the order service to idle relays, so a trickle of orders does not
 //! wait out the relay's idle back-off.
 //!
-//! A wake-up is one UDP datagram sent after a new order commits. It carries no data and decides
-//! nothing: a relay that receives it polls the outbox now instead of at the end of its idle
-//! wait, and a lost, late or forged datagram changes only *when* the relay polls, never what it
-//! claims or publishes. The relay's own polling stays the guarantee.
+//! A wake-up is a UDP datagram sent after a new order commits; commits close together share one
+//! (see [`WAKE_GAP`]). It carries no data and decides nothing: a relay that receives it polls the
+//! outbox now instead of at the end of its idle wait, and a lost, late or forged datagram changes
+//! only *when* the relay polls, never what it claims or publishes. The relay's own polling stays
+//! the guarantee.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::contract::WAKE_DATAGRAM as WAKE;
+
+/// The least time between two rounds of wake-ups. Under load every order commit asks for one,
+/// and a datagram per order cost the order service a send per order (and each relay a
+/// receive) while the relays, busy with batches, had no idle wait to end. A relay polls at most
+/// once per 10 ms however many arrive, so a round held back by up to this long never makes it
+/// poll later than it would have.
+const WAKE_GAP: Duration = Duration::from_millis(5);
 
 /// Sends wake-ups to a fixed set of relays. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WakeSender {
-    inner: Option<Arc<Sender>>,
-}
-
-#[derive(Debug)]
-struct Sender {
-    socket: std::net::UdpSocket,
-    relays: Vec<SocketAddr>,
+    /// Holds at most one pending round: a wake-up that finds one pending is covered by it, since
+    /// that round is sent after it.
+    pending: Option<mpsc::Sender<()>>,
 }
 
 impl WakeSender {
-    /// A sender to `relays`; with none it sends nothing. Fails only if no local UDP socket can
-    /// be opened.
+    /// A sender to `relays`, sending from a task of its own that ends when the last clone is
+    /// dropped; with no relays it sends nothing. Fails only if no local UDP socket can be opened.
+    /// Must be called inside a Tokio runtime.
     pub(crate) fn new(relays: &[SocketAddr]) -> std::io::Result<Self> {
         if relays.is_empty() {
             return Ok(Self::default());
@@ -41,18 +46,33 @@ impl WakeSender {
         };
         let socket = std::net::UdpSocket::bind(any)?;
         socket.set_nonblocking(true)?;
-        Ok(Self { inner: Some(Arc::new(Sender { socket, relays: relays.to_vec() })) })
+        let (pending, rounds) = mpsc::channel(1);
+        tokio::spawn(send_rounds(socket, relays.to_vec(), rounds));
+        Ok(Self { pending: Some(pending) })
     }
 
-    /// Wakes every relay, without waiting and without failing: a datagram that cannot be sent
-    /// only means the relay finds the event at its next poll.
+    /// Asks for a round of wake-ups sent after this call, without waiting and without failing:
+    /// it is sent at once, or at most [`WAKE_GAP`] after the previous round, and one round
+    /// answers every call made before it is sent.
     pub(crate) fn wake(&self) {
-        let Some(sender) = &self.inner else { return };
-        for relay in &sender.relays {
-            if let Err(error) = sender.socket.send_to(WAKE, relay) {
+        if let Some(pending) = &self.pending {
+            // Full means a round is pending and not yet sent: it covers this commit too.
+            let _ = pending.try_send(());
+        }
+    }
+}
+
+/// One datagram to every relay per pending round, rounds at least [`WAKE_GAP`] apart, until
+/// every [`WakeSender`] is dropped. A datagram that cannot be sent only means the relay finds
+/// the event at its next poll.
+async fn send_rounds(socket: std::net::UdpSocket, relays: Vec<SocketAddr>, mut rounds: mpsc::Receiver<()>) {
+    while rounds.recv().await.is_some() {
+        for relay in &relays {
+            if let Err(error) = socket.send_to(WAKE, relay) {
                 tracing::debug!(%relay, %error, "wake-up not sent");
             }
         }
+        tokio::time::sleep(WAKE_GAP).await;
     }
 }
 
@@ -93,5 +113,72 @@ impl WakeListener {
                 changed = stop.changed() => if changed.is_err() { break },
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    async fn relay() -> (UdpSocket, SocketAddr) {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let address = socket.local_addr().unwrap();
+        (socket, address)
+    }
+
+    /// Waits (in the test's paused time) for one wake-up datagram.
+    async fn woken(relay: &UdpSocket) {
+        let mut buffer = [0_u8; 64];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(60), relay.recv_from(&mut buffer))
+            .await
+            .expect("no wake-up arrived")
+            .unwrap();
+        assert_eq!(&buffer[..n], WAKE);
+    }
+
+    fn nothing_more(relay: &UdpSocket) {
+        let mut buffer = [0_u8; 64];
+        let more = relay.try_recv_from(&mut buffer);
+        assert!(more.is_err(), "an extra wake-up arrived: {more:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_wake_ups_sends_every_relay_one_datagram() {
+        let ((a, a_address), (b, b_address)) = (relay().await, relay().await);
+        let sender = WakeSender::new(&[a_address, b_address]).unwrap();
+        for _ in 0..1_000 {
+            sender.clone().wake();
+        }
+        woken(&a).await;
+        woken(&b).await;
+        tokio::time::sleep(WAKE_GAP * 10).await;
+        nothing_more(&a);
+        nothing_more(&b);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_up_right_after_a_round_is_sent_once_the_gap_has_passed() {
+        let (relay, address) = relay().await;
+        let sender = WakeSender::new(&[address]).unwrap();
+        sender.wake();
+        woken(&relay).await;
+        let first = tokio::time::Instant::now();
+        sender.wake();
+        sender.wake();
+        woken(&relay).await;
+        assert!(first.elapsed() >= WAKE_GAP, "sent {:?} after the first", first.elapsed());
+        tokio::time::sleep(WAKE_GAP * 10).await;
+        nothing_more(&relay);
+        // A lone wake-up long after the last round goes out at once.
+        let lone = tokio::time::Instant::now();
+        sender.wake();
+        woken(&relay).await;
+        assert_eq!(lone.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn without_relays_a_wake_up_sends_nothing_and_needs_no_runtime() {
+        WakeSender::new(&[]).unwrap().wake();
     }
 }

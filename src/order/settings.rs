@@ -57,7 +57,8 @@ pub struct Settings {
     pub purge_batch_size: u64,
 
     /// Relays' wake-up addresses (their `--wake-listen`), comma-separated: after each new order
-    /// commits, each gets one UDP datagram so an idle relay polls at once. Best effort: a lost
+    /// commits, each gets a UDP datagram so an idle relay polls at once; commits within 5 ms of
+    /// the last datagram share the next one, sent when the 5 ms are up. Best effort: a lost
     /// wake-up only means the relay finds the event at its next poll.
     #[arg(long, env = "OUTPOST_WAKE_RELAYS", value_delimiter = ',')]
     pub(crate) wake_relays: Vec<SocketAddr>,
