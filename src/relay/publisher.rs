@@ -8,13 +8,14 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
-use rdkafka::util::Timeout;
 
 use tracing::Instrument as _;
 
+use self::producer::{ConfirmingProducer, Placed};
 use super::outbox::{ClaimedEvent, Delivery};
 use crate::{failpoint, telemetry};
+
+mod producer;
 
 use crate::contract::CONTENT_TYPE;
 
@@ -122,7 +123,7 @@ pub struct KafkaPublisher {
 
 /// One librdkafka producer; `poisoned` stands in for a fatal error a test injects.
 struct ProducerSlot {
-    client: FutureProducer,
+    client: ConfirmingProducer,
     poisoned: AtomicBool,
 }
 
@@ -135,7 +136,7 @@ impl ProducerSlot {
                 failpoint::RELAY_PRODUCER_FATAL
             ));
         }
-        self.client.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+        self.client.fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
     }
 }
 
@@ -189,7 +190,10 @@ impl KafkaPublisher {
     }
 
     fn create(config: &ClientConfig) -> Result<Arc<ProducerSlot>, KafkaError> {
-        Ok(Arc::new(ProducerSlot { client: config.create()?, poisoned: AtomicBool::new(false) }))
+        Ok(Arc::new(ProducerSlot {
+            client: ConfirmingProducer::new(config)?,
+            poisoned: AtomicBool::new(false),
+        }))
     }
 
     /// The producer in use now; a publish keeps it alive until its verdict, even if another
@@ -201,7 +205,7 @@ impl KafkaPublisher {
     /// What a send's outcome means for the caller, recorded on its span.
     fn verdict(
         &self,
-        sent: Result<rdkafka::producer::future_producer::Delivery, KafkaError>,
+        sent: Result<Placed, KafkaError>,
         span: &tracing::Span,
         event_id: String,
     ) -> Result<Delivery, PublishError> {
@@ -291,10 +295,6 @@ impl Publisher for KafkaPublisher {
             .is_some_and(|aggregate| aggregate == event.aggregate_id);
         let event_id = event.event_id.clone();
         async move {
-            let record = FutureRecord::to(&self.topic)
-                .key(event.aggregate_id.as_bytes())
-                .payload(event.payload.as_slice())
-                .headers(headers);
             // The delivery report, not the enqueue, is the confirmation: `send` resolves only
             // when librdkafka has the broker's answer for this record, or gave up on it.
             let sent = if producer.poisoned.load(Ordering::Relaxed) {
@@ -304,10 +304,15 @@ impl Publisher for KafkaPublisher {
             } else {
                 producer
                     .client
-                    .send(record, Timeout::After(self.delivery_timeout))
+                    .send(
+                        &self.topic,
+                        event.aggregate_id.as_bytes(),
+                        &event.payload,
+                        headers,
+                        self.delivery_timeout,
+                    )
                     .instrument(span.clone())
                     .await
-                    .map_err(|(e, _)| e)
             };
             self.verdict(sent, &span, event_id)
         }
@@ -330,10 +335,10 @@ impl Publisher for KafkaPublisher {
             None => return Ok(None),
         };
         let fresh = Self::create(&self.config).map_err(|e| format!("{why}; a new producer failed: {e}"))?;
-        let old = std::mem::replace(&mut *producer, fresh);
+        // The old client is destroyed on its own reports thread (which joins librdkafka's
+        // threads), not here on a runtime worker.
+        *producer = fresh;
         self.rejected_in_a_row.store(0, Ordering::Relaxed);
-        // Destroying a librdkafka client joins its threads: not on a runtime worker.
-        tokio::task::spawn_blocking(move || drop(old));
         Ok(Some(why))
     }
 }
