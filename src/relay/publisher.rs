@@ -15,9 +15,9 @@ use self::producer::{ConfirmingProducer, Placed};
 use super::outbox::{ClaimedEvent, Delivery};
 use crate::{failpoint, telemetry};
 
-mod producer;
-
 use crate::contract::CONTENT_TYPE;
+
+mod producer;
 
 /// Publishes one outbox event.
 ///
