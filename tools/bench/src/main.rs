@@ -20,6 +20,7 @@ mod run;
 mod sql;
 mod steady;
 mod sustain;
+mod timings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -16,6 +16,7 @@ use crate::phases::{RELAY_STEP_LOG, RelayPhases, Stages};
 use crate::plan::{Phase, Plan};
 use crate::sql::{self, BenchDatabase};
 use crate::sustain::Verdict as _;
+use crate::timings;
 use crate::{machine, raw, sustain};
 
 mod capacity;
@@ -566,6 +567,10 @@ impl Run<'_> {
                     None => missing += 1,
                 }
             }
+            let csv = self.plan.out_dir.join(format!("e2e-{}.csv", label.trim_end_matches('%')));
+            if let Err(e) = timings::write(&csv, &sent, &committed) {
+                self.figures.notes.push(format!("e2e {label}: could not write {}: {e}", csv.display()));
+            }
             let stages =
                 Stages { accept: accept.summary(), relay: relay.summary(), consume: consume.summary() };
             self.figures.e2e.push(EndToEnd {
@@ -684,7 +689,7 @@ impl Run<'_> {
     /// Every notification job's event id with, in microseconds since the epoch, its outbox
     /// row's `created_at` and `published_at` (none while its mark is still to come) and the
     /// job's `created_at`.
-    async fn jobs(&self) -> Result<HashMap<String, (i64, Option<i64>, i64)>, BenchError> {
+    async fn jobs(&self) -> Result<timings::Committed, BenchError> {
         let backend = self.db.get_database_backend();
         let rows = self
             .db
