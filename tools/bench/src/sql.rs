@@ -227,6 +227,30 @@ pub(crate) async fn connections(db: &DatabaseConnection, name: &str) -> Result<(
         .unwrap_or_default())
 }
 
+/// The server's settings that decide how much it writes between checkpoints and caches, as a
+/// line for the report (a redo log at its limit showed in the end-to-end tail; see
+/// docs/operations.md). Empty where the server has none or does not answer.
+pub(crate) async fn log_settings(db: &DatabaseConnection) -> String {
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        DbBackend::MySql => {
+            "SELECT CAST(CONCAT('innodb_log_file_size ', @@innodb_log_file_size DIV 1048576, ' MiB, \
+             innodb_buffer_pool_size ', @@innodb_buffer_pool_size DIV 1048576, ' MiB') AS CHAR)"
+        }
+        DbBackend::Postgres => {
+            "SELECT 'max_wal_size ' || current_setting('max_wal_size') || ', shared_buffers ' \
+             || current_setting('shared_buffers')"
+        }
+        _ => return String::new(),
+    };
+    db.query_one_raw(Statement::from_string(backend, sql))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| r.try_get_by_index::<String>(0).ok())
+        .unwrap_or_default()
+}
+
 /// The server's version string.
 pub(crate) async fn version(db: &DatabaseConnection) -> String {
     let backend = db.get_database_backend();
