@@ -231,8 +231,7 @@ pub(crate) async fn connections(db: &DatabaseConnection, name: &str) -> Result<(
 /// line for the report (a redo log at its limit showed in the end-to-end tail; see
 /// docs/operations.md). Empty where the server has none or does not answer.
 pub(crate) async fn log_settings(db: &DatabaseConnection) -> String {
-    let backend = db.get_database_backend();
-    let sql = match backend {
+    let sql = match db.get_database_backend() {
         DbBackend::MySql => {
             "SELECT CAST(CONCAT('innodb_log_file_size ', @@innodb_log_file_size DIV 1048576, ' MiB, \
              innodb_buffer_pool_size ', @@innodb_buffer_pool_size DIV 1048576, ' MiB') AS CHAR)"
@@ -243,18 +242,18 @@ pub(crate) async fn log_settings(db: &DatabaseConnection) -> String {
         }
         _ => return String::new(),
     };
-    db.query_one_raw(Statement::from_string(backend, sql))
-        .await
-        .ok()
-        .flatten()
-        .and_then(|r| r.try_get_by_index::<String>(0).ok())
-        .unwrap_or_default()
+    one_text(db, sql).await
 }
 
 /// The server's version string.
 pub(crate) async fn version(db: &DatabaseConnection) -> String {
-    let backend = db.get_database_backend();
-    db.query_one_raw(Statement::from_string(backend, "SELECT VERSION()"))
+    one_text(db, "SELECT VERSION()").await
+}
+
+/// The first column of the first row `sql` returns, as text; empty if there is none or the
+/// query fails (the machine block describes, it never stops a run).
+async fn one_text(db: &DatabaseConnection, sql: &str) -> String {
+    db.query_one_raw(Statement::from_string(db.get_database_backend(), sql))
         .await
         .ok()
         .flatten()
