@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tonic::transport::Channel;
 
@@ -140,6 +140,14 @@ impl OrderClients {
 pub(crate) struct Sent {
     pub(crate) at: SystemTime,
     pub(crate) event_id: String,
+}
+
+impl Sent {
+    /// When it was sent, in microseconds since the Unix epoch (the database's timestamps are
+    /// compared in the same unit).
+    pub(crate) fn at_micros(&self) -> i64 {
+        self.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+    }
 }
 
 /// Sends orders at `per_second` for `duration`, each on schedule whatever the previous ones do.

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
@@ -555,7 +555,7 @@ impl Run<'_> {
             for s in &sent {
                 match committed.get(&s.event_id) {
                     Some(&(created, published, consumed)) => {
-                        let sent_us = s.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+                        let sent_us = s.at_micros();
                         latencies.push_ms((consumed - sent_us) as f64 / 1000.0);
                         accept.push_ms((created - sent_us) as f64 / 1000.0);
                         // A consumer may write its job before the relay's mark lands.

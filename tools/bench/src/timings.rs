@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-use std::time::UNIX_EPOCH;
 
 use crate::load::Sent;
 
@@ -24,7 +23,7 @@ pub(crate) fn write(path: &Path, sent: &[Sent], committed: &Committed) -> std::i
 fn write_to(out: &mut impl Write, sent: &[Sent], committed: &Committed) -> std::io::Result<()> {
     writeln!(out, "sent_us,stamped_ms,published_ms,consumed_ms")?;
     for s in sent {
-        let sent_us = s.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+        let sent_us = s.at_micros();
         let after = |at: i64| format!("{:.3}", (at - sent_us) as f64 / 1000.0);
         match committed.get(&s.event_id) {
             Some(&(created, published, consumed)) => writeln!(
@@ -42,7 +41,7 @@ fn write_to(out: &mut impl Write, sent: &[Sent], committed: &Committed) -> std::
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
 

@@ -3,8 +3,6 @@
 //! beside the same relays draining as many events one per order; then AmendOrder calls at a
 //! modest rate through the whole pipeline, and their latency until the consumer applied them.
 
-use std::time::UNIX_EPOCH;
-
 use super::{Run, Start, step};
 use crate::error::BenchError;
 use crate::figures::{Amends, Ordered, OrderedDrain};
@@ -106,7 +104,7 @@ impl Run<'_> {
                 missing += 1;
                 continue;
             };
-            let sent_us = s.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+            let sent_us = s.at_micros();
             sent_to_applied.push_ms((applied - sent_us) as f64 / 1000.0);
             accepted_to_applied.push_ms((applied - created) as f64 / 1000.0);
         }
