@@ -3,6 +3,7 @@
 use crate::measure::Percentiles;
 use crate::observe::Waits;
 use crate::phases::{RelayPhases, Stages};
+use crate::timings::Bunching;
 
 /// A throughput with its latencies.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +34,8 @@ pub(crate) struct EndToEnd {
     pub(crate) failed: u64,
     pub(crate) missing: u64,
     pub(crate) latency: Percentiles,
+    /// How the events over the p99 were spread over the level (`None`: none was).
+    pub(crate) tail: Option<Bunching>,
     /// Where the time went.
     pub(crate) stages: Stages,
     /// The relay's batches during the level.

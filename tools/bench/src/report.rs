@@ -8,6 +8,7 @@ use crate::figures::{Drain, Figures, Point};
 use crate::measure::Percentiles;
 use crate::phases::RelayPhases;
 use crate::sustain::Verdict as _;
+use crate::timings;
 
 mod capacity;
 mod ordered;
@@ -276,6 +277,22 @@ impl Figures {
                 e.label, s.accept.p50, s.accept.p99, s.relay.p50, s.relay.p99, s.consume.p50, s.consume.p99
             );
         }
+        let _ = writeln!(
+            t,
+            "  events over the p99: the share of them sent within the worst {:.0} s (and when those began)",
+            timings::BUNCH_SECONDS
+        );
+        for e in &self.e2e {
+            if let Some(tail) = e.tail {
+                let _ = writeln!(
+                    t,
+                    "  {:<8} {:>5.0} %  (from {:.1} s into the level)",
+                    e.label,
+                    tail.share * 100.0,
+                    tail.from_seconds
+                );
+            }
+        }
         let _ = writeln!(t, "  the relay's batches (ms, p50 / p95):");
         for e in &self.e2e {
             let p = &e.relay;
@@ -382,6 +399,8 @@ impl Figures {
                 "p50Ms": e.latency.p50, "p95Ms": e.latency.p95, "p99Ms": e.latency.p99,
                 "stages": {"accept": percentiles(&e.stages.accept), "relay": percentiles(&e.stages.relay),
                            "consume": percentiles(&e.stages.consume)},
+                "overP99": e.tail.map(|b| json!({"shareInWorstStretch": b.share, "stretchSeconds": timings::BUNCH_SECONDS,
+                                                  "fromSeconds": b.from_seconds})),
                 "relayBatches": phases(&e.relay)})).collect::<Vec<_>>(),
             "capacity": capacity::json(self),
             "ordered": ordered::json(self),

@@ -552,11 +552,14 @@ impl Run<'_> {
             let (mut accept, mut relay, mut consume) =
                 (Latencies::default(), Latencies::default(), Latencies::default());
             let mut missing = 0;
+            let mut level = Vec::with_capacity(sent.len());
             for s in &sent {
                 match committed.get(&s.event_id) {
                     Some(&(created, published, consumed)) => {
                         let sent_us = s.at_micros();
-                        latencies.push_ms((consumed - sent_us) as f64 / 1000.0);
+                        let ms = (consumed - sent_us) as f64 / 1000.0;
+                        latencies.push_ms(ms);
+                        level.push((sent_us, ms));
                         accept.push_ms((created - sent_us) as f64 / 1000.0);
                         // A consumer may write its job before the relay's mark lands.
                         if let Some(published) = published {
@@ -573,13 +576,15 @@ impl Run<'_> {
             }
             let stages =
                 Stages { accept: accept.summary(), relay: relay.summary(), consume: consume.summary() };
+            let latency = latencies.summary();
             self.figures.e2e.push(EndToEnd {
                 label: label.to_owned(),
                 offered_per_second: rate,
                 accepted: sent.len() as u64,
                 failed,
                 missing,
-                latency: latencies.summary(),
+                latency,
+                tail: timings::bunching(&level, latency.p99),
                 stages,
                 relay: RelayPhases::from_log_after(&relay_log, logged_before),
             });
