@@ -29,6 +29,7 @@ pub(crate) async fn describe(db: &DatabaseConnection, plan: &Plan) -> Vec<(Strin
             format!("{} ({})", crate::sql::version(db).await, db.get_database_backend().as_str()),
         ),
         ("database log".into(), crate::sql::log_settings(db).await),
+        ("database cleanup".into(), crate::sql::cleanup_settings(db).await),
         ("broker".into(), plan.brokers.clone()),
         ("librdkafka".into(), rdkafka::util::get_rdkafka_version().1),
         ("backlog".into(), plan.backlog.to_string()),

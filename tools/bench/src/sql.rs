@@ -231,18 +231,37 @@ pub(crate) async fn connections(db: &DatabaseConnection, name: &str) -> Result<(
 /// line for the report (a redo log at its limit showed in the end-to-end tail; see
 /// docs/operations.md). Empty where the server has none or does not answer.
 pub(crate) async fn log_settings(db: &DatabaseConnection) -> String {
-    let sql = match db.get_database_backend() {
-        DbBackend::MySql => {
-            "SELECT CAST(CONCAT('innodb_log_file_size ', @@innodb_log_file_size DIV 1048576, ' MiB, \
-             innodb_buffer_pool_size ', @@innodb_buffer_pool_size DIV 1048576, ' MiB') AS CHAR)"
-        }
-        DbBackend::Postgres => {
-            "SELECT 'max_wal_size ' || current_setting('max_wal_size') || ', shared_buffers ' \
-             || current_setting('shared_buffers')"
-        }
-        _ => return String::new(),
-    };
-    one_text(db, sql).await
+    per_backend(
+        db,
+        "SELECT CAST(CONCAT('innodb_log_file_size ', @@innodb_log_file_size DIV 1048576, ' MiB, \
+         innodb_buffer_pool_size ', @@innodb_buffer_pool_size DIV 1048576, ' MiB') AS CHAR)",
+        "SELECT 'max_wal_size ' || current_setting('max_wal_size') || ', shared_buffers ' \
+         || current_setting('shared_buffers')",
+    )
+    .await
+}
+
+/// The server's settings that clear what the outbox's updates leave behind, as a line for the
+/// report: until that happens the relay's claims walk the dead index entries of every event
+/// claimed and marked before (PostgreSQL with `autovacuum = off` clears them only on a manual
+/// `VACUUM`; see docs/operations.md). Empty where the server has none or does not answer.
+pub(crate) async fn cleanup_settings(db: &DatabaseConnection) -> String {
+    per_backend(
+        db,
+        "SELECT CAST(CONCAT('innodb_purge_threads ', @@innodb_purge_threads) AS CHAR)",
+        "SELECT 'autovacuum ' || current_setting('autovacuum') || ', autovacuum_naptime ' \
+         || current_setting('autovacuum_naptime')",
+    )
+    .await
+}
+
+/// [`one_text`] of `mysql` or `postgres`, whichever is `db`'s; empty on any other backend.
+async fn per_backend(db: &DatabaseConnection, mysql: &str, postgres: &str) -> String {
+    match db.get_database_backend() {
+        DbBackend::MySql => one_text(db, mysql).await,
+        DbBackend::Postgres => one_text(db, postgres).await,
+        _ => String::new(),
+    }
 }
 
 /// The server's version string.
