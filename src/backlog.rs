@@ -49,8 +49,9 @@ impl Backlog {
     }
 }
 
-/// Reads the backlog. Every query stays inside `idx_outbox_due` (status, created_at) on the
-/// statuses that need attention, so its cost follows the backlog, never the PUBLISHED history.
+/// Reads the backlog. Every query stays inside `idx_outbox_ready` (status, held_back,
+/// created_at) on the statuses that need attention, so its cost follows the backlog, never the
+/// PUBLISHED history.
 pub(crate) async fn backlog(db: &impl ConnectionTrait) -> Result<Backlog, DbErr> {
     let stored: Vec<(String, i64)> = outbox_event::Entity::find()
         .select_only()
@@ -61,22 +62,30 @@ pub(crate) async fn backlog(db: &impl ConnectionTrait) -> Result<Backlog, DbErr>
         .into_tuple()
         .all(db)
         .await?;
-    // One index seek per status rather than one sort over both.
-    let mut oldest = Vec::with_capacity(WAITING.len());
+    // One index seek per status and `held_back` rather than one sort over all of them: the
+    // index orders by creation time only within one value of each.
+    let mut oldest = Vec::with_capacity(WAITING.len() * HELD_BACK.len());
     for status in WAITING {
-        let first: Option<DateTime<Utc>> = outbox_event::Entity::find()
-            .select_only()
-            .column(Column::CreatedAt)
-            .filter(Column::Status.eq(status.as_str()))
-            .order_by_asc(Column::CreatedAt)
-            .limit(1)
-            .into_tuple()
-            .one(db)
-            .await?;
-        oldest.push(first);
+        for held_back in HELD_BACK {
+            let first: Option<DateTime<Utc>> = outbox_event::Entity::find()
+                .select_only()
+                .column(Column::CreatedAt)
+                .filter(Column::Status.eq(status.as_str()))
+                .filter(Column::HeldBack.eq(held_back))
+                .order_by_asc(Column::CreatedAt)
+                .limit(1)
+                .into_tuple()
+                .one(db)
+                .await?;
+            oldest.push(first);
+        }
     }
     Ok(Backlog::assemble(&stored, oldest))
 }
+
+/// Both values of `outbox_event.held_back`: a read in creation order on `idx_outbox_ready`
+/// takes each range in turn.
+pub(crate) const HELD_BACK: [bool; 2] = [false, true];
 
 /// Who redrives an event and why: recorded on the row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,6 +16,7 @@ mod m20261205_000001_exact_identifiers;
 mod m20261205_000002_order_version;
 mod m20261205_000003_per_order_order;
 mod m20261205_000004_held_back;
+mod m20261206_000001_backlog_on_ready;
 
 /// Every migration Outpost knows, oldest first.
 #[derive(Debug)]
@@ -34,6 +35,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000002_order_version::Migration),
             Box::new(m20261205_000003_per_order_order::Migration),
             Box::new(m20261205_000004_held_back::Migration),
+            Box::new(m20261206_000001_backlog_on_ready::Migration),
         ]
     }
 }

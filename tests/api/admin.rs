@@ -124,6 +124,7 @@ async fn purge(app: &TestApp, request: pb::PurgeRequest) -> Result<pb::PurgeResp
 on_every_backend!(
     the_timeline_follows_an_event_from_its_order_to_its_effect,
     the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_attention,
+    a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending,
     redrive_returns_only_a_failed_event_to_pending_and_records_who_and_why,
     purge_deletes_only_published_rows_past_retention_and_keeps_dedup_history_for_the_horizon,
 );
@@ -243,6 +244,52 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     assert_eq!(violated_fields(&malformed), ["event_id"]);
     let missing = outpostctl(&[&url, "find", "11", "no-such-request"]).await;
     assert!(!missing.ok && missing.stderr.contains("ORDER_NOT_FOUND"), "{}", missing.stderr);
+    app.stop().await;
+}
+
+/// A change written while its order's previous version was unpublished waits `held_back`; the
+/// backlog reads the two kinds of PENDING row as separate ranges of one index, and still lists
+/// and ages them as one, oldest first.
+async fn a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let accepted = app.submit(order(12, "held-accepted")).await.unwrap();
+    let amend = crate::change_order::amend("held-amend", accepted.order_id, 1, 3);
+    let amended = app.amend(pb::AmendOrderRequest { tenant_id: 12, ..amend }).await.unwrap();
+    let other = app.submit(order(12, "held-other")).await.unwrap().event_id;
+    let held = app
+        .conn
+        .query_one_raw(outpost_testkit::sql::statement(
+            app.conn.get_database_backend(),
+            "SELECT held_back FROM outbox_event WHERE event_id = ?",
+            vec![amended.event_id.clone().into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held.try_get_by_index::<bool>(0).unwrap(), "the amendment waits behind version 1");
+
+    let listed = |limit| backlog(&app, pb::ListBacklogRequest { limit, ..Default::default() });
+    let ids = |response: pb::ListBacklogResponse| -> Vec<String> {
+        response.entries.into_iter().map(|e| e.event_id).collect()
+    };
+    assert_eq!(ids(listed(2).await.unwrap()), [accepted.event_id.clone(), amended.event_id.clone()]);
+    assert_eq!(ids(listed(3).await.unwrap()), [accepted.event_id.clone(), amended.event_id.clone(), other]);
+
+    // The held-back row made the oldest waiting one: it leads the listing and ages the backlog.
+    exec(
+        &app,
+        "UPDATE outbox_event SET created_at = ? WHERE event_id = ?",
+        vec![ago(Duration::from_secs(2 * 3600)).into(), amended.event_id.clone().into()],
+    )
+    .await;
+    let response = listed(1).await.unwrap();
+    let age = response.stats.as_ref().unwrap().oldest_pending_age.unwrap();
+    assert!(age.seconds >= 2 * 3600 - 60, "the oldest waiting row is the held-back one: {age:?}");
+    assert_eq!(ids(response), std::slice::from_ref(&amended.event_id));
+    let hour = prost_types::Duration { seconds: 3600, nanos: 0 };
+    let old =
+        backlog(&app, pb::ListBacklogRequest { older_than: Some(hour), ..Default::default() }).await.unwrap();
+    assert_eq!(ids(old), [amended.event_id]);
     app.stop().await;
 }
 

@@ -128,7 +128,8 @@ impl Inspector {
 
     /// Up to `limit` rows in `status` created at least `older_than` ago (database clock), oldest
     /// first, with the backlog's counts ([`backlog::backlog`]). The listing reads
-    /// `idx_outbox_due` in order and stops at `limit`, whatever the status.
+    /// `idx_outbox_ready` in order once per value of `held_back`, each read stopping at `limit`,
+    /// whatever the status, and keeps the oldest `limit` of both.
     pub(crate) async fn backlog(
         &self,
         status: OutboxStatus,
@@ -136,16 +137,26 @@ impl Inspector {
         limit: u64,
     ) -> Result<Backlog, DbErr> {
         let now = db::now(&self.db).await?;
-        let mut query = outbox_event::Entity::find().filter(outbox_event::Column::Status.eq(status.as_str()));
-        if let Some(age) = older_than {
-            query = query.filter(outbox_event::Column::CreatedAt.lte(purge::before(now, age)?));
+        let before = older_than.map(|age| purge::before(now, age)).transpose()?;
+        let mut entries = Vec::new();
+        for held_back in backlog::HELD_BACK {
+            let mut query = outbox_event::Entity::find()
+                .filter(outbox_event::Column::Status.eq(status.as_str()))
+                .filter(outbox_event::Column::HeldBack.eq(held_back));
+            if let Some(before) = before {
+                query = query.filter(outbox_event::Column::CreatedAt.lte(before));
+            }
+            entries.extend(
+                query
+                    .order_by_asc(outbox_event::Column::CreatedAt)
+                    .order_by_asc(outbox_event::Column::EventId)
+                    .limit(limit)
+                    .all(&self.db)
+                    .await?,
+            );
         }
-        let entries = query
-            .order_by_asc(outbox_event::Column::CreatedAt)
-            .order_by_asc(outbox_event::Column::EventId)
-            .limit(limit)
-            .all(&self.db)
-            .await?;
+        entries.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+        entries.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         let stats = backlog::backlog(&self.db).await?;
         Ok(Backlog { entries, stats, now })
     }

@@ -338,7 +338,7 @@ pub(crate) struct ClaimMark {
 /// shapes, on a pool set up as the relay's ([`crate::sql::connect_as_relay`]). The claim: on
 /// PostgreSQL one statement ([`PG_CLAIM`]); on MariaDB/MySQL a transaction (its sessions at
 /// READ COMMITTED) of a plain read of expired leases ([`MYSQL_EXPIRED`]), one locking read
-/// ([`MYSQL_DUE`]: the server's clock and due events on `idx_outbox_due`, `FOR UPDATE SKIP
+/// ([`MYSQL_DUE`]: the server's clock and due events on `idx_outbox_ready`, `FOR UPDATE SKIP
 /// LOCKED`) and one `UPDATE … IN (…)` to lease them. Then one set-based mark of the whole batch stamped with the
 /// server's clock, every row fenced by status and claim token and given its own partition and
 /// offset (an `unnest` of one array per column on PostgreSQL, a `UNION ALL` derived table on
@@ -498,15 +498,15 @@ const MYSQL_EXPIRED: &str = "SELECT event_id FROM outbox_event FORCE INDEX (idx_
      WHERE status = 'PUBLISHING' AND lease_until < UTC_TIMESTAMP(6) ORDER BY lease_until, created_at LIMIT ?";
 
 /// MariaDB/MySQL's locking read of due events in the relay's shape: the server's clock
-/// (`claim_now`) with the due events on `idx_outbox_due`, `FOR UPDATE SKIP LOCKED`, up to the
-/// batch (`?`).
+/// (`claim_now`) with the due events not held back on `idx_outbox_ready`, `FOR UPDATE SKIP
+/// LOCKED`, up to the batch (`?`).
 const MYSQL_DUE: &str = "(SELECT o.*, UTC_TIMESTAMP(6) AS claim_now, 1 AS claim_part FROM outbox_event AS o \
-       FORCE INDEX (idx_outbox_due) WHERE o.status = 'PENDING' \
+       FORCE INDEX (idx_outbox_ready) WHERE o.status = 'PENDING' AND o.held_back = FALSE \
        AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
        ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)";
 
 /// PostgreSQL's claim in the relay's shape: the clock, expired leases on `idx_outbox_claim`,
-/// then what is left of the batch from due events on `idx_outbox_due`, both
+/// then what is left of the batch from due events not held back (`idx_outbox_ready`), both
 /// `FOR UPDATE SKIP LOCKED`, and the lease update, in one statement (`$1` is the token, `$2` the
 /// batch size; the lease is 30 s).
 const PG_CLAIM: &str = "WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now), \
@@ -514,7 +514,7 @@ const PG_CLAIM: &str = "WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS 
        WHERE status = 'PUBLISHING' AND lease_until < (SELECT now FROM clock) \
        ORDER BY lease_until, created_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
      due AS MATERIALIZED (SELECT event_id FROM outbox_event \
-       WHERE status = 'PENDING' AND (lease_until IS NULL OR lease_until <= (SELECT now FROM clock)) \
+       WHERE status = 'PENDING' AND held_back = FALSE AND (lease_until IS NULL OR lease_until <= (SELECT now FROM clock)) \
        ORDER BY created_at, event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED) \
      UPDATE outbox_event AS o SET status = 'PUBLISHING', lease_owner = $1, \
        lease_until = (SELECT now FROM clock) + interval '30 seconds', attempts = o.attempts + 1 \

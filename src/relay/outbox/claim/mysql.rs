@@ -42,9 +42,9 @@ impl Outbox {
     /// locking read scans, also those of rows it then skips as locked, and keeps them until the
     /// transaction ends. Left to itself, MariaDB sometimes read the due events through
     /// `idx_outbox_claim` and sorted them: that claim locked every due event's
-    /// `idx_outbox_claim` entry, while a concurrent claim through `idx_outbox_due` held the
-    /// `idx_outbox_due` entries of its own rows, and their lease updates, which rewrite both
-    /// indexes' entries, waited on each other: `1213 Deadlock found` between two claims (the
+    /// `idx_outbox_claim` entry, while a concurrent claim through the due index (then
+    /// `idx_outbox_due`) held that index's entries of its own rows, and their lease updates,
+    /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between two claims (the
     /// bench's end-to-end run showed it, two claims of 22 and 80 rows holding 1,019 and 1,020
     /// row locks). On its own index, in the index's order, it stops at its `LIMIT` and locks
     /// only what it takes and what it skips.
