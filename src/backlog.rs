@@ -20,6 +20,10 @@ pub(crate) const NEEDS_ATTENTION: [OutboxStatus; 3] =
 /// The statuses of rows waiting for a relay: not published yet, and not given up.
 pub(crate) const WAITING: [OutboxStatus; 2] = [OutboxStatus::Pending, OutboxStatus::Publishing];
 
+/// Both values of `outbox_event.held_back`: a read in creation order on `idx_outbox_ready`
+/// takes each range in turn.
+pub(crate) const HELD_BACK: [bool; 2] = [false, true];
+
 /// How many events still need something, and how long the oldest has waited for a relay.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Backlog {
@@ -82,10 +86,6 @@ pub(crate) async fn backlog(db: &impl ConnectionTrait) -> Result<Backlog, DbErr>
     }
     Ok(Backlog::assemble(&stored, oldest))
 }
-
-/// Both values of `outbox_event.held_back`: a read in creation order on `idx_outbox_ready`
-/// takes each range in turn.
-pub(crate) const HELD_BACK: [bool; 2] = [false, true];
 
 /// Who redrives an event and why: recorded on the row.
 #[derive(Debug, Clone, PartialEq, Eq)]

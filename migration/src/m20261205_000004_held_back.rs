@@ -12,7 +12,8 @@
 //! `NOT EXISTS` still decides, so rows written without the column (by an older order service,
 //! or by hand) are claimed exactly as before, only with the old cost. The claim's due read takes
 //! `idx_outbox_ready (status, held_back, created_at, event_id)`, where held-back rows are not in
-//! its range. `idx_outbox_due` stayed for the backlog figures until `m20261206_000001_backlog_on_ready`.
+//! its range. `idx_outbox_due` stayed for the backlog figures until
+//! `m20261206_000001_backlog_on_ready`.
 
 use sea_orm_migration::prelude::*;
 

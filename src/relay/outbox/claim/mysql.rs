@@ -44,9 +44,9 @@ impl Outbox {
     /// `idx_outbox_claim` and sorted them: that claim locked every due event's
     /// `idx_outbox_claim` entry, while a concurrent claim through the due index (then
     /// `idx_outbox_due`) held that index's entries of its own rows, and their lease updates,
-    /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between two claims (the
-    /// bench's end-to-end run showed it, two claims of 22 and 80 rows holding 1,019 and 1,020
-    /// row locks). On its own index, in the index's order, it stops at its `LIMIT` and locks
+    /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between
+    /// two claims (the bench's end-to-end run showed it, two claims of 22 and 80 rows holding
+    /// 1,019 and 1,020 row locks). On its own index, in the index's order, it stops at its `LIMIT` and locks
     /// only what it takes and what it skips.
     ///
     /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
