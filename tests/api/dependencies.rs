@@ -28,6 +28,7 @@ pub async fn health(port: u16, service: &str) -> Option<ServingStatus> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .ok()?
         .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(2))
         .connect()
         .await
         .ok()?;

@@ -140,6 +140,9 @@ pub struct InProcess {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How long [`InProcess::stop`] waits for a service to end.
+const STOPPED_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl InProcess {
     /// Spawns `run(shutdown)`; the service must end without error once `shutdown` completes.
     pub fn spawn<Fut, E>(
@@ -157,12 +160,15 @@ impl InProcess {
         Self { stop: Some(stop), task }
     }
 
-    /// Stops the service as SIGTERM would, and waits until it has.
+    /// Stops the service as SIGTERM would, and waits until it has: at most [`STOPPED_WITHIN`],
+    /// more than any service's drain (the relay's within its default lease of 30 s), so a stop
+    /// that hangs fails the test by name instead of running into the test's timeout.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        (&mut self.task).await.unwrap();
+        let stopped = tokio::time::timeout(STOPPED_WITHIN, &mut self.task).await;
+        stopped.unwrap_or_else(|_| panic!("the service did not stop within {STOPPED_WITHIN:?}")).unwrap();
     }
 }
 
@@ -396,7 +402,9 @@ where
 }
 
 /// Whether `check` holds within `timeout`, polled every 50 ms: for a test that reports what it
-/// saw when it does not.
+/// saw when it does not. A check still running at the deadline counts as not holding, so a
+/// check that never returns (a call without a deadline of its own) fails the wait instead of
+/// hanging the test.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
@@ -404,7 +412,7 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if check().await {
+        if tokio::time::timeout_at(deadline, check()).await.unwrap_or(false) {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
