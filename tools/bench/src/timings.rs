@@ -44,7 +44,7 @@ fn write_to(out: &mut impl Write, sent: &[Sent], committed: &Committed) -> std::
 pub(crate) const BUNCH_SECONDS: f64 = 2.0;
 
 /// How the events slower than a level's p99 were spread over the level.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Bunching {
     /// The most of them sent within any [`BUNCH_SECONDS`], as a share of all of them: near 1,
     /// one episode made the tail; near `BUNCH_SECONDS` / the level's length, it was spread out.

@@ -46,8 +46,8 @@ impl Outbox {
     /// `idx_outbox_due`) held that index's entries of its own rows, and their lease updates,
     /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between
     /// two claims (the bench's end-to-end run showed it, two claims of 22 and 80 rows holding
-    /// 1,019 and 1,020 row locks). On its own index, in the index's order, it stops at its `LIMIT` and locks
-    /// only what it takes and what it skips.
+    /// 1,019 and 1,020 row locks). On its own index, in the index's order, it stops at its
+    /// `LIMIT` and locks only what it takes and what it skips.
     ///
     /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
     /// one at a time, and releases it before the commit.
