@@ -1,4 +1,4 @@
-# Outpost's everyday commands. The README's two commands need no `just`: these are conveniences.
+# Idempost's everyday commands. The README's two commands need no `just`: these are conveniences.
 
 default:
     @just --list
@@ -13,22 +13,22 @@ test *ARGS:
 
 # Apply migrations to DATABASE_URL: the deploy step before any service starts.
 migrate url:
-    cargo run --quiet --bin outpost-migrate -- -u '{{url}}' up
+    cargo run --quiet --bin idempost-migrate -- -u '{{url}}' up
 
 # Show which migrations DATABASE_URL has.
 migrate-status url:
-    cargo run --quiet --bin outpost-migrate -- -u '{{url}}' status
+    cargo run --quiet --bin idempost-migrate -- -u '{{url}}' status
 
 # Run the order service against a migrated database (loopback, no authentication).
 order url listen="127.0.0.1:50051":
-    OUTPOST_AUTH=none OUTPOST_DATABASE_URL='{{url}}' OUTPOST_ORDER_LISTEN='{{listen}}' cargo run --bin outpost-order
+    IDEMPOST_AUTH=none IDEMPOST_DATABASE_URL='{{url}}' IDEMPOST_ORDER_LISTEN='{{listen}}' cargo run --bin idempost-order
 
 # Run the fault-injection verifier against DATABASE_URL and BROKERS (migrate first). Failpoint
 # builds go to target/failpoints, never beside production builds; the services refuse to start
-# without OUTPOST_ALLOW_FAILPOINTS=1, which the verifier sets for the processes it starts.
+# without IDEMPOST_ALLOW_FAILPOINTS=1, which the verifier sets for the processes it starts.
 verify url brokers="127.0.0.1:9092":
     cargo build --workspace --all-features --bins --target-dir target/failpoints
-    target/failpoints/debug/outpost-verify --database-url '{{url}}' --brokers '{{brokers}}'
+    target/failpoints/debug/idempost-verify --database-url '{{url}}' --brokers '{{brokers}}'
 
 # Format and lint as CI does.
 lint:

@@ -64,7 +64,7 @@ def validate() -> int:
 
 
 def binary_of(image: str) -> str:
-    """outpost-order:1.2 -> outpost-order (the image of each target is named after its binary)."""
+    """idempost-order:1.2 -> idempost-order (the image of each target is named after its binary)."""
     return image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
 
 
@@ -102,7 +102,7 @@ def compose_starts():
     compose = yaml.safe_load((HERE / "compose.yaml").read_text())
     for name, service in compose["services"].items():
         image = service.get("image", "")
-        if not binary_of(image).startswith("outpost"):
+        if not binary_of(image).startswith("idempost"):
             continue  # the database, the broker, Jaeger
         environment = service.get("environment", {})
         env = list(environment) if isinstance(environment, dict) else [e.split("=", 1)[0] for e in environment]

@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use outpost_client::{BearerToken, ClientTls, SafeSubmitter, SubmitPolicy};
-use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use idempost_client::{BearerToken, ClientTls, SafeSubmitter, SubmitPolicy};
+use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 // The same certificate and token maker the security tests use.
-use outpost_testkit::pki;
+use idempost_testkit::pki;
 use sea_orm::{ConnectionTrait, Statement};
 use tonic_types::StatusExt;
 
@@ -77,7 +77,7 @@ fn secure_setup(dir: &std::path::Path) {
     let pki = pki::Pki::make(dir).expect("certificates and keys are made");
     let tenant = pki.token(serde_json::json!({ "sub": "demo-shop", "tenant_id": 1 })).expect("a token");
     let operator =
-        pki.token(serde_json::json!({ "sub": "demo-operator", "scope": "outpost:admin" })).expect("a token");
+        pki.token(serde_json::json!({ "sub": "demo-operator", "scope": "idempost:admin" })).expect("a token");
     std::fs::write(dir.join("tenant.jwt"), tenant).expect("the token is written");
     std::fs::write(dir.join("operator.jwt"), operator).expect("the token is written");
     println!("{}\n{}", pki::ISSUER, pki::AUDIENCE);
@@ -102,7 +102,7 @@ async fn submit(address: &str, secure: Option<(&&str, &&str)>) {
     // The service may still be starting: try for a few seconds.
     let mut channel = None;
     for _ in 0..50 {
-        match outpost_client::connect_with_token(&address, &tls, token.as_ref()).await {
+        match idempost_client::connect_with_token(&address, &tls, token.as_ref()).await {
             Ok(c) => {
                 channel = Some(c);
                 break;
@@ -201,7 +201,7 @@ async fn change_order(submitter: &mut SafeSubmitter, run: u32, order_id: i64) {
 
 fn show_confirmed(
     label: &str,
-    answer: &Result<outpost_client::ConfirmedOrder, outpost_client::SafeSubmitError>,
+    answer: &Result<idempost_client::ConfirmedOrder, idempost_client::SafeSubmitError>,
 ) {
     match answer {
         Ok(confirmed) => println!(
@@ -212,7 +212,7 @@ fn show_confirmed(
             confirmed.version,
             confirmed.event_id
         ),
-        Err(outpost_client::SafeSubmitError::Rejected(status)) => {
+        Err(idempost_client::SafeSubmitError::Rejected(status)) => {
             let info = status.get_details_error_info();
             let reason = info.as_ref().map(|i| i.reason.clone()).unwrap_or_default();
             let current = info.and_then(|i| i.metadata.get("current_version").cloned()).unwrap_or_default();
@@ -223,7 +223,7 @@ fn show_confirmed(
 }
 
 async fn print_rows(database_url: &str, count: i64) {
-    let db = outpost::db::connect(database_url, 1).await.expect("the database opens");
+    let db = idempost::db::connect(database_url, 1).await.expect("the database opens");
     let backend = db.get_database_backend();
     for _ in 0..300 {
         let published = db
@@ -270,7 +270,7 @@ async fn print_rows(database_url: &str, count: i64) {
 
 /// Waits for the consumer's notification jobs and prints them with their dedup rows.
 async fn print_jobs(database_url: &str, count: i64) {
-    let db = outpost::db::connect(database_url, 1).await.expect("the database opens");
+    let db = idempost::db::connect(database_url, 1).await.expect("the database opens");
     let backend = db.get_database_backend();
     // An event the consumer cannot apply is set aside as a dead letter: either way it is done.
     let count_sql = "SELECT (SELECT COUNT(*) FROM notification_job) + (SELECT COUNT(*) FROM dead_letter)";
@@ -305,7 +305,7 @@ async fn print_records(brokers: &str, topic: &str, count: i64) {
 
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outpost-demo-{}", std::process::id()))
+        .set("group.id", format!("idempost-demo-{}", std::process::id()))
         .set("auto.offset.reset", "earliest")
         .create()
         .expect("a consumer");
@@ -325,7 +325,7 @@ async fn print_records(brokers: &str, topic: &str, count: i64) {
         };
         let payload = message.payload().unwrap_or_default();
         let (event_id, fact) = match header("event_type").as_str() {
-            "outpost.v1.OrderAmended" => {
+            "idempost.v1.OrderAmended" => {
                 let e = pb::OrderAmended::decode(payload).expect("an OrderAmended");
                 let fact = format!(
                     "order {} v{} amended: {} {} in {} line(s)",
@@ -337,7 +337,7 @@ async fn print_records(brokers: &str, topic: &str, count: i64) {
                 );
                 (e.event_id, fact)
             }
-            "outpost.v1.OrderCancelled" => {
+            "idempost.v1.OrderCancelled" => {
                 let e = pb::OrderCancelled::decode(payload).expect("an OrderCancelled");
                 let fact = format!(
                     "order {} v{} cancelled: {:?} ({})",

@@ -8,9 +8,9 @@ use rdkafka::mocking::MockCluster;
 
 #[tokio::main]
 async fn main() {
-    let topic = std::env::args().nth(1).unwrap_or_else(|| outpost::contract::DEFAULT_TOPIC.to_owned());
+    let topic = std::env::args().nth(1).unwrap_or_else(|| idempost::contract::DEFAULT_TOPIC.to_owned());
     let cluster = MockCluster::new(1).expect("start the mock cluster");
     cluster.create_topic(&topic, 3, 1).expect("create the topic");
     println!("{}", cluster.bootstrap_servers());
-    outpost::shutdown::signal().await;
+    idempost::shutdown::signal().await;
 }

@@ -7,11 +7,11 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
 # A build cache outside the clone keeps warm runs fast; a fresh machine simply starts it empty.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/outpost/target}"
-# Failpoint builds (`--all-features`) obey FAILPOINTS and start only with OUTPOST_ALLOW_FAILPOINTS=1:
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/idempost/target}"
+# Failpoint builds (`--all-features`) obey FAILPOINTS and start only with IDEMPOST_ALLOW_FAILPOINTS=1:
 # they get a target directory of their own, so no failpoint binary ever lands where scripts/demo,
-# scripts/bench or a release build put theirs. Point it elsewhere with OUTPOST_FAILPOINTS_TARGET_DIR.
-export FAILPOINTS_TARGET_DIR="${OUTPOST_FAILPOINTS_TARGET_DIR:-$CARGO_TARGET_DIR/failpoints}"
+# scripts/bench or a release build put theirs. Point it elsewhere with IDEMPOST_FAILPOINTS_TARGET_DIR.
+export FAILPOINTS_TARGET_DIR="${IDEMPOST_FAILPOINTS_TARGET_DIR:-$CARGO_TARGET_DIR/failpoints}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export PATH="$HOME/.cargo/bin:$PATH"
 
@@ -72,22 +72,22 @@ ensure_venv() {
 # The Python clients (clients/python): a venv outside the clone with the pinned requirements,
 # reinstalled only when requirements.txt changes, and stubs generated from this clone's proto/
 # (under a second, so every run regenerates them and they never lag behind the contracts).
-# The tests find the interpreter through OUTPOST_PYTHON.
-PYTHON_VENV="$HOME/.cache/outpost/venv"
+# The tests find the interpreter through IDEMPOST_PYTHON.
+PYTHON_VENV="$HOME/.cache/idempost/venv"
 ensure_python_clients() {
   ensure_venv "$PYTHON_VENV" "$repo_root/clients/python/requirements.txt"
   "$PYTHON_VENV/bin/python" "$repo_root/clients/python/generate.py"
-  export OUTPOST_PYTHON="$PYTHON_VENV/bin/python"
+  export IDEMPOST_PYTHON="$PYTHON_VENV/bin/python"
 }
 
 # The TypeScript client (clients/typescript): `npm ci` of its package-lock.json into its own
 # node_modules (gitignored), again only when the lockfile changes. Its stubs in src/gen are
 # committed (the console builds on them); `check_typescript_client` fails when they are stale.
-# The tests find the directory through OUTPOST_TS_CLIENT.
+# The tests find the directory through IDEMPOST_TS_CLIENT.
 TS_CLIENT="$repo_root/clients/typescript"
 ensure_typescript_client() {
   npm_ci_when_changed "$TS_CLIENT" "the TypeScript client's packages"
-  export OUTPOST_TS_CLIENT="$TS_CLIENT"
+  export IDEMPOST_TS_CLIENT="$TS_CLIENT"
 }
 
 # `npm ci` in the package directory $1 (what it holds: $2), skipped while its package-lock.json is
@@ -104,11 +104,11 @@ npm_ci_when_changed() {
   fi
 }
 
-# The operators' console (tools/outpostctl/console): esbuild, the runtime it bundles and
-# playwright-core for its browser test. Its bundle (dist/) is committed and embedded in outpostctl,
-# so building outpostctl needs none of this; a test fails when the bundle is stale.
+# The operators' console (tools/idempostctl/console): esbuild, the runtime it bundles and
+# playwright-core for its browser test. Its bundle (dist/) is committed and embedded in idempostctl,
+# so building idempostctl needs none of this; a test fails when the bundle is stale.
 ensure_console() {
-  npm_ci_when_changed "$repo_root/tools/outpostctl/console" "the console's packages"
+  npm_ci_when_changed "$repo_root/tools/idempostctl/console" "the console's packages"
 }
 
 # Debian's Chromium, which the console's browser test drives through playwright-core (no browser
@@ -130,16 +130,16 @@ check_typescript_client() {
 
 # The deployment files' checks (deploy/check.py: Kubernetes and Compose schemas): a venv of
 # their own next to the clients' one, reinstalled only when deploy/requirements.txt changes.
-# The tests find the interpreter through OUTPOST_DEPLOY_PYTHON.
-DEPLOY_VENV="$HOME/.cache/outpost/deploy-venv"
+# The tests find the interpreter through IDEMPOST_DEPLOY_PYTHON.
+DEPLOY_VENV="$HOME/.cache/idempost/deploy-venv"
 ensure_deploy_checks() {
   ensure_venv "$DEPLOY_VENV" "$repo_root/deploy/requirements.txt"
-  export OUTPOST_DEPLOY_PYTHON="$DEPLOY_VENV/bin/python"
+  export IDEMPOST_DEPLOY_PYTHON="$DEPLOY_VENV/bin/python"
 }
 
 # buf (lint and breaking-change checks of proto/) from the npm registry, which ships the binary.
 BUF_VERSION=1.75.0
-BUF_PREFIX="$HOME/.cache/outpost/node"
+BUF_PREFIX="$HOME/.cache/idempost/node"
 BUF="$BUF_PREFIX/node_modules/.bin/buf"
 ensure_buf() {
   if [[ -x "$BUF" ]] && [[ "$("$BUF" --version 2>/dev/null)" == "$BUF_VERSION" ]]; then
@@ -155,11 +155,11 @@ ensure_buf() {
 # the branch would look as if it deleted them. So: where this branch left main (the merge base).
 # On main itself that is HEAD, which only checks uncommitted edits; then the previous commit is
 # the baseline, so CI on main still checks what the last commit (or merge) changed. A shallow or
-# single-branch clone may have no main (then origin/main) or no parent; OUTPOST_BUF_AGAINST
+# single-branch clone may have no main (then origin/main) or no parent; IDEMPOST_BUF_AGAINST
 # overrides all of this with any buf input.
 buf_baseline() {
-  if [[ -n "${OUTPOST_BUF_AGAINST:-}" ]]; then
-    printf '%s\n' "$OUTPOST_BUF_AGAINST"
+  if [[ -n "${IDEMPOST_BUF_AGAINST:-}" ]]; then
+    printf '%s\n' "$IDEMPOST_BUF_AGAINST"
     return 0
   fi
   local main="" candidate base head
@@ -183,13 +183,13 @@ buf_baseline() {
   printf '.git#ref=%s,subdir=proto\n' "$base"
 }
 
-# Tests make databases named outpost_t_<uuid>; remove any a previous run left behind.
+# Tests make databases named idempost_t_<uuid>; remove any a previous run left behind.
 drop_test_databases() {
   local db
-  for db in $(mysql --protocol=tcp -h 127.0.0.1 -u root -N -e "SHOW DATABASES LIKE 'outpost\\_t\\_%'" 2>/dev/null); do
+  for db in $(mysql --protocol=tcp -h 127.0.0.1 -u root -N -e "SHOW DATABASES LIKE 'idempost\\_t\\_%'" 2>/dev/null); do
     mysql --protocol=tcp -h 127.0.0.1 -u root -e "DROP DATABASE \`$db\`" || true
   done
-  for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'outpost\\_t\\_%'" 2>/dev/null); do
+  for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'idempost\\_t\\_%'" 2>/dev/null); do
     psql -h 127.0.0.1 -U postgres -d postgres -qc "DROP DATABASE \"$db\" WITH (FORCE)" || true
   done
 }

@@ -1,6 +1,6 @@
 //! The database seam: connecting, checking the schema, and classifying errors per backend.
 //!
-//! Every difference between MariaDB/MySQL, PostgreSQL and SQLite that Outpost cares about lives
+//! Every difference between MariaDB/MySQL, PostgreSQL and SQLite that Idempost cares about lives
 //! under this module, so the rest of the code speaks one dialect.
 
 mod classify;

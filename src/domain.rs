@@ -1,4 +1,4 @@
-//! Order facts as Outpost accepts them: checked once at the edge, trusted everywhere after.
+//! Order facts as Idempost accepts them: checked once at the edge, trusted everywhere after.
 //!
 //! Every constructor here validates; a value of one of these types is valid by construction.
 

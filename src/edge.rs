@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use outpost_proto::{ERROR_DOMAIN, EventId};
+use idempost_proto::{ERROR_DOMAIN, EventId};
 use sea_orm::DbErr;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -30,7 +30,7 @@ pub(crate) fn rpc_span(
         rpc.method = method,
         rpc.grpc.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-        outpost.event_id = tracing::field::Empty,
+        idempost.event_id = tracing::field::Empty,
         trace_id = tracing::field::Empty,
     );
     telemetry::follow(&span, telemetry::grpc_context(metadata));
@@ -46,7 +46,7 @@ pub(crate) fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>)
         if let Some(event_id) =
             status.get_details_error_info().and_then(|i| i.metadata.get("event_id").cloned())
         {
-            span.record("outpost.event_id", event_id);
+            span.record("idempost.event_id", event_id);
         }
     }
 }
@@ -79,7 +79,7 @@ where
     let metadata = request.metadata();
     let span = rpc_span(service, method, metadata);
     if let Some(event_id) = event_id {
-        span.record("outpost.event_id", event_id);
+        span.record("idempost.event_id", event_id);
     }
     let caller = span.in_scope(|| auth.caller(request));
     let answer = async {

@@ -60,10 +60,10 @@ pub(crate) fn broken(switch: &'static str) -> bool {
 pub struct Injected(pub &'static str);
 
 /// The environment variable a binary with failpoints compiled in needs before it starts
-/// (`OUTPOST_ALLOW_FAILPOINTS=1`): such a binary obeys `FAILPOINTS`, whose switches can break the
+/// (`IDEMPOST_ALLOW_FAILPOINTS=1`): such a binary obeys `FAILPOINTS`, whose switches can break the
 /// guarantees (remove the relay's claim fence, for one), so it must never run by mistake. The
 /// test kit and the verifier set it.
-pub const ALLOW_FAILPOINTS: &str = "OUTPOST_ALLOW_FAILPOINTS";
+pub const ALLOW_FAILPOINTS: &str = "IDEMPOST_ALLOW_FAILPOINTS";
 
 /// A binary built with the `failpoints` feature was started without [`ALLOW_FAILPOINTS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -78,7 +78,7 @@ pub(crate) const COMPILED_IN: bool = cfg!(feature = "failpoints");
 /// Arms failpoints from the `FAILPOINTS` environment variable (`NAME=ACTION;NAME=ACTION`), so
 /// that tests and the verifier can inject faults into real service processes; call it once
 /// telemetry is up. With the `failpoints` feature it refuses unless [`ALLOW_FAILPOINTS`] is `1`,
-/// and says at WARN that failpoints are live; `outpost.failpoints.compiled_in` reads 1 in such a
+/// and says at WARN that failpoints are live; `idempost.failpoints.compiled_in` reads 1 in such a
 /// binary, 0 in any other. Without the feature it only records that gauge.
 pub fn arm_from_env() -> Result<(), FailpointsNotAllowed> {
     crate::telemetry::metrics().failpoints_compiled_in.record(u64::from(COMPILED_IN), &[]);

@@ -1,4 +1,4 @@
-//! Outpost: repeatable event delivery through a transactional outbox, a leased relay and a
+//! Idempost: repeatable event delivery through a transactional outbox, a leased relay and a
 //! deduplicating consumer. Duplicates are expected and absorbed; nothing is lost silently.
 //!
 //! The services in `services/` are thin binaries over this library:

@@ -37,8 +37,8 @@ pub enum SecretError {
 }
 
 const DATABASE_URL: &str =
-    "--database-url (OUTPOST_DATABASE_URL) or --database-url-file (OUTPOST_DATABASE_URL_FILE)";
-const KAFKA_OPTION_FILE: &str = "--kafka-option-file (OUTPOST_KAFKA_OPTION_FILE)";
+    "--database-url (IDEMPOST_DATABASE_URL) or --database-url-file (IDEMPOST_DATABASE_URL_FILE)";
+const KAFKA_OPTION_FILE: &str = "--kafka-option-file (IDEMPOST_KAFKA_OPTION_FILE)";
 
 fn read(setting: &'static str, path: &Path) -> Result<String, SecretError> {
     std::fs::read_to_string(path).map_err(|source| SecretError::Read {
@@ -95,8 +95,8 @@ mod tests {
     fn the_database_url_comes_from_exactly_one_place_and_a_file_loses_its_newline() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("url");
-        std::fs::write(&file, "mysql://outpost:s3cret@db/outpost\n").unwrap();
-        assert_eq!(database_url("", Some(&file)).unwrap(), "mysql://outpost:s3cret@db/outpost");
+        std::fs::write(&file, "mysql://idempost:s3cret@db/idempost\n").unwrap();
+        assert_eq!(database_url("", Some(&file)).unwrap(), "mysql://idempost:s3cret@db/idempost");
         assert_eq!(database_url("sqlite::memory:", None).unwrap(), "sqlite::memory:");
         assert!(matches!(database_url("", None), Err(SecretError::Missing(_))));
         assert!(matches!(database_url("sqlite::memory:", Some(&file)), Err(SecretError::Both(_))));
@@ -108,12 +108,12 @@ mod tests {
     fn kafka_options_from_a_file_follow_the_inline_ones_and_a_bad_line_is_named_not_shown() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("kafka");
-        std::fs::write(&file, "# SASL\nsasl.username = outpost\n\nsasl.password=p=w,d\n").unwrap();
+        std::fs::write(&file, "# SASL\nsasl.username = idempost\n\nsasl.password=p=w,d\n").unwrap();
         let inline = vec![("sasl.mechanisms".to_owned(), "PLAIN".to_owned())];
         let options = kafka_options(&inline, Some(&file)).unwrap();
         let keys: Vec<_> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        assert_eq!(keys, ["sasl.mechanisms=PLAIN", "sasl.username=outpost", "sasl.password=p=w,d"]);
-        std::fs::write(&file, "sasl.username=outpost\nhunter2\n").unwrap();
+        assert_eq!(keys, ["sasl.mechanisms=PLAIN", "sasl.username=idempost", "sasl.password=p=w,d"]);
+        std::fs::write(&file, "sasl.username=idempost\nhunter2\n").unwrap();
         let refused = kafka_options(&[], Some(&file)).unwrap_err().to_string();
         assert!(refused.contains("line 2") && !refused.contains("hunter2"), "{refused}");
     }

@@ -91,7 +91,7 @@ pub(crate) type Verdict = Option<String>;
 
 /// A service's `grpc.health.v1` status, kept truthful: NOT_SERVING while any of its checks fails
 /// or while it drains, SERVING otherwise. Every change is logged (with the failing check and
-/// why) and mirrored in the `outpost.health.serving` and `outpost.health.failing` gauges.
+/// why) and mirrored in the `idempost.health.serving` and `idempost.health.failing` gauges.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
     reporter: HealthReporter,
@@ -138,8 +138,8 @@ impl Health {
                     (Some(index), Some(why)) => state.failing[index].1.clone_from(why),
                     (None, None) => {}
                 }
-                let service = KeyValue::new("outpost.service", self.service);
-                let name = KeyValue::new("outpost.health.check", *check);
+                let service = KeyValue::new("idempost.service", self.service);
+                let name = KeyValue::new("idempost.health.check", *check);
                 metrics().health_failing.record(u64::from(verdict.is_some()), &[service, name]);
             }
             let serving = !state.draining && state.failing.is_empty();
@@ -150,7 +150,7 @@ impl Health {
         let (serving, changed) = change;
         metrics()
             .health_serving
-            .record(u64::from(serving), &[KeyValue::new("outpost.service", self.service)]);
+            .record(u64::from(serving), &[KeyValue::new("idempost.service", self.service)]);
         if changed {
             if serving {
                 tracing::info!(service = self.service, "SERVING");

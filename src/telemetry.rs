@@ -1,6 +1,6 @@
 //! Logs, traces and metrics for every service.
 //!
-//! Logs go to stderr (text, or JSON with `OUTPOST_LOG_FORMAT=json`). Traces and metrics leave over
+//! Logs go to stderr (text, or JSON with `IDEMPOST_LOG_FORMAT=json`). Traces and metrics leave over
 //! OTLP/gRPC only when the standard variables ask for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the
 //! per-signal `…_TRACES_ENDPOINT` / `…_METRICS_ENDPOINT`); `OTEL_SERVICE_NAME`,
 //! `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*` and `OTEL_METRIC_EXPORT_INTERVAL` work as everywhere else.
@@ -79,15 +79,15 @@ pub fn init(service_name: &'static str) -> Telemetry {
         opentelemetry::global::set_meter_provider(provider.clone());
     }
 
-    // Only Outpost's own spans are exported: the exporter's own gRPC client must not trace
+    // Only Idempost's own spans are exported: the exporter's own gRPC client must not trace
     // itself into a loop.
     let otel = tracer_provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer(service_name))
-            .with_filter(Targets::new().with_target("outpost", tracing::Level::INFO))
+            .with_filter(Targets::new().with_target("idempost", tracing::Level::INFO))
     });
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("OUTPOST_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
+    let json = std::env::var("IDEMPOST_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let logs = if json {
         fmt::layer().json().with_current_span(true).with_span_list(false).with_writer(std::io::stderr).boxed()
     } else {

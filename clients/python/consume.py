@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Reads OrderAccepted events from Kafka with confluent-kafka and prints one JSON line per event.
 
-    consume.py --brokers 127.0.0.1:9092 [--topic outpost.order-accepted.v1] [--group-id G]
+    consume.py --brokers 127.0.0.1:9092 [--topic idempost.order-accepted.v1] [--group-id G]
                [--max-events N] [--timeout SECONDS] [-X librdkafka.option=value ...]
 
-Each record's value is an outpost.v1.OrderAccepted in protobuf binary encoding; its `event_id`
+Each record's value is an idempost.v1.OrderAccepted in protobuf binary encoding; its `event_id`
 header repeats the payload's event id. Delivery is at least once: the same event id can arrive
 more than once, and a real consumer deduplicates by it (the Rust consumer keeps a consumed_event
 row per event). Offsets are committed only after a record was handled (here: its line printed and
@@ -13,7 +13,7 @@ be decoded is reported as an "undecodable" line and committed: it never blocks i
 is never skipped silently.
 
 With --ca-file the brokers are reached over TLS; with a token (--token-file, else the
-OUTPOST_KAFKA_TOKEN environment variable) the consumer authenticates with SASL/OAUTHBEARER. Any
+IDEMPOST_KAFKA_TOKEN environment variable) the consumer authenticates with SASL/OAUTHBEARER. Any
 other librdkafka security option (SASL/SCRAM, client certificates) goes through -X KEY=VALUE.
 
 Stops after N events (--max-events), after --timeout seconds, or on SIGINT/SIGTERM. Exit status:
@@ -34,9 +34,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 import stubs
 
 stubs.add_to_path()
-from outpost.v1 import order_events_pb2  # noqa: E402
+from idempost.v1 import order_events_pb2  # noqa: E402
 
-DEFAULT_TOPIC = "outpost.order-accepted.v1"
+DEFAULT_TOPIC = "idempost.order-accepted.v1"
 
 
 def headers_of(message) -> dict:
@@ -92,11 +92,11 @@ def decode(message) -> dict:
 
 
 def read_token(token_file):
-    """The bearer token from `token_file`, else from OUTPOST_KAFKA_TOKEN; None when neither is set."""
+    """The bearer token from `token_file`, else from IDEMPOST_KAFKA_TOKEN; None when neither is set."""
     if token_file is not None:
         with open(token_file, encoding="ascii") as file:
             return file.read().strip()
-    return os.environ.get("OUTPOST_KAFKA_TOKEN", "").strip() or None
+    return os.environ.get("IDEMPOST_KAFKA_TOKEN", "").strip() or None
 
 
 def token_expiry(token: str) -> float:
@@ -113,13 +113,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="Print OrderAccepted events from Kafka as JSON lines.")
     parser.add_argument("--brokers", default="127.0.0.1:9092", help="bootstrap servers")
     parser.add_argument("--topic", default=DEFAULT_TOPIC)
-    parser.add_argument("--group-id", default="outpost-python-consumer", help="consumer group")
+    parser.add_argument("--group-id", default="idempost-python-consumer", help="consumer group")
     parser.add_argument("--max-events", type=int, help="stop after this many events")
     parser.add_argument("--timeout", type=float, help="stop after this many seconds")
     parser.add_argument("--ca-file", help="PEM CA of the brokers' certificates: use TLS")
     parser.add_argument(
         "--token-file",
-        help="file holding an OAuth bearer token for SASL/OAUTHBEARER (else OUTPOST_KAFKA_TOKEN)",
+        help="file holding an OAuth bearer token for SASL/OAUTHBEARER (else IDEMPOST_KAFKA_TOKEN)",
     )
     parser.add_argument(
         "-X", dest="options", action="append", default=[], metavar="KEY=VALUE", help="librdkafka option"
@@ -133,7 +133,7 @@ def main() -> int:
         "auto.offset.reset": "earliest",
         # Offsets are committed by hand, after handling, never in the background.
         "enable.auto.commit": False,
-        "client.id": f"outpost-python-{uuid.uuid4().hex[:8]}",
+        "client.id": f"idempost-python-{uuid.uuid4().hex[:8]}",
     }
     if args.ca_file:
         config["security.protocol"] = "SSL"

@@ -3,8 +3,8 @@
 
 Usage: python generate.py [--proto-root DIR] [--out DIR]
 
-The stubs land in clients/python/outpost_pb/ by default (gitignored): one package per proto
-package (outpost/v1/*_pb2.py, *_pb2_grpc.py and .pyi type hints). The output is replaced whole, so
+The stubs land in clients/python/idempost_pb/ by default (gitignored): one package per proto
+package (idempost/v1/*_pb2.py, *_pb2_grpc.py and .pyi type hints). The output is replaced whole, so
 a removed .proto leaves nothing behind.
 """
 
@@ -22,7 +22,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--proto-root", type=pathlib.Path, default=HERE.parent.parent / "proto")
-    parser.add_argument("--out", type=pathlib.Path, default=HERE / "outpost_pb")
+    parser.add_argument("--out", type=pathlib.Path, default=HERE / "idempost_pb")
     args = parser.parse_args()
 
     root = args.proto_root.resolve()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Submits, amends and cancels orders on Outpost's OrderService with the safe caller protocol.
+"""Submits, amends and cancels orders on Idempost's OrderService with the safe caller protocol.
 
-The protocol (the same as the Rust `outpost::client::SafeSubmitter`), for SubmitOrder,
+The protocol (the same as the Rust `idempost::client::SafeSubmitter`), for SubmitOrder,
 AmendOrder and CancelOrder alike:
 
 1. Fix the event id before the first attempt; every retry reuses it and the request id.
@@ -31,7 +31,7 @@ As a library: `SafeSubmitter(open_channel(target, ca_file, token)).submit(reques
 
 With `--ca-file` the channel is TLS and the server's certificate must chain to that CA; without
 it the channel is plaintext and `--target` must be a loopback address (anything else is refused
-before connecting, exit status 2). The token (`--token-file`, else the OUTPOST_TOKEN environment
+before connecting, exit status 2). The token (`--token-file`, else the IDEMPOST_TOKEN environment
 variable) is sent as `authorization: Bearer` on every call, and the server takes the tenant from
 it (tenant_id 0 in a request means "mine").
 
@@ -57,12 +57,12 @@ from grpc_status import rpc_status
 import stubs
 
 stubs.add_to_path()
-from outpost.v1 import order_pb2  # noqa: E402
-from outpost.v1 import order_service_pb2 as pb  # noqa: E402
-from outpost.v1 import order_service_pb2_grpc as pb_grpc  # noqa: E402
+from idempost.v1 import order_pb2  # noqa: E402
+from idempost.v1 import order_service_pb2 as pb  # noqa: E402
+from idempost.v1 import order_service_pb2_grpc as pb_grpc  # noqa: E402
 
-# The ErrorInfo domain of Outpost's own errors; a reason from any other domain is not ours.
-ERROR_DOMAIN = "outpost.v1"
+# The ErrorInfo domain of Idempost's own errors; a reason from any other domain is not ours.
+ERROR_DOMAIN = "idempost.v1"
 
 # Refusals that retrying with the same request cannot fix: nothing was written by it.
 FINAL_CODES = frozenset(
@@ -117,7 +117,7 @@ WRITES = {
 
 @dataclasses.dataclass
 class Failure:
-    """A failed call: its gRPC code, Outpost's ErrorInfo reason (if any) and the message."""
+    """A failed call: its gRPC code, Idempost's ErrorInfo reason (if any) and the message."""
 
     code: grpc.StatusCode
     reason: Optional[str]
@@ -153,7 +153,7 @@ class GaveUp(Exception):
 
 
 def error_reason(error: grpc.RpcError) -> Optional[str]:
-    """The reason of the google.rpc.ErrorInfo in the status details, if it is Outpost's."""
+    """The reason of the google.rpc.ErrorInfo in the status details, if it is Idempost's."""
     try:
         status = rpc_status.from_call(error)
     except (ValueError, AttributeError):
@@ -428,11 +428,11 @@ def open_channel(target: str, ca_file: Optional[str], token: Optional[str] = Non
 
 
 def read_token(token_file: Optional[str]) -> Optional[str]:
-    """The bearer token from `token_file`, else from OUTPOST_TOKEN; None when neither is set."""
+    """The bearer token from `token_file`, else from IDEMPOST_TOKEN; None when neither is set."""
     if token_file is not None:
         with open(token_file, encoding="ascii") as file:
             return file.read().strip()
-    return os.environ.get("OUTPOST_TOKEN", "").strip() or None
+    return os.environ.get("IDEMPOST_TOKEN", "").strip() or None
 
 
 def main() -> int:
@@ -444,7 +444,7 @@ def main() -> int:
     parser.add_argument(
         "--ca-file", help="PEM CA of the service's certificate: use TLS (without it, only a loopback --target)"
     )
-    parser.add_argument("--token-file", help="file holding the bearer token (else OUTPOST_TOKEN)")
+    parser.add_argument("--token-file", help="file holding the bearer token (else IDEMPOST_TOKEN)")
     parser.add_argument("--max-calls", type=int, default=RetryPolicy.max_calls)
     parser.add_argument("--initial-backoff", type=float, default=RetryPolicy.initial_backoff, help="seconds")
     parser.add_argument("--max-backoff", type=float, default=RetryPolicy.max_backoff, help="seconds")

@@ -1,7 +1,7 @@
-//! Outpost's schema as sea-orm-migration migrations that run unchanged on MariaDB/MySQL,
+//! Idempost's schema as sea-orm-migration migrations that run unchanged on MariaDB/MySQL,
 //! PostgreSQL and SQLite.
 //!
-//! Constraint and index names are part of Outpost's contract: the order service and the consumer
+//! Constraint and index names are part of Idempost's contract: the order service and the consumer
 //! classify duplicate-key errors by them.
 
 pub use sea_orm_migration::prelude::*;
@@ -18,7 +18,7 @@ mod m20261205_000003_per_order_order;
 mod m20261205_000004_held_back;
 mod m20261206_000001_backlog_on_ready;
 
-/// Every migration Outpost knows, oldest first.
+/// Every migration Idempost knows, oldest first.
 #[derive(Debug)]
 pub struct Migrator;
 

@@ -11,7 +11,7 @@
 //! `m20261205_000004_held_back` names `idx_outbox_due` in its MariaDB/MySQL claim and fails
 //! every claim without it (nothing is lost; its events wait for a newer relay). Upgrade every
 //! relay before running it; to roll a relay back that far, revert this migration first
-//! (`outpost-migrate down -n 1` recreates the index). See `docs/operations.md`.
+//! (`idempost-migrate down -n 1` recreates the index). See `docs/operations.md`.
 
 use sea_orm_migration::prelude::*;
 

@@ -1,8 +1,8 @@
-//! `outpost-migrate`: applies Outpost's schema as a deploy step (`outpost-migrate up`).
+//! `idempost-migrate`: applies Idempost's schema as a deploy step (`idempost-migrate up`).
 //!
-//! The database comes from `DATABASE_URL` or `-u URL`; see `outpost-migrate --help`.
+//! The database comes from `DATABASE_URL` or `-u URL`; see `idempost-migrate --help`.
 
 #[tokio::main]
 async fn main() {
-    sea_orm_migration::cli::run_cli(outpost_migration::Migrator).await;
+    sea_orm_migration::cli::run_cli(idempost_migration::Migrator).await;
 }

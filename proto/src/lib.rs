@@ -1,4 +1,4 @@
-//! Outpost's gRPC contracts, generated from `proto/outpost/v1` at build time: the one crate the
+//! Idempost's gRPC contracts, generated from `proto/idempost/v1` at build time: the one crate the
 //! services, the Rust client and the tools share for the wire types. Beside the generated code,
 //! the two hand-written parts of the contract both sides need: the error domain and the event
 //! id's one text form.
@@ -7,16 +7,16 @@ mod event_id;
 
 pub use event_id::EventId;
 
-/// Package `outpost.v1`: messages, the `OrderService`, `AdminService` and `ConsumerAdminService`
+/// Package `idempost.v1`: messages, the `OrderService`, `AdminService` and `ConsumerAdminService`
 /// clients and servers.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
 pub mod v1 {
-    tonic::include_proto!("outpost.v1");
+    tonic::include_proto!("idempost.v1");
 }
 
-/// The encoded descriptors of every Outpost `.proto` file, for gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("outpost_descriptor");
+/// The encoded descriptors of every Idempost `.proto` file, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("idempost_descriptor");
 
 /// `google.rpc.ErrorInfo.domain` of every error status the services answer with (the protos'
-/// package), so callers can tell Outpost's reasons from a proxy's.
-pub const ERROR_DOMAIN: &str = "outpost.v1";
+/// package), so callers can tell Idempost's reasons from a proxy's.
+pub const ERROR_DOMAIN: &str = "idempost.v1";

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use outpost_proto::v1::{
+use idempost_proto::v1::{
     self as pb,
     consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
 };
@@ -19,7 +19,7 @@ use crate::edge::{self, CallError, error_status, parse_event_id, timestamp};
 use crate::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
 use crate::security::{Authenticator, Caller};
 
-const SERVICE: &str = "outpost.v1.ConsumerAdminService";
+const SERVICE: &str = "idempost.v1.ConsumerAdminService";
 
 /// The `ConsumerAdminService` implementation.
 #[derive(Debug, Clone)]

@@ -156,7 +156,7 @@ impl Application {
         let routes = self.admin_routes()?;
         let health = HealthEndpoint::serve_with(
             self.listener,
-            "outpost-consumer",
+            "idempost-consumer",
             routes,
             &self.auth,
             stop_rx.clone(),
@@ -232,7 +232,7 @@ impl Application {
     fn admin_routes(&self) -> Result<tonic::service::Routes, StartupError> {
         let reflection = self.settings.auth.reflection_on(self.settings.listen).then(|| {
             tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(outpost_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(idempost_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
                 .build_v1()
         });

@@ -1,15 +1,15 @@
 //! From a Kafka record to the facts the consumer acts on, or a reason it cannot.
 
-use outpost_proto::EventId;
-use outpost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
+use idempost_proto::EventId;
+use idempost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
 use prost::Message as _;
 
 use crate::contract::{AGGREGATE_TYPE, EVENT_TYPE};
 
 /// `event_type` of OrderAmended events.
-pub(crate) const ORDER_AMENDED: &str = "outpost.v1.OrderAmended";
+pub(crate) const ORDER_AMENDED: &str = "idempost.v1.OrderAmended";
 /// `event_type` of OrderCancelled events.
-pub(crate) const ORDER_CANCELLED: &str = "outpost.v1.OrderCancelled";
+pub(crate) const ORDER_CANCELLED: &str = "idempost.v1.OrderCancelled";
 
 /// What the consumer needs of one event of an order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,7 +193,7 @@ mod tests {
     fn an_unknown_type_with_its_headers_is_an_event_to_park_and_without_them_is_poison() {
         let id = EventId::new().to_string();
         let full = [
-            ("event_type", "outpost.v1.OrderShipped"),
+            ("event_type", "idempost.v1.OrderShipped"),
             ("event_id", id.as_str()),
             ("aggregate_type", "order"),
             ("aggregate_id", "12"),
@@ -201,7 +201,7 @@ mod tests {
         ];
         let event = decode(Some(b"future bytes"), headers(&full)).unwrap();
         assert_eq!((event.order_id, event.version, event.change), (12, 4, None));
-        assert_eq!(event.event_type, "outpost.v1.OrderShipped");
+        assert_eq!(event.event_type, "idempost.v1.OrderShipped");
         let without_version = &full[..4];
         assert!(decode(Some(b"future bytes"), headers(without_version)).is_err());
     }

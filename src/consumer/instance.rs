@@ -154,7 +154,7 @@ async fn lock_mysql(
     wait: Duration,
 ) -> Result<MySqlConnection, InstanceError> {
     let mut conn = MySqlConnection::connect(url).await?;
-    let name = format!("outpost.consumer.{:016x}", identity.key());
+    let name = format!("idempost.consumer.{:016x}", identity.key());
     // 1: taken; 0: another session held it for the whole wait; NULL (-1 here): an error.
     let taken: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
         .bind(name)
@@ -239,8 +239,8 @@ mod tests {
     #[test]
     fn a_sqlite_url_names_its_file_and_memory_names_none() {
         assert_eq!(
-            sqlite_path("sqlite:///tmp/x/outpost.db?mode=rwc"),
-            Some(PathBuf::from("/tmp/x/outpost.db"))
+            sqlite_path("sqlite:///tmp/x/idempost.db?mode=rwc"),
+            Some(PathBuf::from("/tmp/x/idempost.db"))
         );
         assert_eq!(sqlite_path("sqlite::memory:"), None);
     }

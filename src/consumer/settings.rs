@@ -14,39 +14,39 @@ const DAY: u64 = 24 * 3600;
 /// The consumer's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
-    name = "outpost-consumer",
+    name = "idempost-consumer",
     version,
-    about = "Outpost consumer: one notification job per OrderAccepted event"
+    about = "Idempost consumer: one notification job per OrderAccepted event"
 )]
 pub struct Settings {
     /// The consumer's own database: mysql://, postgres:// or sqlite:// URL. A URL with a
     /// password belongs in `--database-url-file`: flags show in `ps`.
-    #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
+    #[arg(long, env = "IDEMPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     pub(crate) database_url: String,
 
     /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
-    #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
+    #[arg(long, env = "IDEMPOST_DATABASE_URL_FILE")]
     pub(crate) database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the consumer holds.
-    #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) db_max_connections: u32,
 
     /// Kafka bootstrap servers, comma-separated host:port.
-    #[arg(long, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "IDEMPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub(crate) brokers: String,
 
     /// Topic to consume.
-    #[arg(long, env = "OUTPOST_TOPIC", default_value = DEFAULT_TOPIC)]
+    #[arg(long, env = "IDEMPOST_TOPIC", default_value = DEFAULT_TOPIC)]
     pub topic: String,
 
     /// The dedup identity: `consumed_event.consumer_name`. Two consumers with different names
     /// each handle every event once.
-    #[arg(long, env = "OUTPOST_CONSUMER_NAME", default_value = DEFAULT_CONSUMER_NAME)]
+    #[arg(long, env = "IDEMPOST_CONSUMER_NAME", default_value = DEFAULT_CONSUMER_NAME)]
     pub consumer_name: String,
 
     /// Kafka consumer group; defaults to the consumer name.
-    #[arg(long, env = "OUTPOST_CONSUMER_GROUP")]
+    #[arg(long, env = "IDEMPOST_CONSUMER_GROUP")]
     pub group_id: Option<String>,
 
     /// How this instance is a member of its group. `static`: the group knows it by
@@ -55,7 +55,7 @@ pub struct Settings {
     /// `dynamic`: every start is a new member, and a dead one holds its partitions until the
     /// broker drops it. `auto`: static when the instance has a stable name (`--instance-name`,
     /// or a fixed `--listen` port), dynamic otherwise.
-    #[arg(long, env = "OUTPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
+    #[arg(long, env = "IDEMPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
     pub membership: Membership,
 
     /// This instance's name among the group's instances: the same across its restarts, and
@@ -64,60 +64,60 @@ pub struct Settings {
     /// port>`, which two consumers on one host cannot share. With `--listen` port 0 there is no
     /// default: static membership then needs this name. A second live instance under the same
     /// name stops at start-up (exit status 1, naming it).
-    #[arg(long, env = "OUTPOST_CONSUMER_INSTANCE_NAME")]
+    #[arg(long, env = "IDEMPOST_CONSUMER_INSTANCE_NAME")]
     pub instance_name: Option<String>,
 
     /// librdkafka consumer options passed through as KEY=VALUE (SASL, TLS, session timeouts, ...):
     /// repeat the flag, one option each (a value may contain commas); in the environment
     /// variable, one option per line. Options that would break a guarantee are refused.
-    #[arg(long = "kafka-option", env = "OUTPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
+    #[arg(long = "kafka-option", env = "IDEMPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = crate::startup::parse_key_value)]
     pub kafka_options: Vec<(String, String)>,
 
     /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
     /// `--kafka-option`: the place for `sasl.password` and other secrets.
-    #[arg(long, env = "OUTPOST_KAFKA_OPTION_FILE")]
+    #[arg(long, env = "IDEMPOST_KAFKA_OPTION_FILE")]
     pub(crate) kafka_option_file: Option<std::path::PathBuf>,
 
     /// Most records handled in one transaction: those already fetched, never waiting for more.
-    #[arg(long, env = "OUTPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    #[arg(long, env = "IDEMPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub(crate) batch_size: u16,
 
     /// Longest wait between retries of a record whose handling failed.
-    #[arg(long, env = "OUTPOST_CONSUMER_BACKOFF_MAX", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_CONSUMER_BACKOFF_MAX", default_value = "30s", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
 
     /// How long the record in hand may take to finish after SIGTERM.
-    #[arg(long, env = "OUTPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
     /// Address of the gRPC listener: health, and the operators' ConsumerAdminService (keep it on
     /// an operators' network). Port 0 picks a free port.
-    #[arg(long, env = "OUTPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
+    #[arg(long, env = "IDEMPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
     pub listen: SocketAddr,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
     /// per listener (`listen`), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
-    #[arg(long, env = "OUTPOST_PORT_FILE")]
+    #[arg(long, env = "IDEMPOST_PORT_FILE")]
     pub(crate) port_file: Option<std::path::PathBuf>,
 
     /// consumed_event rows are deleted this long after their effect committed; never shorter
     /// than the redelivery horizon.
-    #[arg(long, env = "OUTPOST_CONSUMED_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_CONSUMED_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
     pub consumed_retention: Duration,
 
     /// The longest a record can be delivered again after it was consumed: the topic's retention
     /// plus the window for manual replays. The dedup history is kept at least this long.
-    #[arg(long, env = "OUTPOST_REDELIVERY_HORIZON", default_value = "14days", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_REDELIVERY_HORIZON", default_value = "14days", value_parser = humantime::parse_duration)]
     pub redelivery_horizon: Duration,
 
     /// How often the consumer purges its dedup history on its own; "0s" leaves purging to
-    /// `outpostctl purge`.
-    #[arg(long, env = "OUTPOST_PURGE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
+    /// `idempostctl purge`.
+    #[arg(long, env = "IDEMPOST_PURGE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
     pub purge_every: Duration,
 
     /// Rows deleted per purge statement.
-    #[arg(long, env = "OUTPOST_PURGE_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, env = "IDEMPOST_PURGE_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub purge_batch_size: u64,
 
     /// TLS, plaintext policy and load bounds of the listener.
@@ -232,7 +232,7 @@ impl Settings {
         self.kafka_config().map(|_| ())
     }
 
-    /// The librdkafka consumer configuration: Outpost's settings, then the pass-through options,
+    /// The librdkafka consumer configuration: Idempost's settings, then the pass-through options,
     /// checked by the values librdkafka itself reads from them (so `FALSE`, `0` or an alias
     /// cannot slip past).
     pub(crate) fn kafka_config(&self) -> Result<ClientConfig, String> {
@@ -293,7 +293,7 @@ pub(crate) const CONSUMER_NAME_MAX_CHARS: usize = 128;
 /// The longest `group.instance.id` Kafka accepts.
 const GROUP_INSTANCE_ID_MAX_CHARS: usize = 249;
 
-/// librdkafka options Outpost sets from settings of its own, which name them instead.
+/// librdkafka options Idempost sets from settings of its own, which name them instead.
 const OWN_SETTINGS: [(&str, &str); 3] = [
     ("bootstrap.servers", "--brokers"),
     ("group.id", "--group-id"),
@@ -415,7 +415,7 @@ mod tests {
     #[test]
     fn an_option_value_may_contain_commas_and_the_flag_repeats() {
         let settings = Settings::try_parse_from([
-            "outpost-consumer",
+            "idempost-consumer",
             "--database-url=sqlite::memory:",
             "--kafka-option",
             "ssl.cipher.suites=ECDHE-RSA-AES128-GCM-SHA256,ECDHE-RSA-AES256-GCM-SHA384",

@@ -10,7 +10,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 
-use outpost_client::Backoff;
+use idempost_client::Backoff;
 use tracing::{Instrument as _, Span};
 
 use super::decode::{OrderEvent, decode};
@@ -304,7 +304,7 @@ impl Worker<'_> {
         for (message, span) in batch.iter().zip(spans) {
             match decode(message.payload(), |name| header(message, name)) {
                 Ok(event) => {
-                    span.record("outpost.event_id", tracing::field::display(event.event_id));
+                    span.record("idempost.event_id", tracing::field::display(event.event_id));
                     span.record("messaging.message.id", tracing::field::display(event.event_id));
                     events.push(event);
                 }
@@ -383,7 +383,7 @@ impl Worker<'_> {
             messaging.kafka.offset = message.offset(),
             messaging.consumer.group.name = self.group,
             messaging.message.id = tracing::field::Empty,
-            outpost.event_id = tracing::field::Empty,
+            idempost.event_id = tracing::field::Empty,
             trace_id = tracing::field::Empty,
         );
         let traceparent = header(message, "traceparent");
@@ -452,7 +452,7 @@ impl Worker<'_> {
         let decoded = decode(message.payload(), |name| header(message, name));
         if let Ok(event) = &decoded {
             let span = Span::current();
-            span.record("outpost.event_id", tracing::field::display(event.event_id));
+            span.record("idempost.event_id", tracing::field::display(event.event_id));
             span.record("messaging.message.id", tracing::field::display(event.event_id));
         }
         match decoded {
@@ -473,7 +473,7 @@ impl Worker<'_> {
                 if self.inbox.dead_letter(&record).await? == DeadLettered::AlreadyStored {
                     ConsumerStats::bump(&self.stats.dead_letter_duplicates);
                     tracing::info!(
-                        outpost.event_id = poison.event_id.as_deref().unwrap_or("-"),
+                        idempost.event_id = poison.event_id.as_deref().unwrap_or("-"),
                         topic = message.topic(),
                         partition = message.partition(),
                         offset = message.offset(),
@@ -484,7 +484,7 @@ impl Worker<'_> {
                 ConsumerStats::bump(&self.stats.dead_lettered);
                 metrics().dead_letters.add(1, &[]);
                 tracing::error!(
-                    outpost.event_id = poison.event_id.as_deref().unwrap_or("-"),
+                    idempost.event_id = poison.event_id.as_deref().unwrap_or("-"),
                     topic = message.topic(),
                     partition = message.partition(),
                     offset = message.offset(),
@@ -511,7 +511,7 @@ impl Worker<'_> {
                 metrics().consumed.add(1, &[]);
                 metrics().consume_latency.record(received.elapsed().as_secs_f64(), &[]);
                 tracing::info!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     messaging.message.id = %event.event_id,
                     order_id = event.order_id,
                     partition = message.partition(),
@@ -524,7 +524,7 @@ impl Worker<'_> {
                 ConsumerStats::bump(&self.stats.parked);
                 metrics().consumed.add(1, &[]);
                 tracing::warn!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     messaging.message.id = %event.event_id,
                     order_id = event.order_id,
                     event_version = event.version,
@@ -539,7 +539,7 @@ impl Worker<'_> {
                 ConsumerStats::bump(&self.stats.duplicates);
                 metrics().duplicates.add(1, &[]);
                 tracing::info!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     messaging.message.id = %event.event_id,
                     partition = message.partition(),
                     offset = message.offset(),

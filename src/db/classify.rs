@@ -11,7 +11,7 @@ use sea_orm::sqlx::{
 };
 use sea_orm::{DbErr, RuntimeErr};
 
-use outpost_client::Backoff;
+use idempost_client::Backoff;
 
 /// A unique key whose violation carries meaning. Its name is part of the schema contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use outpost_migration::{Migrator, MigratorTrait};
+use idempost_migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::Executor as _;
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
@@ -78,12 +78,12 @@ pub async fn connect_for(url: &str, max_connections: u32, pool: Pool) -> Result<
     Database::connect(options).await
 }
 
-/// The database is not ready for this version of Outpost.
+/// The database is not ready for this version of Idempost.
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
     /// Migrations this binary knows have not been applied.
     #[error(
-        "the database schema is not migrated ({} pending: {}); run `outpost-migrate up` first",
+        "the database schema is not migrated ({} pending: {}); run `idempost-migrate up` first",
         pending.len(),
         pending.join(", ")
     )]
@@ -98,7 +98,7 @@ pub enum SchemaError {
 
 /// Fails unless every migration this binary knows has been applied. Writes nothing.
 ///
-/// Migrating is a deploy step (`outpost-migrate up`), never a side effect of starting a service.
+/// Migrating is a deploy step (`idempost-migrate up`), never a side effect of starting a service.
 pub(crate) async fn ensure_migrated(db: &DatabaseConnection) -> Result<(), SchemaError> {
     let pending = Migrator::get_pending_migrations_read_only(db).await.map_err(SchemaError::Unreadable)?;
     if pending.is_empty() {

@@ -6,7 +6,7 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, IsolationLevel, Statement};
 /// The database server's current time, to the microsecond.
 ///
 /// Leases and retry times come from here, never from the local clock, so that relays on hosts
-/// with skewed clocks agree on when a lease has expired. Every timestamp Outpost writes is bound
+/// with skewed clocks agree on when a lease has expired. Every timestamp Idempost writes is bound
 /// as a parameter (never a SQL clock function), so one column always holds one text format on
 /// SQLite and compares correctly.
 pub async fn now(conn: &impl ConnectionTrait) -> Result<DateTime<Utc>, DbErr> {

@@ -1,4 +1,4 @@
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 
 use super::ids::{RequestId, TenantId};
 use super::order::{CustomerId, LineItem, NewOrder, push_lines};

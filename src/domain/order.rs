@@ -1,7 +1,7 @@
 use std::str::FromStr;
 
 use iso_currency::Currency;
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 
 use super::ids::{RequestId, TenantId};
 use super::text::{is_visible_ascii, sha256_hex};

@@ -3,7 +3,7 @@
 //! commit) gives. Both paths build on this module; neither on the other's internals.
 
 use chrono::{DateTime, Utc};
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
     ColumnTrait, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder,
@@ -443,7 +443,7 @@ pub(super) fn stored_line(row: order_line::Model) -> Result<LineItem, DbErr> {
     })
 }
 
-/// A stored value that no version of Outpost writes.
+/// A stored value that no version of Idempost writes.
 pub(super) fn corrupt(what: &str) -> DbErr {
     DbErr::Type(format!("stored order is not valid: {what}"))
 }

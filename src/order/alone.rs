@@ -2,7 +2,7 @@
 //! group commit falls back to for an order that must not wait for a batch.
 
 use chrono::{DateTime, Utc};
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 use sea_orm::{DatabaseConnection, DatabaseTransaction};
 
 use super::accepting::{

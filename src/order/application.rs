@@ -137,9 +137,9 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter, "outpost-order", HEALTH_NAMES).await;
+        let health = Health::new(reporter, "idempost-order", HEALTH_NAMES).await;
         let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(outpost_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(idempost_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
 
@@ -201,7 +201,7 @@ impl Application {
 }
 
 /// The gRPC names the order service's health covers: the whole server and OrderService.
-const HEALTH_NAMES: &[&str] = &["", "outpost.v1.OrderService"];
+const HEALTH_NAMES: &[&str] = &["", "idempost.v1.OrderService"];
 
 /// Keeps health NOT_SERVING while the database does not answer, until stopped.
 async fn watch_database(db: DatabaseConnection, health: Health, stopped: watch::Receiver<bool>) {

@@ -24,7 +24,7 @@
 //!    under a lock on that event's row, which the relay's mark also takes).
 
 use chrono::{DateTime, SubsecRound, Utc};
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 use sea_orm::sea_query::LockType;
 use sea_orm::sea_query::{Expr, ExprTrait as _};
 use sea_orm::{
@@ -123,14 +123,14 @@ impl OrderStore {
             request_id = %change.request_id,
             order_id = change.order_id,
             expected_version = change.expected_version,
-            outpost.event_id,
+            idempost.event_id,
             trace_id,
         )
     )]
     pub(crate) async fn change(&self, change: &ChangeOrder) -> Result<ChangeOutcome, SubmitError> {
         let event_id = change.event_id.unwrap_or_else(EventId::new);
         let span = tracing::Span::current();
-        span.record("outpost.event_id", tracing::field::display(event_id));
+        span.record("idempost.event_id", tracing::field::display(event_id));
         telemetry::record_trace_id(&span);
         let trace = TraceHeaders::of(&span);
         let committed_at = Utc::now().trunc_subsecs(6);

@@ -2,8 +2,8 @@
 //! OrderAmended (the whole order after a change) and OrderCancelled, each encoded once.
 
 use chrono::{DateTime, Utc};
-use outpost_proto::EventId;
-use outpost_proto::v1 as pb;
+use idempost_proto::EventId;
+use idempost_proto::v1 as pb;
 use prost::Message;
 
 use crate::domain::{CancelReason, ChangeOrder, NewOrder, SubmitOrder};

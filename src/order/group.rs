@@ -39,21 +39,21 @@ pub enum GroupCommitMode {
 pub struct GroupCommitSettings {
     /// `on`: orders that arrive while a transaction is in flight share the next one, each in its
     /// own savepoint; `off`: one transaction per order.
-    #[arg(long = "group-commit", env = "OUTPOST_GROUP_COMMIT", value_enum, default_value_t = GroupCommitMode::On)]
+    #[arg(long = "group-commit", env = "IDEMPOST_GROUP_COMMIT", value_enum, default_value_t = GroupCommitMode::On)]
     pub mode: GroupCommitMode,
 
     /// Most orders one shared transaction writes.
-    #[arg(long = "group-commit-max-batch", env = "OUTPOST_GROUP_COMMIT_MAX_BATCH", default_value_t = DEFAULT_MAX_BATCH, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    #[arg(long = "group-commit-max-batch", env = "IDEMPOST_GROUP_COMMIT_MAX_BATCH", default_value_t = DEFAULT_MAX_BATCH, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub max_batch: u16,
 
     /// Writers, each with at most one transaction (one pooled connection) in flight. Keep it
     /// below `--db-max-connections`: Reconcile shares the pool.
-    #[arg(long = "group-commit-writers", env = "OUTPOST_GROUP_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long = "group-commit-writers", env = "IDEMPOST_GROUP_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub writers: u16,
 
     /// Orders that may wait for a writer; past it SubmitOrder answers RESOURCE_EXHAUSTED
     /// (OVERLOADED) at once, nothing written.
-    #[arg(long = "group-commit-queue", env = "OUTPOST_GROUP_COMMIT_QUEUE", default_value_t = DEFAULT_QUEUE, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    #[arg(long = "group-commit-queue", env = "IDEMPOST_GROUP_COMMIT_QUEUE", default_value_t = DEFAULT_QUEUE, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub queue: u32,
 }
 

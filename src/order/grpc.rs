@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use outpost_proto::ERROR_DOMAIN;
-use outpost_proto::v1::{
+use idempost_proto::ERROR_DOMAIN;
+use idempost_proto::v1::{
     self as pb,
     order_service_server::{OrderService, OrderServiceServer},
 };
@@ -173,7 +173,7 @@ impl OrderGrpc {
                     self.wake.wake();
                 }
                 tracing::Span::current()
-                    .record("outpost.event_id", tracing::field::display(submitted.order.event_id));
+                    .record("idempost.event_id", tracing::field::display(submitted.order.event_id));
                 Ok(Response::new(submitted.into()))
             }
             Err(e) => Err(WriteError::Store(e).into_status(key)),
@@ -200,7 +200,7 @@ impl OrderGrpc {
                     self.wake.wake();
                 }
                 tracing::Span::current()
-                    .record("outpost.event_id", tracing::field::display(changed.event_id));
+                    .record("idempost.event_id", tracing::field::display(changed.event_id));
                 Ok(Response::new(changed.into()))
             }
             Ok(Err(refused)) => Err(WriteError::Refused(refused).into_status(key)),
@@ -230,7 +230,7 @@ impl OrderGrpc {
     }
 }
 
-const SERVICE: &str = "outpost.v1.OrderService";
+const SERVICE: &str = "idempost.v1.OrderService";
 
 impl TryFrom<pb::SubmitOrderRequest> for SubmitOrder {
     type Error = InvalidInput;

@@ -8,59 +8,59 @@ const DAY: u64 = 24 * 3600;
 
 /// The order service's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "outpost-order", version, about = "Outpost order service: accepts orders over gRPC")]
+#[command(name = "idempost-order", version, about = "Idempost order service: accepts orders over gRPC")]
 pub struct Settings {
     /// Address the gRPC server listens on; port 0 picks a free port.
-    #[arg(long, env = "OUTPOST_ORDER_LISTEN", default_value = "127.0.0.1:50051")]
+    #[arg(long, env = "IDEMPOST_ORDER_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
     /// The primary database: mysql://, postgres:// or sqlite:// URL. Reconcile reads from it, so
     /// it must never point at a replica. A URL with a password belongs in
     /// `--database-url-file`: flags show in `ps`.
-    #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
+    #[arg(long, env = "IDEMPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     pub database_url: String,
 
     /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
-    #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
+    #[arg(long, env = "IDEMPOST_DATABASE_URL_FILE")]
     pub(crate) database_url_file: Option<std::path::PathBuf>,
 
     /// Most database connections the service holds.
-    #[arg(long, env = "OUTPOST_DB_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub db_max_connections: u32,
 
     /// How long in-flight calls may run after SIGTERM before the server stops anyway.
-    #[arg(long, env = "OUTPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub(crate) shutdown_grace: Duration,
 
     /// Address the AdminService listens on (order and outbox timelines, backlog, redrive, outbox
     /// purge): keep it on an
     /// operators' network. Port 0 picks a free port.
-    #[arg(long, env = "OUTPOST_ADMIN_LISTEN", default_value = "127.0.0.1:50054")]
+    #[arg(long, env = "IDEMPOST_ADMIN_LISTEN", default_value = "127.0.0.1:50054")]
     pub admin_listen: SocketAddr,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
     /// per listener (`listen`, `admin-listen`), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
-    #[arg(long, env = "OUTPOST_PORT_FILE")]
+    #[arg(long, env = "IDEMPOST_PORT_FILE")]
     pub(crate) port_file: Option<std::path::PathBuf>,
 
     /// PUBLISHED outbox rows are deleted this long after the broker confirmed them.
-    #[arg(long, env = "OUTPOST_OUTBOX_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_OUTBOX_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub outbox_retention: Duration,
 
-    /// How often the service purges on its own; "0s" leaves purging to `outpostctl purge`.
-    #[arg(long, env = "OUTPOST_PURGE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
+    /// How often the service purges on its own; "0s" leaves purging to `idempostctl purge`.
+    #[arg(long, env = "IDEMPOST_PURGE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
     pub purge_every: Duration,
 
     /// Rows deleted per purge statement.
-    #[arg(long, env = "OUTPOST_PURGE_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, env = "IDEMPOST_PURGE_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub purge_batch_size: u64,
 
     /// Relays' wake-up addresses (their `--wake-listen`), comma-separated: after each new order
     /// commits, each gets a UDP datagram so an idle relay polls at once; commits within 5 ms of
     /// the last datagram share the next one, sent when the 5 ms are up. Best effort: a lost
     /// wake-up only means the relay finds the event at its next poll.
-    #[arg(long, env = "OUTPOST_WAKE_RELAYS", value_delimiter = ',')]
+    #[arg(long, env = "IDEMPOST_WAKE_RELAYS", value_delimiter = ',')]
     pub(crate) wake_relays: Vec<SocketAddr>,
 
     /// Group commit of orders: on, the batch limit, the writers and the queue bound.

@@ -1,7 +1,7 @@
 //! Writes an order and its outbox event in one local transaction and reports the exact outcome.
 
 use chrono::{DateTime, SubsecRound, Utc};
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 use sea_orm::{DatabaseConnection, DbErr, EntityTrait};
 
 use super::accepting::{
@@ -61,14 +61,14 @@ impl OrderStore {
             db.operation.name = "INSERT orders, order_line, outbox_event",
             tenant_id = %submit.tenant_id,
             request_id = %submit.request_id,
-            outpost.event_id,
+            idempost.event_id,
             trace_id,
         )
     )]
     pub(crate) async fn submit(&self, submit: &SubmitOrder) -> Result<Submitted, SubmitError> {
         let event_id = submit.event_id.unwrap_or_else(EventId::new);
         let span = tracing::Span::current();
-        span.record("outpost.event_id", tracing::field::display(event_id));
+        span.record("idempost.event_id", tracing::field::display(event_id));
         telemetry::record_trace_id(&span);
         let trace = TraceHeaders::of(&span);
         // The database keeps microseconds; truncating here makes the stored, published and

@@ -4,7 +4,7 @@
 //! write goes through these.
 
 use opentelemetry::KeyValue;
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 use sea_orm::{DatabaseConnection, DatabaseTransaction, DbBackend, IsolationLevel, TransactionTrait};
 
 use super::accepting::{LOCK_CONFLICT_RETRIES, SubmitError, rolled_back, unknown};

@@ -94,7 +94,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let health = HealthEndpoint::serve(self.listener, "outpost-relay", stop_rx.clone()).await;
+        let health = HealthEndpoint::serve(self.listener, "idempost-relay", stop_rx.clone()).await;
         let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
         let watcher = tokio::spawn(watch_health(
             self.relay.vitals(),
@@ -196,7 +196,7 @@ async fn report_backlog(outbox: Outbox, mut stop: watch::Receiver<bool>) {
         match outbox.backlog().await {
             Ok(backlog) => {
                 for (status, count) in &backlog.by_status {
-                    let status = opentelemetry::KeyValue::new("outpost.outbox.status", status.as_str());
+                    let status = opentelemetry::KeyValue::new("idempost.outbox.status", status.as_str());
                     metrics().outbox_backlog.record(*count, &[status]);
                 }
                 let age = backlog.oldest_pending.map_or(0.0, |oldest| {

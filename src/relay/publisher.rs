@@ -269,7 +269,7 @@ impl Publisher for KafkaPublisher {
             messaging.kafka.message.key = %event.aggregate_id,
             messaging.destination.partition.id = tracing::field::Empty,
             messaging.kafka.offset = tracing::field::Empty,
-            outpost.event_id = %event.event_id,
+            idempost.event_id = %event.event_id,
             trace_id = tracing::field::Empty,
         );
         telemetry::record_trace_id(&span);

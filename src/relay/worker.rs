@@ -275,7 +275,7 @@ impl<P: Publisher> Relay<P> {
     fn event_span(&self, event: &ClaimedEvent) -> Span {
         let span = tracing::info_span!(
             "outbox relay",
-            outpost.event_id = %event.event_id,
+            idempost.event_id = %event.event_id,
             lease_owner = %event.lease_token,
             attempts = event.attempts,
             trace_id = tracing::field::Empty,
@@ -308,7 +308,7 @@ impl<P: Publisher> Relay<P> {
                 report.published += 1;
                 metrics().published.add(1, &[]);
                 tracing::info!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     messaging.destination.name = %delivery.topic,
                     messaging.destination.partition.id = delivery.partition,
                     messaging.kafka.offset = delivery.offset,
@@ -333,7 +333,7 @@ impl<P: Publisher> Relay<P> {
                 report.released += 1;
                 metrics().releases.add(1, &[]);
                 tracing::warn!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     retry_at = %at,
                     error,
                     "broker unavailable; released to PENDING with backoff, the attempt not counted"
@@ -343,7 +343,7 @@ impl<P: Publisher> Relay<P> {
                 report.released += 1;
                 metrics().releases.add(1, &[]);
                 tracing::warn!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     attempts = event.attempts,
                     retry_at = %at,
                     error,
@@ -354,7 +354,7 @@ impl<P: Publisher> Relay<P> {
                 report.failed += 1;
                 metrics().failed.add(1, &[]);
                 tracing::error!(
-                    outpost.event_id = %event.event_id,
+                    idempost.event_id = %event.event_id,
                     attempts = event.attempts,
                     error,
                     "publish failed for the last allowed time; FAILED until redriven"
@@ -368,7 +368,7 @@ impl<P: Publisher> Relay<P> {
         report.lease_lost += 1;
         metrics().lease_losses.add(1, &[]);
         tracing::warn!(
-            outpost.event_id = %event.event_id,
+            idempost.event_id = %event.event_id,
             lease_owner = %event.lease_token,
             "lease lost {when}; another claim owns the event now, so it is left alone"
         );
@@ -377,7 +377,7 @@ impl<P: Publisher> Relay<P> {
     fn unrecorded(&self, event: &ClaimedEvent, report: &mut StepReport, error: &DbErr) {
         report.unrecorded += 1;
         tracing::error!(
-            outpost.event_id = %event.event_id,
+            idempost.event_id = %event.event_id,
             %error,
             "could not record the outcome; the lease will expire and the event be published again"
         );
@@ -424,9 +424,9 @@ impl<P: Publisher> Relay<P> {
             let wait = match step {
                 Ok(StepOutcome::Worked(report)) => {
                     // One line per batch under its own target, so the phases of a drain can be
-                    // measured (`RUST_LOG=outpost::relay::step=debug`) without per-event logs.
+                    // measured (`RUST_LOG=idempost::relay::step=debug`) without per-event logs.
                     tracing::debug!(
-                        target: "outpost::relay::step",
+                        target: "idempost::relay::step",
                         claimed = report.claimed,
                         published = report.published,
                         lease_lost = report.lease_lost,
@@ -443,7 +443,7 @@ impl<P: Publisher> Relay<P> {
                 // claim again after a short jittered wait, not after the idle back-off, which
                 // may have grown to `max_idle_poll` and would hold the waiting events that long.
                 Err(e) if db::lock_conflict(&e).is_some() => {
-                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("outpost.relay.phase", "claim")]);
+                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("idempost.relay.phase", "claim")]);
                     tracing::warn!(error = %e, "claim met a lock conflict; claiming again shortly");
                     tokio::time::sleep(db::LockConflict::backoff(1)).await;
                     continue;
@@ -495,8 +495,8 @@ where
             match write().await {
                 Err(e) if db::lock_conflict(&e).is_some() => {
                     retry += 1;
-                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("outpost.relay.phase", "record")]);
-                    // A warning and a count (`outpost.relay.lock_conflicts`, which the tests
+                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("idempost.relay.phase", "record")]);
+                    // A warning and a count (`idempost.relay.lock_conflicts`, which the tests
                     // check): the relay's statements are meant never to wait on each other, so a
                     // conflict here is worth seeing.
                     tracing::warn!(error = %e, retry, "recording outcomes met a lock conflict; running it again");

@@ -71,7 +71,7 @@ type Refusal = Box<http::Response<Body>>;
 fn overloaded(what: &str) -> Refusal {
     tracing::debug!(what, "call refused at a concurrency limit");
     let mut details = ErrorDetails::new();
-    details.set_error_info("OVERLOADED", outpost_proto::ERROR_DOMAIN, std::collections::HashMap::new());
+    details.set_error_info("OVERLOADED", idempost_proto::ERROR_DOMAIN, std::collections::HashMap::new());
     let message = format!("{what}; nothing was done: retry after a backoff");
     Box::new(tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details).into_http())
 }
@@ -80,7 +80,7 @@ fn overloaded(what: &str) -> Refusal {
 fn refused(why: AuthError) -> Refusal {
     note_refusal(why);
     let mut details = ErrorDetails::new();
-    details.set_error_info(why.reason(), outpost_proto::ERROR_DOMAIN, std::collections::HashMap::new());
+    details.set_error_info(why.reason(), idempost_proto::ERROR_DOMAIN, std::collections::HashMap::new());
     Box::new(tonic::Status::with_error_details(why.code(), why.to_string(), details).into_http())
 }
 

@@ -256,7 +256,7 @@ impl Authenticator {
 
     /// Re-reads the JWKS every `every` and on SIGHUP until `stop` turns true. A document that
     /// parses replaces the keys, even with none (revoking every key); a file that cannot be read
-    /// or parsed keeps the previous keys, sets `outpost.auth.jwks.stale` to 1 and is logged at
+    /// or parsed keeps the previous keys, sets `idempost.auth.jwks.stale` to 1 and is logged at
     /// WARN once per change of the file, not at every check.
     pub(crate) async fn watch(self, every: Duration, mut stop: watch::Receiver<bool>) {
         let Some(jwt) = self.jwt else { return };
@@ -477,7 +477,7 @@ mod tests {
     use super::*;
 
     const ISSUER: &str = "https://issuer.example";
-    const AUDIENCE: &str = "outpost";
+    const AUDIENCE: &str = "idempost";
 
     /// A new ES256 signing key and its public half as a JWK named `kid`.
     fn signing_key(kid: &str) -> (EncodingKey, Jwk) {

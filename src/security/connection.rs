@@ -56,8 +56,8 @@ impl Shed {
         metrics().connections_shed.add(
             1,
             &[
-                KeyValue::new("outpost.shed.reason", self.as_str()),
-                KeyValue::new("outpost.shed.action", action),
+                KeyValue::new("idempost.shed.reason", self.as_str()),
+                KeyValue::new("idempost.shed.action", action),
             ],
         );
         tracing::debug!(reason = self.as_str(), action, "connection shed");

@@ -16,7 +16,7 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 
 static WARNINGS: LazyLock<Mutex<HashMap<&'static str, RateLimit>>> = LazyLock::new(Mutex::default);
 
-/// Records one refused call: DEBUG, the `outpost.calls.refused` counter, and the reason's WARN
+/// Records one refused call: DEBUG, the `idempost.calls.refused` counter, and the reason's WARN
 /// when a minute has passed since its last one. Only the reason: never the token.
 pub(crate) fn note_refusal(refused: AuthError) {
     let reason = refused.reason();
@@ -29,7 +29,7 @@ pub(crate) fn note_refusal(refused: AuthError) {
         .or_insert_with(|| RateLimit::new(WARN_EVERY))
         .hit(Instant::now());
     if let Some(refused) = due {
-        tracing::warn!(reason, refused, "calls refused (counted in outpost.calls.refused; each at DEBUG)");
+        tracing::warn!(reason, refused, "calls refused (counted in idempost.calls.refused; each at DEBUG)");
     }
 }
 

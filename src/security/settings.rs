@@ -9,85 +9,85 @@ use std::time::Duration;
 pub struct ListenerSettings {
     /// PEM certificate chain served on every gRPC listener; turns TLS on. Re-read when the file
     /// changes and on SIGHUP.
-    #[arg(long, env = "OUTPOST_TLS_CERT", requires = "tls_key")]
+    #[arg(long, env = "IDEMPOST_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
     /// PEM private key of `--tls-cert`.
-    #[arg(long, env = "OUTPOST_TLS_KEY", requires = "tls_cert")]
+    #[arg(long, env = "IDEMPOST_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
     /// PEM CA bundle for mutual TLS: clients must present a certificate it signed.
-    #[arg(long, env = "OUTPOST_TLS_CLIENT_CA", requires = "tls_cert")]
+    #[arg(long, env = "IDEMPOST_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
     /// Serve without TLS on a non-loopback address (a warning says so at start-up). Without it
     /// such a listener refuses to start.
-    #[arg(long, env = "OUTPOST_ALLOW_PLAINTEXT")]
+    #[arg(long, env = "IDEMPOST_ALLOW_PLAINTEXT")]
     pub(crate) allow_plaintext: bool,
 
     /// Most calls one listener runs at once; past it a call is answered RESOURCE_EXHAUSTED at
     /// once instead of queueing for a database connection. A call holds no permit before its
     /// token was checked. Default: 8 per connection of the order service's
     /// `--db-max-connections` (128) on each of its two listeners, 16 on a health listener.
-    #[arg(long, env = "OUTPOST_MAX_CONCURRENT_CALLS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "IDEMPOST_MAX_CONCURRENT_CALLS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_concurrent_calls: Option<u32>,
 
     /// Most calls one client connection runs at once, so that one connection cannot take every
     /// permit of its listener; past it a call is answered RESOURCE_EXHAUSTED at once. Default:
     /// the listener's `--max-concurrent-calls` less an eighth of it (at least one less, at least
     /// one call).
-    #[arg(long, env = "OUTPOST_MAX_CALLS_PER_CONNECTION", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "IDEMPOST_MAX_CALLS_PER_CONNECTION", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_calls_per_connection: Option<u32>,
 
     /// Longest a call may run on the server; the caller's own deadline wins when shorter.
-    #[arg(long, env = "OUTPOST_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_CALL_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub call_timeout: Duration,
 
     /// Longest a call's request body may take to arrive after its headers; a body still
     /// incomplete then ends the call DEADLINE_EXCEEDED, before any work.
-    #[arg(long, env = "OUTPOST_BODY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_BODY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub body_timeout: Duration,
 
     /// Most client connections one listener keeps open; past it (or once the process holds 90%
     /// of its open-file limit) a new connection is closed at once, except a few kept for health
-    /// checks only, and `outpost.listener.connections_shed` counts it.
-    #[arg(long, env = "OUTPOST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    /// checks only, and `idempost.listener.connections_shed` counts it.
+    #[arg(long, env = "IDEMPOST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) max_connections: u32,
 
     /// Most TLS handshakes one listener runs at once; past it a new connection is closed at once
     /// (and counted). Each handshake must also finish within 10 s.
-    #[arg(long, env = "OUTPOST_MAX_TLS_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "IDEMPOST_MAX_TLS_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_tls_handshakes: u32,
 
     /// Most HTTP/2 streams a client may open at once on one connection (the
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` the server announces); health checks count too.
-    #[arg(long, env = "OUTPOST_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "IDEMPOST_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) max_concurrent_streams: u32,
 
     /// Most `grpc.health.v1.Health/Watch` streams one listener serves at once; past it a Watch
     /// is answered RESOURCE_EXHAUSTED. A stream lives at most as long as its connection.
-    #[arg(long, env = "OUTPOST_MAX_WATCH_STREAMS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "IDEMPOST_MAX_WATCH_STREAMS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_watch_streams: u32,
 
     /// A connection with no call in flight for this long is closed.
-    #[arg(long, env = "OUTPOST_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub(crate) idle_timeout: Duration,
 
     /// A connection open this long is asked to go away (HTTP/2 GOAWAY: the client reconnects)
     /// and closed once its calls finish, or after one more `--call-timeout` at the latest.
-    #[arg(long, env = "OUTPOST_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
     pub(crate) max_connection_age: Duration,
 
     /// How often an HTTP/2 PING checks that a connection's client is still there.
-    #[arg(long, env = "OUTPOST_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub(crate) keepalive_interval: Duration,
 
     /// A connection whose client does not answer a PING within this is closed.
-    #[arg(long, env = "OUTPOST_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub(crate) keepalive_timeout: Duration,
 
     /// How often the certificate, key, client CA and JWKS files are checked for changes.
-    #[arg(long, env = "OUTPOST_RELOAD_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOST_RELOAD_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub reload_every: Duration,
 }
 
@@ -129,40 +129,40 @@ impl Default for ListenerSettings {
 pub struct AuthSettings {
     /// `jwt`: every call carries `authorization: Bearer <JWT>`. `none`: no authentication, for
     /// the demo and tests; accepted only when every listener is on loopback.
-    #[arg(long, env = "OUTPOST_AUTH", value_enum, default_value_t = AuthMode::Jwt)]
+    #[arg(long, env = "IDEMPOST_AUTH", value_enum, default_value_t = AuthMode::Jwt)]
     pub auth: AuthMode,
 
     /// JWKS document (JSON) with the public keys tokens are signed with; re-read when it changes
     /// and on SIGHUP. Required with `--auth jwt`.
-    #[arg(long, env = "OUTPOST_AUTH_JWKS")]
+    #[arg(long, env = "IDEMPOST_AUTH_JWKS")]
     pub auth_jwks: Option<PathBuf>,
 
     /// The `iss` every token must carry. Required with `--auth jwt`.
-    #[arg(long, env = "OUTPOST_AUTH_ISSUER")]
+    #[arg(long, env = "IDEMPOST_AUTH_ISSUER")]
     pub auth_issuer: Option<String>,
 
     /// An `aud` every token must carry. Required with `--auth jwt`.
-    #[arg(long, env = "OUTPOST_AUTH_AUDIENCE")]
+    #[arg(long, env = "IDEMPOST_AUTH_AUDIENCE")]
     pub auth_audience: Option<String>,
 
     /// The claim naming the caller's tenant (a positive integer, or its decimal string).
-    #[arg(long, env = "OUTPOST_AUTH_TENANT_CLAIM", default_value = "tenant_id")]
+    #[arg(long, env = "IDEMPOST_AUTH_TENANT_CLAIM", default_value = "tenant_id")]
     pub auth_tenant_claim: String,
 
     /// The scope (in `scope` or `scp`) that makes a caller an operator: needed for ListBacklog,
     /// Redrive, Purge and every ConsumerAdminService call, and to read another tenant's orders
     /// (a tenant's token reads its own with Reconcile, FindByBusinessKey and GetEventTimeline,
     /// without the relay's lease owner and error text).
-    #[arg(long, env = "OUTPOST_AUTH_ADMIN_SCOPE", default_value = "outpost:admin")]
+    #[arg(long, env = "IDEMPOST_AUTH_ADMIN_SCOPE", default_value = "idempost:admin")]
     pub auth_admin_scope: String,
 
     /// Clock skew allowed on `exp` and `nbf`, at most 2 minutes.
-    #[arg(long, env = "OUTPOST_AUTH_LEEWAY", default_value = "30s", value_parser = parse_leeway)]
+    #[arg(long, env = "IDEMPOST_AUTH_LEEWAY", default_value = "30s", value_parser = parse_leeway)]
     pub auth_leeway: Duration,
 
     /// Serve gRPC reflection (unauthenticated, like health) on every gRPC listener. Default, for
     /// each listener alike: on when it is loopback, off otherwise.
-    #[arg(long, env = "OUTPOST_REFLECTION")]
+    #[arg(long, env = "IDEMPOST_REFLECTION")]
     pub reflection: Option<bool>,
 }
 
@@ -195,7 +195,7 @@ impl AuthSettings {
             auth_issuer: None,
             auth_audience: None,
             auth_tenant_claim: "tenant_id".to_owned(),
-            auth_admin_scope: "outpost:admin".to_owned(),
+            auth_admin_scope: "idempost:admin".to_owned(),
             auth_leeway: Duration::from_secs(30),
             reflection: None,
         }

@@ -1,13 +1,13 @@
-//! Outpost's metric instruments, from the global meter (a no-op unless metrics export is on).
+//! Idempost's metric instruments, from the global meter (a no-op unless metrics export is on).
 
 use std::sync::LazyLock;
 
 use opentelemetry::metrics::{Counter, Gauge, Histogram};
 
-/// Every instrument Outpost records. Durations are in seconds.
+/// Every instrument Idempost records. Durations are in seconds.
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    /// Outbox rows per status (attribute `outpost.outbox.status`).
+    /// Outbox rows per status (attribute `idempost.outbox.status`).
     pub(crate) outbox_backlog: Gauge<u64>,
     /// Age of the oldest PENDING or PUBLISHING outbox row.
     pub(crate) outbox_oldest_pending_age: Gauge<f64>,
@@ -19,7 +19,7 @@ pub(crate) struct Metrics {
     pub(crate) lease_losses: Counter<u64>,
     /// Failed publishes released for a retry.
     pub(crate) releases: Counter<u64>,
-    /// Relay statements that lost a lock conflict and ran again (attribute `outpost.relay.phase`:
+    /// Relay statements that lost a lock conflict and ran again (attribute `idempost.relay.phase`:
     /// `claim` or `record`); the relay's statements are meant never to wait on each other.
     pub(crate) relay_lock_conflicts: Counter<u64>,
     /// Claims that waited the whole of the claim gate's wait and claimed without it
@@ -45,10 +45,10 @@ pub(crate) struct Metrics {
     pub(crate) order_batch_set_writes: Counter<u64>,
     /// Calls refused for their credentials or scope (attribute `reason`, the ErrorInfo reason).
     pub(crate) calls_refused: Counter<u64>,
-    /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `outpost.service`).
+    /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `idempost.service`).
     pub(crate) health_serving: Gauge<u64>,
-    /// 1 while a health check fails, 0 while it passes (attributes `outpost.service`,
-    /// `outpost.health.check`).
+    /// 1 while a health check fails, 0 while it passes (attributes `idempost.service`,
+    /// `idempost.health.check`).
     pub(crate) health_failing: Gauge<u64>,
     /// Kafka producers the relay replaced after a fatal error or a run of rejected batches.
     pub(crate) producer_rebuilds: Counter<u64>,
@@ -56,8 +56,8 @@ pub(crate) struct Metrics {
     pub(crate) client_rebuilds: Counter<u64>,
     /// 1 in a binary built with the test-only `failpoints` feature, else 0.
     pub(crate) failpoints_compiled_in: Gauge<u64>,
-    /// New connections a listener did not serve in full (attributes `outpost.shed.reason`:
-    /// `connections`, `descriptors` or `handshakes`; `outpost.shed.action`: `closed` or
+    /// New connections a listener did not serve in full (attributes `idempost.shed.reason`:
+    /// `connections`, `descriptors` or `handshakes`; `idempost.shed.action`: `closed` or
     /// `health_only`).
     pub(crate) connections_shed: Counter<u64>,
     /// Signature keys in force for bearer tokens; 0 refuses every token.
@@ -67,117 +67,117 @@ pub(crate) struct Metrics {
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    let meter = opentelemetry::global::meter("outpost");
+    let meter = opentelemetry::global::meter("idempost");
     Metrics {
         outbox_backlog: meter
-            .u64_gauge("outpost.outbox.backlog")
+            .u64_gauge("idempost.outbox.backlog")
             .with_description("Outbox rows per status")
             .build(),
         outbox_oldest_pending_age: meter
-            .f64_gauge("outpost.outbox.oldest_pending_age")
+            .f64_gauge("idempost.outbox.oldest_pending_age")
             .with_unit("s")
             .with_description("Age of the oldest PENDING or PUBLISHING outbox row")
             .build(),
         publish_latency: meter
-            .f64_histogram("outpost.relay.publish.latency")
+            .f64_histogram("idempost.relay.publish.latency")
             .with_unit("s")
             .with_description("From the event's creation to the broker's confirm")
             .build(),
         published: meter
-            .u64_counter("outpost.relay.published")
+            .u64_counter("idempost.relay.published")
             .with_description("Events marked PUBLISHED")
             .build(),
         lease_losses: meter
-            .u64_counter("outpost.relay.lease_losses")
+            .u64_counter("idempost.relay.lease_losses")
             .with_description("Marks or releases that found another owner's lease")
             .build(),
         relay_lock_conflicts: meter
-            .u64_counter("outpost.relay.lock_conflicts")
+            .u64_counter("idempost.relay.lock_conflicts")
             .with_description(
                 "Claims and outcome writes that lost a deadlock or lock-wait timeout and ran again",
             )
             .build(),
         claim_gate_timeouts: meter
-            .u64_counter("outpost.relay.claim_gate_timeouts")
+            .u64_counter("idempost.relay.claim_gate_timeouts")
             .with_description("Claims that waited the claim gate's whole wait and claimed without it")
             .build(),
         releases: meter
-            .u64_counter("outpost.relay.releases")
+            .u64_counter("idempost.relay.releases")
             .with_description("Failed publishes released for retry")
             .build(),
         wakeups: meter
-            .u64_counter("outpost.relay.wakeups")
+            .u64_counter("idempost.relay.wakeups")
             .with_description("Idle waits ended early by a wake-up")
             .build(),
-        failed: meter.u64_counter("outpost.relay.failed").with_description("Events moved to FAILED").build(),
+        failed: meter.u64_counter("idempost.relay.failed").with_description("Events moved to FAILED").build(),
         consume_latency: meter
-            .f64_histogram("outpost.consumer.latency")
+            .f64_histogram("idempost.consumer.latency")
             .with_unit("s")
             .with_description("From receiving a record to committing its effect")
             .build(),
         consumed: meter
-            .u64_counter("outpost.consumer.consumed")
+            .u64_counter("idempost.consumer.consumed")
             .with_description("Events whose effect committed")
             .build(),
         duplicates: meter
-            .u64_counter("outpost.consumer.duplicates")
+            .u64_counter("idempost.consumer.duplicates")
             .with_description("Deliveries of events already consumed")
             .build(),
         dead_letters: meter
-            .u64_counter("outpost.consumer.dead_letters")
+            .u64_counter("idempost.consumer.dead_letters")
             .with_description("Records dead-lettered")
             .build(),
         order_lock_retries: meter
-            .u64_counter("outpost.order.lock_conflict_retries")
+            .u64_counter("idempost.order.lock_conflict_retries")
             .with_description("Order transactions run again after a deadlock or lock-wait timeout")
             .build(),
         order_batch_size: meter
-            .u64_histogram("outpost.order.batch.size")
+            .u64_histogram("idempost.order.batch.size")
             .with_description("Orders written per group-commit transaction")
             .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0])
             .build(),
         order_batch_set_writes: meter
-            .u64_counter("outpost.order.batch.set_writes")
+            .u64_counter("idempost.order.batch.set_writes")
             .with_description("Group-commit batches written with one INSERT per table, or fallen back")
             .build(),
         calls_refused: meter
-            .u64_counter("outpost.calls.refused")
+            .u64_counter("idempost.calls.refused")
             .with_description("Calls refused for their credentials or scope, per reason")
             .build(),
         health_serving: meter
-            .u64_gauge("outpost.health.serving")
+            .u64_gauge("idempost.health.serving")
             .with_description("1 while the service's grpc.health.v1 status is SERVING, else 0")
             .build(),
         health_failing: meter
-            .u64_gauge("outpost.health.failing")
+            .u64_gauge("idempost.health.failing")
             .with_description("1 while the named health check fails, else 0")
             .build(),
         producer_rebuilds: meter
-            .u64_counter("outpost.relay.producer_rebuilds")
+            .u64_counter("idempost.relay.producer_rebuilds")
             .with_description("Kafka producers replaced inside the relay process")
             .build(),
         client_rebuilds: meter
-            .u64_counter("outpost.consumer.client_rebuilds")
+            .u64_counter("idempost.consumer.client_rebuilds")
             .with_description("Kafka consumers replaced inside the consumer process")
             .build(),
         failpoints_compiled_in: meter
-            .u64_gauge("outpost.failpoints.compiled_in")
+            .u64_gauge("idempost.failpoints.compiled_in")
             .with_description(
                 "1 in a binary built with the test-only failpoints feature (it obeys FAILPOINTS), else 0",
             )
             .build(),
         connections_shed: meter
-            .u64_counter("outpost.listener.connections_shed")
+            .u64_counter("idempost.listener.connections_shed")
             .with_description(
                 "New connections closed at once, or kept for health checks only, past a listener's limits",
             )
             .build(),
         auth_jwks_keys: meter
-            .u64_gauge("outpost.auth.jwks.keys")
+            .u64_gauge("idempost.auth.jwks.keys")
             .with_description("Signature keys in force for bearer tokens; 0 refuses every token")
             .build(),
         auth_jwks_stale: meter
-            .u64_gauge("outpost.auth.jwks.stale")
+            .u64_gauge("idempost.auth.jwks.stale")
             .with_description("1 while the JWKS file cannot be used and the keys read before stay in force")
             .build(),
     }

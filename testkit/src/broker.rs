@@ -22,7 +22,7 @@ pub struct TestBroker {
 }
 
 fn tansu() -> String {
-    std::env::var("OUTPOST_TANSU").unwrap_or_else(|_| "tansu".to_owned())
+    std::env::var("IDEMPOST_TANSU").unwrap_or_else(|_| "tansu".to_owned())
 }
 
 impl TestBroker {
@@ -164,7 +164,7 @@ fn read_topic_blocking(
 ) -> Vec<Record> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outpost-test-reader-{}", uuid::Uuid::new_v4()))
+        .set("group.id", format!("idempost-test-reader-{}", uuid::Uuid::new_v4()))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()

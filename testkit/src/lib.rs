@@ -1,9 +1,9 @@
-//! `outpost-testkit`: what the end-to-end tests, the verifier, the bench and the demo need to
-//! stand Outpost up for real, written once: child processes signalled with real signals, a Tansu
+//! `idempost-testkit`: what the end-to-end tests, the verifier, the bench and the demo need to
+//! stand Idempost up for real, written once: child processes signalled with real signals, a Tansu
 //! broker per test, private database servers, certificates and tokens, an OTLP receiver, SQL
 //! placeholders per backend, topic names, and the port files the services write.
 //!
-//! It knows nothing of the `outpost` library (whose tests use it): everything here is generic.
+//! It knows nothing of the `idempost` library (whose tests use it): everything here is generic.
 //! Test support fails loudly: a set-up step that cannot happen panics with what went wrong.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -10,9 +10,9 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// The issuer every token carries.
-pub const ISSUER: &str = "https://issuer.outpost.example";
+pub const ISSUER: &str = "https://issuer.idempost.example";
 /// The audience every token carries.
-pub const AUDIENCE: &str = "outpost";
+pub const AUDIENCE: &str = "idempost";
 
 type Fallible<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -63,14 +63,14 @@ impl Pki {
             params.distinguished_name.push(DnType::CommonName, common_name);
             Ok(params)
         };
-        let mut ca_params = named(Vec::new(), "Outpost test CA")?;
+        let mut ca_params = named(Vec::new(), "Idempost test CA")?;
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
         let server_key = KeyPair::generate()?;
         let server = named(vec!["localhost".to_owned(), "127.0.0.1".to_owned()], "localhost")?
             .signed_by(&server_key, &ca)?;
         let client_key = KeyPair::generate()?;
-        let client = named(vec!["client.outpost.example".to_owned()], "client.outpost.example")?
+        let client = named(vec!["client.idempost.example".to_owned()], "client.idempost.example")?
             .signed_by(&client_key, &ca)?;
         let (signing, jwk) = signing_key("key-1")?;
         let jwks = dir.join("jwks.json");

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Where ports are reserved: below the kernel's ephemeral range (`ip_local_port_range`, 32768-60999
-/// by default), so no program that binds port 0 (every Outpost service in the tests) is handed one
+/// by default), so no program that binds port 0 (every Idempost service in the tests) is handed one
 /// of them, and above the ports of the machine's own servers.
 const RESERVABLE: std::ops::Range<u16> = 20_000..32_000;
 
@@ -22,7 +22,7 @@ static RESERVED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Ve
 /// port-0 bind can take it (see [`RESERVABLE`]). A port that is free only by chance, bound and
 /// dropped, was taken by another test's service between the drop and the broker's bind.
 pub fn free_port() -> u16 {
-    let dir = std::env::temp_dir().join("outpost-test-ports");
+    let dir = std::env::temp_dir().join("idempost-test-ports");
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     let span = RESERVABLE.end - RESERVABLE.start;
     // A random start, so that test processes seldom try the same ports first.
@@ -102,7 +102,7 @@ mod tests {
         assert_ne!(a, b);
         assert!(RESERVABLE.contains(&a) && RESERVABLE.contains(&b));
         // Another process (here: another open file description) cannot take the reservation.
-        let lock = std::env::temp_dir().join("outpost-test-ports").join(a.to_string());
+        let lock = std::env::temp_dir().join("idempost-test-ports").join(a.to_string());
         let again = std::fs::OpenOptions::new().write(true).open(lock).unwrap();
         assert!(again.try_lock().is_err(), "port {a} is reserved by this process");
     }

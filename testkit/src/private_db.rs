@@ -19,15 +19,15 @@ pub enum Engine {
     Postgres,
 }
 
-/// Where PostgreSQL's server programs (initdb, pg_ctl) are: `OUTPOST_TEST_POSTGRES_BIN`, or the
+/// Where PostgreSQL's server programs (initdb, pg_ctl) are: `IDEMPOST_TEST_POSTGRES_BIN`, or the
 /// newest major version Debian's packages installed under /usr/lib/postgresql.
 fn postgres_bin() -> std::path::PathBuf {
-    if let Some(dir) = std::env::var_os("OUTPOST_TEST_POSTGRES_BIN") {
+    if let Some(dir) = std::env::var_os("IDEMPOST_TEST_POSTGRES_BIN") {
         return dir.into();
     }
     let mut installed: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .expect(
-            "PostgreSQL's server is installed under /usr/lib/postgresql (or set OUTPOST_TEST_POSTGRES_BIN)",
+            "PostgreSQL's server is installed under /usr/lib/postgresql (or set IDEMPOST_TEST_POSTGRES_BIN)",
         )
         .filter_map(|entry| {
             let entry = entry.ok()?;
@@ -79,7 +79,7 @@ impl PrivateServer {
 
     /// Creates a fresh, empty database on this server and answers its URL.
     pub async fn create_database(&self) -> String {
-        let name = format!("outpost_p_{}", uuid::Uuid::new_v4().simple());
+        let name = format!("idempost_p_{}", uuid::Uuid::new_v4().simple());
         let admin = connect(&self.url(self.admin_database())).await.unwrap();
         admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await.unwrap();
         admin.close().await.unwrap();

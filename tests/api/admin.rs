@@ -1,4 +1,4 @@
-//! The AdminService, the consumer's ConsumerAdminService and `outpostctl` against real
+//! The AdminService, the consumer's ConsumerAdminService and `idempostctl` against real
 //! databases: every state of an event by its id, joined from the order side and the consumer side
 //! (also when the consumer has a database of its own), the backlog, the audited redrive, and
 //! retention purges on both sides that never remove a row still needed.
@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use outpost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
+use idempost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, Value};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -27,7 +27,7 @@ async fn exec(app: &TestApp, sql: &str, values: Vec<Value>) {
 
 /// Runs `sql`, written with `?` placeholders, on any backend.
 async fn exec_on(conn: &DatabaseConnection, sql: &str, values: Vec<Value>) {
-    let statement = outpost_testkit::sql::statement(conn.get_database_backend(), sql, values);
+    let statement = idempost_testkit::sql::statement(conn.get_database_backend(), sql, values);
     conn.execute_raw(statement).await.unwrap();
 }
 
@@ -44,14 +44,14 @@ impl ConsumerSide {
         database_url: &str,
         broker: &TestBroker,
         topic: &str,
-        adjust: impl FnOnce(&mut outpost::consumer::Settings),
+        adjust: impl FnOnce(&mut idempost::consumer::Settings),
     ) -> Self {
-        let mut settings = outpost::consumer::Settings::new(database_url, broker.address());
+        let mut settings = idempost::consumer::Settings::new(database_url, broker.address());
         settings.topic = topic.to_owned();
         settings.group_id = Some(format!("admin-{topic}"));
         settings.shutdown_grace = Duration::from_secs(5);
         adjust(&mut settings);
-        let consumer = outpost::consumer::Application::build(settings).await.unwrap();
+        let consumer = idempost::consumer::Application::build(settings).await.unwrap();
         let port = consumer.port();
         let service = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
         let admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
@@ -70,7 +70,7 @@ impl ConsumerSide {
         self.admin.clone().purge_consumed(request).await.map(tonic::Response::into_inner)
     }
 
-    /// `outpostctl` flags for the order service of `app` and this consumer.
+    /// `idempostctl` flags for the order service of `app` and this consumer.
     fn ctl_urls(&self, app: &TestApp) -> [String; 2] {
         [
             format!("--admin-url=http://127.0.0.1:{}", app.admin_port),
@@ -84,7 +84,7 @@ impl ConsumerSide {
 }
 
 fn topic() -> String {
-    outpost_testkit::topic::unique("outpost-admin")
+    idempost_testkit::topic::unique("idempost-admin")
 }
 
 fn ago(age: Duration) -> chrono::DateTime<Utc> {
@@ -189,9 +189,9 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
         .unwrap();
     assert_eq!(found, done);
 
-    // And outpostctl joins both sides, as JSON for scripts and as a table for people.
+    // And idempostctl joins both sides, as JSON for scripts and as a table for people.
     let [url, consumer_url] = consumer.ctl_urls(&app);
-    let json = outpostctl(&[&url, &consumer_url, "--json", "timeline", &accepted.event_id]).await;
+    let json = idempostctl(&[&url, &consumer_url, "--json", "timeline", &accepted.event_id]).await;
     let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(json["outbox"]["status"], "PUBLISHED");
     assert_eq!(json["order"]["orderId"], accepted.order_id);
@@ -199,7 +199,7 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     assert_eq!(json["notificationJob"]["orderId"], accepted.order_id);
     assert!(json["consumerSideUnavailable"].is_null());
     // Every version of the order, with its event's state on both sides.
-    let applied = format!("applied by {}", outpost::consumer::DEFAULT_CONSUMER_NAME);
+    let applied = format!("applied by {}", idempost::consumer::DEFAULT_CONSUMER_NAME);
     let versions: Vec<_> = json["orderEvents"]
         .as_array()
         .unwrap()
@@ -220,7 +220,7 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
             (Some(2), Some(amended.event_id.as_str()), Some("PUBLISHED"), Some(applied.as_str())),
         ]
     );
-    let table = outpostctl(&[&url, &consumer_url, "find", "11", "timeline-1"]).await;
+    let table = idempostctl(&[&url, &consumer_url, "find", "11", "timeline-1"]).await;
     assert!(table.ok && table.stdout.contains(&accepted.event_id) && table.stdout.contains("PUBLISHED"));
     assert!(table.stdout.contains("notification job"), "{}", table.stdout);
     let rows: Vec<_> = table.stdout.lines().filter(|l| l.contains(&applied)).collect();
@@ -232,7 +232,7 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     consumer.stop().await;
 
     // With the consumer gone, the order side is shown alone, saying so.
-    let alone = outpostctl(&[&url, &consumer_url, "timeline", &accepted.event_id]).await;
+    let alone = idempostctl(&[&url, &consumer_url, "timeline", &accepted.event_id]).await;
     assert!(alone.ok && alone.stdout.contains("PUBLISHED"), "{}", alone.stderr);
     assert!(alone.stdout.contains("consumer side") && !alone.stdout.contains("notification job"));
 
@@ -242,7 +242,7 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     let malformed = timeline(&app, "not-an-id").await.unwrap_err();
     assert_eq!(malformed.code(), Code::InvalidArgument);
     assert_eq!(violated_fields(&malformed), ["event_id"]);
-    let missing = outpostctl(&[&url, "find", "11", "no-such-request"]).await;
+    let missing = idempostctl(&[&url, "find", "11", "no-such-request"]).await;
     assert!(!missing.ok && missing.stderr.contains("ORDER_NOT_FOUND"), "{}", missing.stderr);
     app.stop().await;
 }
@@ -258,7 +258,7 @@ async fn a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending(ba
     let other = app.submit(order(12, "held-other")).await.unwrap().event_id;
     let held = app
         .conn
-        .query_one_raw(outpost_testkit::sql::statement(
+        .query_one_raw(idempost_testkit::sql::statement(
             app.conn.get_database_backend(),
             "SELECT held_back FROM outbox_event WHERE event_id = ?",
             vec![amended.event_id.clone().into()],
@@ -294,10 +294,10 @@ async fn a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending(ba
 }
 
 async fn start_relay(app: &TestApp, broker: &TestBroker, topic: &str) -> InProcess {
-    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    let mut relay_settings = idempost::relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.to_owned();
     relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = outpost::relay::Application::build(relay_settings).await.unwrap();
+    let relay = idempost::relay::Application::build(relay_settings).await.unwrap();
     InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown))
 }
 
@@ -338,7 +338,7 @@ async fn the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_att
     assert_eq!(violated_fields(&invalid), ["status", "limit"]);
 
     let url = format!("--admin-url=http://127.0.0.1:{}", app.admin_port);
-    let table = outpostctl(&[&url, "backlog"]).await;
+    let table = idempostctl(&[&url, "backlog"]).await;
     assert!(
         table.ok && table.stdout.contains(&ids[0]) && table.stdout.contains("pending 2"),
         "{}",
@@ -381,7 +381,7 @@ async fn redrive_returns_only_a_failed_event_to_pending_and_records_who_and_why(
     let again = redrive(&app, &failed, "alice", "again").await.unwrap_err();
     assert_eq!((again.code(), reason(&again).as_str()), (Code::FailedPrecondition, "NOT_FAILED"));
     let url = format!("--admin-url=http://127.0.0.1:{}", app.admin_port);
-    let refused = outpostctl(&[&url, "redrive", &leased, "--reason=just because", "--by=bob"]).await;
+    let refused = idempostctl(&[&url, "redrive", &leased, "--reason=just because", "--by=bob"]).await;
     assert!(!refused.ok && refused.stderr.contains("NOT_FAILED"), "{}", refused.stderr);
     let lease = timeline(&app, &leased).await.unwrap().outbox.unwrap();
     assert_eq!(
@@ -477,7 +477,7 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
     assert_eq!((app.count("outbox_event").await, app.count("consumed_event").await), (9, 3));
 
     let [url, consumer_url] = consumer.ctl_urls(&app);
-    let done = outpostctl(&[&url, &consumer_url, "--json", "purge"]).await;
+    let done = idempostctl(&[&url, &consumer_url, "--json", "purge"]).await;
     assert!(done.ok, "{}", done.stderr);
     let done: serde_json::Value = serde_json::from_str(&done.stdout).unwrap();
     assert_eq!((done["outboxRows"].as_u64(), done["consumedRows"].as_u64()), (Some(5), Some(1)));
@@ -501,11 +501,11 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
     app.stop().await;
 }
 
-on_every_backend!(a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_joins_both_sides);
+on_every_backend!(a_consumer_on_its_own_database_answers_for_its_tables_and_idempostctl_joins_both_sides);
 
 /// The consumer has a database of its own: the order side knows nothing of the consumer's
-/// tables, the consumer serves them, and `outpostctl` still shows one timeline and purges both.
-async fn a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_joins_both_sides(
+/// tables, the consumer serves them, and `idempostctl` still shows one timeline and purges both.
+async fn a_consumer_on_its_own_database_answers_for_its_tables_and_idempostctl_joins_both_sides(
     backend: Backend,
 ) {
     let app = TestApp::spawn_with(backend, |s| s.purge_every = Duration::ZERO).await;
@@ -542,15 +542,15 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_jo
     assert_eq!((count("orders").await, count("outbox_event").await), (0, 0));
     assert_eq!((app.count("consumed_event").await, app.count("notification_job").await), (0, 0));
 
-    // outpostctl joins the order side's order and outbox row with the consumer side's records.
+    // idempostctl joins the order side's order and outbox row with the consumer side's records.
     let [url, consumer_url] = consumer.ctl_urls(&app);
-    let joined = outpostctl(&[&url, &consumer_url, "--json", "timeline", &accepted.event_id]).await;
+    let joined = idempostctl(&[&url, &consumer_url, "--json", "timeline", &accepted.event_id]).await;
     assert!(joined.ok, "{}", joined.stderr);
     let joined: serde_json::Value = serde_json::from_str(&joined.stdout).unwrap();
     assert_eq!(joined["eventId"], accepted.event_id.as_str());
     assert_eq!(joined["order"]["orderId"], accepted.order_id);
     assert_eq!(joined["outbox"]["status"], "PUBLISHED");
-    assert_eq!(joined["consumers"][0]["consumerName"], outpost::consumer::DEFAULT_CONSUMER_NAME);
+    assert_eq!(joined["consumers"][0]["consumerName"], idempost::consumer::DEFAULT_CONSUMER_NAME);
     assert_eq!(joined["notificationJobs"][0]["orderId"], accepted.order_id);
 
     // A dead letter exists only in the consumer's database, and still shows on its event.
@@ -562,14 +562,14 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_jo
         vec![topic.clone().into(), b"junk".to_vec().into(), dead_event.clone().into(), Utc::now().into()],
     )
     .await;
-    let dead = outpostctl(&[&url, &consumer_url, "--json", "timeline", &dead_event]).await;
+    let dead = idempostctl(&[&url, &consumer_url, "--json", "timeline", &dead_event]).await;
     assert!(dead.ok, "{}", dead.stderr);
     let dead: serde_json::Value = serde_json::from_str(&dead.stdout).unwrap();
     assert!(dead["order"].is_null() && dead["outbox"].is_null());
     assert_eq!(dead["deadLetters"][0]["error"], "cannot decode");
-    let listed = outpostctl(&[&url, &consumer_url, "dead-letters"]).await;
+    let listed = idempostctl(&[&url, &consumer_url, "dead-letters"]).await;
     assert!(listed.ok && listed.stdout.contains(&dead_event), "{}", listed.stdout);
-    let unknown = outpostctl(&[&url, &consumer_url, "timeline", &uuid::Uuid::now_v7().to_string()]).await;
+    let unknown = idempostctl(&[&url, &consumer_url, "timeline", &uuid::Uuid::now_v7().to_string()]).await;
     assert!(!unknown.ok && unknown.stderr.contains("EVENT_NOT_FOUND"), "{}", unknown.stderr);
 
     // The purge reaches the consumer's own database: a dedup row past its retention goes, the
@@ -580,7 +580,7 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_jo
         vec![uuid::Uuid::now_v7().to_string().into(), ago(Duration::from_secs(3 * 3600)).into()],
     )
     .await;
-    let purged = outpostctl(&[&url, &consumer_url, "--json", "purge"]).await;
+    let purged = idempostctl(&[&url, &consumer_url, "--json", "purge"]).await;
     assert!(purged.ok, "{}", purged.stderr);
     let purged: serde_json::Value = serde_json::from_str(&purged.stdout).unwrap();
     assert_eq!((purged["outboxRows"].as_u64(), purged["consumedRows"].as_u64()), (Some(0), Some(1)));
@@ -593,10 +593,10 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_outpostctl_jo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_configured_to_forget_dedup_history_inside_the_horizon_does_not_start() {
     let db = TestDb::migrated(Backend::Sqlite).await;
-    let mut settings = outpost::consumer::Settings::new(&db.url, TestBroker::reserve().address());
+    let mut settings = idempost::consumer::Settings::new(&db.url, TestBroker::reserve().address());
     settings.consumed_retention = 7 * DAY;
     settings.redelivery_horizon = 14 * DAY;
-    let error = outpost::consumer::Application::build(settings).await.unwrap_err();
+    let error = idempost::consumer::Application::build(settings).await.unwrap_err();
     assert!(error.to_string().contains("shorter than the redelivery horizon"), "{error}");
 }
 
@@ -606,9 +606,9 @@ struct Ctl {
     stderr: String,
 }
 
-async fn outpostctl(args: &[&str]) -> Ctl {
+async fn idempostctl(args: &[&str]) -> Ctl {
     let output =
-        tokio::process::Command::new(service_binary("outpostctl")).args(args).output().await.unwrap();
+        tokio::process::Command::new(service_binary("idempostctl")).args(args).output().await.unwrap();
     Ctl {
         ok: output.status.success(),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

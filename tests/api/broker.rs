@@ -1,4 +1,4 @@
 //! The test kit's broker (a Tansu per test) and topic reader, under the names the tests use.
 
-pub use outpost_testkit::broker::{Record, TestBroker, read_topic};
-pub use outpost_testkit::ports::free_port;
+pub use idempost_testkit::broker::{Record, TestBroker, read_topic};
+pub use idempost_testkit::ports::free_port;

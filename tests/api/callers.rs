@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outpost_proto::v1 as pb;
+use idempost_proto::v1 as pb;
 use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 
@@ -137,7 +137,7 @@ async fn an_event_id_in_use_is_refused_in_the_same_words_whichever_tenant_holds_
     app.stop().await;
 }
 
-/// Refusals are counted per reason in `outpost.calls.refused` (and logged at DEBUG only, with a
+/// Refusals are counted per reason in `idempost.calls.refused` (and logged at DEBUG only, with a
 /// WARN a minute at most per reason: unit-tested in src/security/refusals.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_calls_are_counted_per_reason() {
@@ -155,7 +155,7 @@ async fn refused_calls_are_counted_per_reason() {
         format!("--auth-audience={AUDIENCE}"),
     ];
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let (mut service, bound) = ServiceProcess::spawn_listening("outpost-order", &args, &env).await;
+    let (mut service, bound) = ServiceProcess::spawn_listening("idempost-order", &args, &env).await;
     let (port, admin_port) = (bound.port("listen"), bound.port("admin-listen"));
     let mut orders = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
     let seven = tenant(&pki, 7);
@@ -174,7 +174,7 @@ async fn refused_calls_are_counted_per_reason() {
 
     let counted = |reason: &str, value: f64| {
         received.points().iter().any(|p| {
-            p.name == "outpost.calls.refused"
+            p.name == "idempost.calls.refused"
                 && p.attributes.get("reason").map(String::as_str) == Some(reason)
                 && p.value == value
         })

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
-use outpost_proto::v1::{self as pb, OrderAmended, OrderCancelled};
+use idempost_proto::v1::{self as pb, OrderAmended, OrderCancelled};
 use prost::Message;
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use tonic::Code;
@@ -115,7 +115,7 @@ async fn an_amendment_and_a_cancellation_each_commit_the_next_version_with_one_o
     let (event_type, version, aggregate_type, aggregate_id) = app.outbox_headers(&amended.event_id).await;
     assert_eq!(
         (event_type.as_str(), version, aggregate_type.as_str(), aggregate_id),
-        ("outpost.v1.OrderAmended", 2, "order", order_id.to_string())
+        ("idempost.v1.OrderAmended", 2, "order", order_id.to_string())
     );
     let (status, payload) = app.outbox_row(&amended.event_id).await.unwrap();
     assert_eq!(status, "PENDING");
@@ -152,7 +152,7 @@ async fn an_amendment_and_a_cancellation_each_commit_the_next_version_with_one_o
     assert_eq!(app.order_state(order_id).await, (4, "CANCELLED".to_owned()));
     assert_eq!(app.count("outbox_event").await, 4, "one event per change");
     let (event_type, version, _, _) = app.outbox_headers(&cancelled.event_id).await;
-    assert_eq!((event_type.as_str(), version), ("outpost.v1.OrderCancelled", 4));
+    assert_eq!((event_type.as_str(), version), ("idempost.v1.OrderCancelled", 4));
     let event =
         OrderCancelled::decode(app.outbox_row(&cancelled.event_id).await.unwrap().1.as_slice()).unwrap();
     assert_eq!((event.event_version, event.order_id, event.request_id.as_str()), (4, order_id, "cancel-1"));
@@ -450,9 +450,9 @@ async fn the_timeline_shows_every_version_of_the_order_with_its_events_state(bac
         assert_eq!(
             events,
             [
-                (1, accepted.event_id.as_str(), "outpost.v1.OrderAccepted", "SUBMIT", "PENDING"),
-                (2, amended.event_id.as_str(), "outpost.v1.OrderAmended", "AMEND", "PENDING"),
-                (3, cancelled.event_id.as_str(), "outpost.v1.OrderCancelled", "CANCEL", "PENDING"),
+                (1, accepted.event_id.as_str(), "idempost.v1.OrderAccepted", "SUBMIT", "PENDING"),
+                (2, amended.event_id.as_str(), "idempost.v1.OrderAmended", "AMEND", "PENDING"),
+                (3, cancelled.event_id.as_str(), "idempost.v1.OrderCancelled", "CANCEL", "PENDING"),
             ]
         );
         assert_eq!(timeline.order_events[1].request_id, "amend-1");
@@ -463,11 +463,11 @@ async fn the_timeline_shows_every_version_of_the_order_with_its_events_state(bac
 
 #[cfg(feature = "failpoints")]
 mod faults {
-    use outpost::failpoint::{
+    use idempost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
-    use outpost_proto::v1 as pb;
+    use idempost_proto::v1 as pb;
     use tonic::Code;
 
     use super::{amend, cancel};
@@ -549,16 +549,16 @@ mod faults {
     }
 }
 
-/// `outpostctl` with `args`: (success, stdout, stderr).
-async fn outpostctl(args: &[String]) -> (bool, String, String) {
-    let binary = crate::helpers::service_binary("outpostctl");
+/// `idempostctl` with `args`: (success, stdout, stderr).
+async fn idempostctl(args: &[String]) -> (bool, String, String) {
+    let binary = crate::helpers::service_binary("idempostctl");
     let output = tokio::process::Command::new(binary).args(args).output().await.unwrap();
     let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
     (output.status.success(), text(output.stdout), text(output.stderr))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn outpostctl_amends_and_cancels_an_order_with_the_safe_caller_protocol_and_lists_every_version() {
+async fn idempostctl_amends_and_cancels_an_order_with_the_safe_caller_protocol_and_lists_every_version() {
     let app = TestApp::spawn(Backend::MariaDb).await;
     let order_id = app.submit(order(7, "submit-1")).await.unwrap().order_id;
     let urls = [
@@ -568,7 +568,7 @@ async fn outpostctl_amends_and_cancels_an_order_with_the_safe_caller_protocol_an
     let ctl = |rest: &[&str]| {
         let mut args = urls.to_vec();
         args.extend(rest.iter().map(|arg| (*arg).to_owned()));
-        outpostctl_owned(args)
+        idempostctl_owned(args)
     };
     let order = order_id.to_string();
 
@@ -611,6 +611,6 @@ async fn outpostctl_amends_and_cancels_an_order_with_the_safe_caller_protocol_an
     app.stop().await;
 }
 
-async fn outpostctl_owned(args: Vec<String>) -> (bool, String, String) {
-    outpostctl(&args).await
+async fn idempostctl_owned(args: Vec<String>) -> (bool, String, String) {
+    idempostctl(&args).await
 }

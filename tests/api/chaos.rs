@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use outpost_verify::{self as verify, ChaosReport, ChaosSettings, DatabaseControl};
+use idempost_verify::{self as verify, ChaosReport, ChaosSettings, DatabaseControl};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestDb, on_every_backend};

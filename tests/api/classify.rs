@@ -1,6 +1,6 @@
 //! Duplicate classification against each real database: only the named key counts.
 
-use outpost::db::{UniqueKey, violated_unique_key};
+use idempost::db::{UniqueKey, violated_unique_key};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
 use crate::helpers::{Backend, TestDb, on_every_backend};
@@ -104,7 +104,7 @@ async fn other_constraint_and_data_errors_are_not_taken_for_a_named_key(backend:
 
     // A lost connection is no violation either.
     conn.close().await.unwrap();
-    let unreachable = outpost::db::connect(&db.url.replace("127.0.0.1:", "127.0.0.1:1"), 1).await;
+    let unreachable = idempost::db::connect(&db.url.replace("127.0.0.1:", "127.0.0.1:1"), 1).await;
     if let Err(lost) = unreachable {
         assert_eq!(violated_unique_key(&lost), None, "{lost}");
     }

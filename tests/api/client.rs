@@ -1,6 +1,6 @@
 //! The safe caller protocol against a real server: every path keeps the ids it started with.
 
-use outpost_client::{Confirmation, SafeSubmitError, SafeSubmitter, SubmitPolicy};
+use idempost_client::{Confirmation, SafeSubmitError, SafeSubmitter, SubmitPolicy};
 use tonic::Code;
 
 use crate::change_order::{amend, cancel};
@@ -61,12 +61,12 @@ async fn the_safe_submitter_does_not_retry_a_rejected_order() {
 
 #[cfg(feature = "failpoints")]
 mod faults {
-    use outpost::failpoint::{
+    use idempost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
-    use outpost_client::Confirmation;
-    use outpost_proto::v1 as pb;
+    use idempost_client::Confirmation;
+    use idempost_proto::v1 as pb;
 
     use super::submitter;
     use crate::change_order::cancel;

@@ -1,5 +1,5 @@
-//! The operators' console (`outpostctl console`) in a real browser: Debian's Chromium driven by
-//! playwright-core (tools/outpostctl/console/test/browser.mjs, run by node) against a real order
+//! The operators' console (`idempostctl console`) in a real browser: Debian's Chromium driven by
+//! playwright-core (tools/idempostctl/console/test/browser.mjs, run by node) against a real order
 //! service (TLS, JWT, traced), relay and consumer on MariaDB with a broker. The operator finds an
 //! event's timeline, sees a FAILED event, redrives it with a reason and sees it PUBLISHED; a
 //! console whose token the services refuse says so. Screenshots of every page land in
@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use outpost::security::AuthSettings;
-use outpost_client::{BearerToken, ClientTls};
-use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use idempost::security::AuthSettings;
+use idempost_client::{BearerToken, ClientTls};
+use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::{ConnectionTrait as _, Statement};
@@ -31,7 +31,7 @@ const REASON: &str = "producer limit raised to 1 MB";
 
 /// The console's package: its node_modules (scripts/common.sh, ensure_console) and browser script.
 fn console_package() -> PathBuf {
-    let package = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/outpostctl/console");
+    let package = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/idempostctl/console");
     assert!(
         package.join("node_modules/playwright-core").exists(),
         "{} has no node_modules: scripts/test installs them (ensure_console in scripts/common.sh: npm ci there, \
@@ -55,7 +55,7 @@ fn output_dir() -> PathBuf {
 async fn connected(url: &str, tls: &ClientTls) -> Channel {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match outpost_client::connect(url, tls).await {
+        match idempost_client::connect(url, tls).await {
             Ok(channel) => return channel,
             Err(e) if tokio::time::Instant::now() > deadline => panic!("{url} never answered: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -63,7 +63,7 @@ async fn connected(url: &str, tls: &ClientTls) -> Channel {
     }
 }
 
-/// `outpostctl console` with `args` after the global flags, and the URL it printed.
+/// `idempostctl console` with `args` after the global flags, and the URL it printed.
 async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (ServiceProcess, String) {
     let mut args = global.to_vec();
     args.extend([
@@ -72,7 +72,7 @@ async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (Service
         "--listen=127.0.0.1:0".to_owned(),
         "--jaeger-url=http://localhost:16686/".to_owned(),
     ]);
-    let process = ServiceProcess::spawn_logged("outpostctl", &args, &[], log);
+    let process = ServiceProcess::spawn_logged("idempostctl", &args, &[], log);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Some(line) = process.log().lines().find(|l| l.contains("open http://")) {
@@ -136,8 +136,8 @@ fn large_order(request_id: &str) -> pb::SubmitOrderRequest {
     pb::SubmitOrderRequest { line_items: (0..60).map(line).collect(), ..order(7, request_id) }
 }
 
-fn relay_settings(db: &TestDb, broker: &TestBroker, topic: &str) -> outpost::relay::Settings {
-    let mut settings = outpost::relay::Settings::new(&db.url, broker.address());
+fn relay_settings(db: &TestDb, broker: &TestBroker, topic: &str) -> idempost::relay::Settings {
+    let mut settings = idempost::relay::Settings::new(&db.url, broker.address());
     settings.topic = topic.to_owned();
     settings.max_idle_poll = Duration::from_millis(100);
     settings
@@ -152,13 +152,13 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let conn = db.connect().await;
     let probe = OutboxProbe { conn: &conn };
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-console");
+    let topic = idempost_testkit::topic::unique("idempost-console");
     broker.create_topic(&topic, 1).await;
 
     // The order service as an operator runs it: TLS, JWT, traces exported.
     let path = |p: &Path| p.display().to_string();
     let (_order_service, bound) = ServiceProcess::spawn_listening(
-        "outpost-order",
+        "idempost-order",
         &[
             format!("--database-url={}", db.url),
             "--listen=127.0.0.1:0".to_owned(),
@@ -170,7 +170,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
             format!("--auth-audience={AUDIENCE}"),
         ],
         &[
-            ("OUTPOST_AUTH", "jwt".to_owned()),
+            ("IDEMPOST_AUTH", "jwt".to_owned()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
             ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
         ],
@@ -202,19 +202,19 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let cancelled = changes.cancel_order(cancel).await.unwrap().into_inner();
 
     // The consumer, on TLS with JWT too; a first relay whose producer refuses the large event.
-    let mut consumer = outpost::consumer::Settings::new(&db.url, broker.address());
+    let mut consumer = idempost::consumer::Settings::new(&db.url, broker.address());
     consumer.topic = topic.clone();
     consumer.group_id = Some(format!("console-{topic}"));
     consumer.security.tls_cert = Some(pki.cert.clone());
     consumer.security.tls_key = Some(pki.key.clone());
     consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
-    let consumer = outpost::consumer::Application::build(consumer).await.unwrap();
+    let consumer = idempost::consumer::Application::build(consumer).await.unwrap();
     let consumer_port = consumer.port();
     let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
     let mut refusing = relay_settings(&db, &broker, &topic);
     refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
     refusing.max_attempts = 2;
-    let relay = outpost::relay::Application::build(refusing).await.unwrap();
+    let relay = idempost::relay::Application::build(refusing).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     assert_eventually("the large event is FAILED and the others PUBLISHED", WAIT, || async {
         probe.state(&large.event_id).await.status == "FAILED"
@@ -245,9 +245,9 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     }
 
     // Two consoles: the operator's, and one with a token from a key the services do not trust.
-    let operator = pki.token(json!({ "sub": OPERATOR, "scope": "openid outpost:admin" })).unwrap();
+    let operator = pki.token(json!({ "sub": OPERATOR, "scope": "openid idempost:admin" })).unwrap();
     let stranger =
-        token_from_unknown_key("stranger", json!({ "sub": OPERATOR, "scope": "outpost:admin" })).unwrap();
+        token_from_unknown_key("stranger", json!({ "sub": OPERATOR, "scope": "idempost:admin" })).unwrap();
     let (operator_file, stranger_file) = (dir.path().join("operator.jwt"), dir.path().join("stranger.jwt"));
     std::fs::write(&operator_file, &operator).unwrap();
     std::fs::write(&stranger_file, &stranger).unwrap();
@@ -267,7 +267,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     // waiting events, and the FAILED one once it is redriven.
     let start_relay = async || {
         let settings = relay_settings(&db, &broker, &topic);
-        let started = outpost::relay::Application::build(settings).await.unwrap();
+        let started = idempost::relay::Application::build(settings).await.unwrap();
         relay = Some(InProcess::spawn(|shutdown| started.run_until_stopped(shutdown)));
     };
     let steps = browse(
@@ -318,7 +318,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!(timeline["traceHref"], format!("http://localhost:16686/trace/{trace_id}"));
     assert_eq!(steps["find"]["eventId"], published.event_id.as_str(), "found by tenant and request id");
     // Every version of the order, by event id and by key, each with its event's state on both sides.
-    let applied = format!("applied by {}", outpost::consumer::DEFAULT_CONSUMER_NAME);
+    let applied = format!("applied by {}", idempost::consumer::DEFAULT_CONSUMER_NAME);
     let expected: Vec<Value> = [
         ("v1", "SUBMIT", &published.event_id),
         ("v2", "AMEND", &amended.event_id),
@@ -335,7 +335,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!(failed["failedRows"], 1, "{failed}");
     let letters = texts(&failed["deadLetters"]);
     assert!(
-        letters.contains(outpost::consumer::DEFAULT_CONSUMER_NAME)
+        letters.contains(idempost::consumer::DEFAULT_CONSUMER_NAME)
             && letters.contains(&format!("{topic}/0/")),
         "{letters}"
     );
@@ -403,9 +403,9 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
 
 #[tokio::test]
 async fn the_console_refuses_to_listen_beyond_loopback() {
-    let output = tokio::process::Command::new(service_binary("outpostctl"))
+    let output = tokio::process::Command::new(service_binary("idempostctl"))
         .args(["console", "--listen=0.0.0.0:0"])
-        .env_remove("OUTPOST_TOKEN")
+        .env_remove("IDEMPOST_TOKEN")
         .output()
         .await
         .unwrap();

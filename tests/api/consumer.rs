@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outpost::consumer::{self, ConsumerStats};
+use idempost::consumer::{self, ConsumerStats};
 use prost::Message;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -19,7 +19,7 @@ use crate::helpers::{
 const WAIT: Duration = Duration::from_secs(60);
 
 fn topic() -> String {
-    outpost_testkit::topic::unique("outpost-test")
+    idempost_testkit::topic::unique("idempost-test")
 }
 
 pub(crate) fn consumer_settings(
@@ -70,7 +70,7 @@ pub(crate) fn event_record(order_id: i64) -> (String, Vec<u8>) {
 pub(crate) async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8], event_id: Option<&str>) {
     let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     let mut headers =
-        OwnedHeaders::new().insert(Header { key: "event_type", value: Some("outpost.v1.OrderAccepted") });
+        OwnedHeaders::new().insert(Header { key: "event_type", value: Some("idempost.v1.OrderAccepted") });
     if let Some(event_id) = event_id {
         headers = headers.insert(Header { key: "event_id", value: Some(event_id) });
     }
@@ -129,7 +129,7 @@ async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_jo
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 3).await;
-    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    let mut relay_settings = idempost::relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.clone();
     relay_settings.max_idle_poll = Duration::from_millis(100);
     let relay = relay::Application::build(relay_settings).await.unwrap();
@@ -160,7 +160,7 @@ async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_jo
     relay.stop().await;
 }
 
-use outpost::relay;
+use idempost::relay;
 
 async fn a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -238,7 +238,7 @@ async fn a_consumer_killed_after_its_commit_and_before_the_offset_commit_dedupli
 
     // The consumer commits, then hangs before storing the offset; it is killed there.
     let hung = ServiceProcess::spawn(
-        "outpost-consumer",
+        "idempost-consumer",
         &args,
         &[("FAILPOINTS", "AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK=sleep(600000)".into())],
     );
@@ -460,7 +460,7 @@ async fn two_consumer_names_on_one_database_each_make_their_own_job_once(backend
 }
 
 async fn jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_made_them(backend: Backend) {
-    use outpost_migration::{Migrator, MigratorTrait};
+    use idempost_migration::{Migrator, MigratorTrait};
 
     let db = crate::helpers::TestDb::empty(backend).await;
     let conn = db.connect().await;
@@ -524,7 +524,7 @@ async fn jobs_made_before_the_upgrade_are_kept_and_belong_to_the_consumer_that_m
 }
 
 async fn the_timeline_tables_gain_an_event_id_index_that_the_migration_can_take_back(backend: Backend) {
-    use outpost_migration::{Migrator, MigratorTrait, SchemaManager};
+    use idempost_migration::{Migrator, MigratorTrait, SchemaManager};
 
     const INDEXES: [(&str, &str); 3] = [
         ("consumed_event", "idx_consumed_event_event_id"),
@@ -656,11 +656,11 @@ async fn a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_
 
 /// Runs the consumer binary with `args` and answers its exit status and stderr.
 async fn start_up_output(args: &[String]) -> (std::process::ExitStatus, String) {
-    let output = tokio::process::Command::new(crate::helpers::service_binary("outpost-consumer"))
-        .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
+    let output = tokio::process::Command::new(crate::helpers::service_binary("idempost-consumer"))
+        .env(idempost::failpoint::ALLOW_FAILPOINTS, "1")
         .args(args)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OUTPOST_KAFKA_OPTIONS")
+        .env_remove("IDEMPOST_KAFKA_OPTIONS")
         .output();
     let output = tokio::time::timeout(WAIT, output).await.expect("the consumer exits at once").unwrap();
     (output.status, String::from_utf8_lossy(&output.stderr).into_owned())
@@ -695,7 +695,7 @@ async fn settings_that_would_break_a_guarantee_are_refused_at_start_up() {
 
 /// Starts the consumer binary with `args`, as an operator's supervisor would.
 fn consumer_process(args: &[String]) -> ServiceProcess {
-    ServiceProcess::spawn("outpost-consumer", args, &[])
+    ServiceProcess::spawn("idempost-consumer", args, &[])
 }
 
 async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start(
@@ -708,7 +708,7 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 3).await;
-    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    let mut relay_settings = idempost::relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.clone();
     relay_settings.max_idle_poll = Duration::from_millis(100);
     let relay = relay::Application::build(relay_settings).await.unwrap();
@@ -731,8 +731,8 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
         let client = app.client.clone();
         tokio::spawn(async move {
             let callers = (0..8).map(|caller| {
-                let policy = outpost_client::SubmitPolicy { max_calls: 20, ..Default::default() };
-                let mut submitter = outpost_client::SafeSubmitter::new(client.clone(), policy);
+                let policy = idempost_client::SubmitPolicy { max_calls: 20, ..Default::default() };
+                let mut submitter = idempost_client::SafeSubmitter::new(client.clone(), policy);
                 tokio::spawn(async move {
                     for i in (caller..ORDERS).step_by(8) {
                         submitter.submit(order(7, &format!("load-{i}"))).await.unwrap();
@@ -826,7 +826,7 @@ async fn a_batch_of_new_events_takes_one_insert_per_table_and_a_batch_holding_a_
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use outpost::consumer::{Consumed, Inbox, OrderEvent, decode};
+    use idempost::consumer::{Consumed, Inbox, OrderEvent, decode};
 
     let app = TestApp::spawn(backend).await;
     let mut db = app.db.connect().await;

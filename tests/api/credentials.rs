@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use std::net::{IpAddr, TcpListener};
 
-use outpost::security::AuthSettings;
-use outpost_client::{BearerToken, ClientError, ClientTls, Confirmation, SafeSubmitter, SubmitPolicy};
-use outpost_proto::v1 as pb;
+use idempost::security::AuthSettings;
+use idempost_client::{BearerToken, ClientError, ClientTls, Confirmation, SafeSubmitter, SubmitPolicy};
+use idempost_proto::v1 as pb;
 use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -38,7 +38,7 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let (_service, bound) = ServiceProcess::spawn_listening(
-        "outpost-order",
+        "idempost-order",
         &[
             format!("--database-url={}", db.url),
             "--listen=127.0.0.1:0".to_owned(),
@@ -71,14 +71,14 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     };
     assert_eq!(ask().await.0, Code::NotFound, "the published key is trusted");
     assert_eventually("one signature key is in force", WAIT, || async {
-        gauge("outpost.auth.jwks.keys", 1.0, 0)
+        gauge("idempost.auth.jwks.keys", 1.0, 0)
     })
     .await;
 
     // Half a document: refused, said so in a gauge, and the key read before stays in force.
     publish(&pki.jwks, b"{\"keys\": [");
     assert_eventually("the broken file is reported stale", WAIT, || async {
-        gauge("outpost.auth.jwks.stale", 1.0, 0)
+        gauge("idempost.auth.jwks.stale", 1.0, 0)
     })
     .await;
     assert_eq!(ask().await.0, Code::NotFound, "the last good key still verifies");
@@ -91,7 +91,7 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     })
     .await;
     assert_eventually("no key is in force and the file is not stale", WAIT, || async {
-        gauge("outpost.auth.jwks.keys", 0.0, seen) && gauge("outpost.auth.jwks.stale", 0.0, seen)
+        gauge("idempost.auth.jwks.keys", 0.0, seen) && gauge("idempost.auth.jwks.stale", 0.0, seen)
     })
     .await;
     assert_health("health answers without a key", port, "", ServingStatus::Serving).await;
@@ -107,12 +107,12 @@ fn non_loopback_ip() -> IpAddr {
     ip
 }
 
-/// `outpostctl` with `args`, and OUTPOST_TOKEN set to `token`: (success, stderr).
-async fn outpostctl(args: &[String], token: &str) -> (bool, String) {
-    let output = tokio::process::Command::new(service_binary("outpostctl"))
+/// `idempostctl` with `args`, and IDEMPOST_TOKEN set to `token`: (success, stderr).
+async fn idempostctl(args: &[String], token: &str) -> (bool, String) {
+    let output = tokio::process::Command::new(service_binary("idempostctl"))
         .args(args)
-        .env_remove("OUTPOST_TOKEN_FILE")
-        .env("OUTPOST_TOKEN", token)
+        .env_remove("IDEMPOST_TOKEN_FILE")
+        .env("IDEMPOST_TOKEN", token)
         .output()
         .await
         .unwrap();
@@ -134,7 +134,7 @@ async fn authenticated(dir: &std::path::Path) -> (TestApp, Pki) {
 async fn every_client_refuses_to_send_a_token_in_plaintext_to_another_host_and_connects_nowhere() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let token = pki.token(json!({ "sub": "ops", "scope": "outpost:admin", "tenant_id": 7 })).unwrap();
+    let token = pki.token(json!({ "sub": "ops", "scope": "idempost:admin", "tenant_id": 7 })).unwrap();
     let token_file = dir.path().join("token.jwt");
     std::fs::write(&token_file, &token).unwrap();
     // A real port on another address of this machine: whatever connects to it is queued.
@@ -156,11 +156,11 @@ async fn every_client_refuses_to_send_a_token_in_plaintext_to_another_host_and_c
     assert!(refused.to_string().contains(&url), "the error names the URL: {refused}");
 
     for (setting, flag) in [("--admin-url", "backlog"), ("--consumer-admin-url", "dead-letters")] {
-        let (ok, stderr) = outpostctl(&[format!("{setting}={url}"), flag.to_owned()], &token).await;
-        assert!(!ok, "outpostctl {setting}={url} {flag} succeeded");
+        let (ok, stderr) = idempostctl(&[format!("{setting}={url}"), flag.to_owned()], &token).await;
+        assert!(!ok, "idempostctl {setting}={url} {flag} succeeded");
         assert!(stderr.contains(setting), "the error names {setting}: {stderr}");
         assert!(stderr.contains("plaintext"), "{stderr}");
-        assert!(!stderr.contains(&token), "outpostctl printed the token");
+        assert!(!stderr.contains(&token), "idempostctl printed the token");
     }
 
     let args =
@@ -182,7 +182,7 @@ async fn a_token_still_travels_in_plaintext_to_a_loopback_address() {
     let dir = tempfile::tempdir().unwrap();
     let (app, pki) = authenticated(dir.path()).await;
     let tenant = pki.token(json!({ "sub": "svc-tenant-7", "tenant_id": 7 })).unwrap();
-    let operator = pki.token(json!({ "sub": "ops", "scope": "outpost:admin" })).unwrap();
+    let operator = pki.token(json!({ "sub": "ops", "scope": "idempost:admin" })).unwrap();
 
     let mut submitter = SafeSubmitter::connect(
         &format!("http://127.0.0.1:{}", app.port),
@@ -195,12 +195,12 @@ async fn a_token_still_travels_in_plaintext_to_a_loopback_address() {
     let confirmed = submitter.submit(order(0, "loopback-rust")).await.unwrap();
     assert_eq!(confirmed.confirmation, Confirmation::Committed);
 
-    let (ok, stderr) = outpostctl(
+    let (ok, stderr) = idempostctl(
         &[format!("--admin-url=http://localhost:{}", app.admin_port), "backlog".into()],
         &operator,
     )
     .await;
-    assert!(ok, "outpostctl over loopback plaintext: {stderr}");
+    assert!(ok, "idempostctl over loopback plaintext: {stderr}");
 
     let token_file = dir.path().join("tenant.jwt");
     std::fs::write(&token_file, &tenant).unwrap();
@@ -229,7 +229,7 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
     let db = TestDb::migrated(Backend::MariaDb).await;
     let conn = db.connect().await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let url_file = dir.path().join("database-url");
@@ -246,18 +246,18 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
 
     let order_args = [from_file.clone(), "--listen=127.0.0.1:0".into(), "--admin-listen=127.0.0.1:0".into()];
     let (order_service, order_bound) =
-        ServiceProcess::spawn_listening("outpost-order", &order_args, &[]).await;
+        ServiceProcess::spawn_listening("idempost-order", &order_args, &[]).await;
     let port = order_bound.port("listen");
     // The relay takes the file's name from the environment.
     let relay_args = [brokers.clone(), topic_flag.clone(), kafka.clone(), "--listen=127.0.0.1:0".into()];
     let relay = ServiceProcess::spawn(
-        "outpost-relay",
+        "idempost-relay",
         &relay_args,
-        &[("OUTPOST_DATABASE_URL_FILE", url_file.display().to_string())],
+        &[("IDEMPOST_DATABASE_URL_FILE", url_file.display().to_string())],
     );
     let consumer_args =
         [from_file, brokers, topic_flag, kafka, "--group-id=g1".into(), "--listen=127.0.0.1:0".into()];
-    let consumer = ServiceProcess::spawn("outpost-consumer", &consumer_args, &[]);
+    let consumer = ServiceProcess::spawn("idempost-consumer", &consumer_args, &[]);
 
     let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
     let accepted = client.submit_order(order(7, "from-files")).await.unwrap().into_inner();
@@ -278,9 +278,9 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
     }
 
     // A line that is not KEY=VALUE stops the relay at start-up (the line is named, not shown).
-    std::fs::write(&kafka_file, "sasl.username=outpost\nhunter2\n").unwrap();
+    std::fs::write(&kafka_file, "sasl.username=idempost\nhunter2\n").unwrap();
     let mut refused = ServiceProcess::spawn(
-        "outpost-relay",
+        "idempost-relay",
         &[
             format!("--database-url-file={}", url_file.display()),
             format!("--kafka-option-file={}", kafka_file.display()),
@@ -321,13 +321,13 @@ async fn the_verifier_gives_its_services_the_database_url_through_the_environmen
     let broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
     let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
-    let run = tokio::spawn(async move { outpost_verify::run(&settings).await.map(|report| report.passed()) });
+    let run = tokio::spawn(async move { idempost_verify::run(&settings).await.map(|report| report.passed()) });
     // Every child's command line, read while it runs.
     let mut seen: HashMap<i32, String> = HashMap::new();
     while !run.is_finished() {
         for pid in children() {
             let line = command_line(pid);
-            if line.contains("outpost-") {
+            if line.contains("idempost-") {
                 seen.entry(pid).or_insert(line);
             }
         }
@@ -335,7 +335,7 @@ async fn the_verifier_gives_its_services_the_database_url_through_the_environmen
     }
     assert_eq!(run.await.unwrap().ok(), Some(true), "the verifier passes");
     assert!(
-        ["outpost-order", "outpost-relay", "outpost-consumer"]
+        ["idempost-order", "idempost-relay", "idempost-consumer"]
             .iter()
             .all(|b| seen.values().any(|l| l.contains(b))),
         "every kind of service was seen: {seen:?}"

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outpost::consumer::{self, ConsumerStats};
-use outpost::relay::{self, KafkaPublisher, Outbox, Relay, RetryPolicy, Tuning};
+use idempost::consumer::{self, ConsumerStats};
+use idempost::relay::{self, KafkaPublisher, Outbox, Relay, RetryPolicy, Tuning};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -20,7 +20,7 @@ use crate::relay::{relay_args, relay_settings};
 const WAIT: Duration = Duration::from_secs(60);
 
 fn topic() -> String {
-    outpost_testkit::topic::unique("outpost-test")
+    idempost_testkit::topic::unique("idempost-test")
 }
 
 /// The status a health endpoint on `port` reports for `service`, if it answers at all.
@@ -91,7 +91,7 @@ async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_servi
     relay.stop().await;
 }
 
-/// The same status as a metric: `outpost.health.serving` goes to 0 and back to 1.
+/// The same status as a metric: `idempost.health.serving` goes to 0 and back to 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_health_gauge_of_a_relay_process_follows_its_status() {
     let (endpoint, received, _receiver) = start_receiver().await;
@@ -106,9 +106,9 @@ async fn the_health_gauge_of_a_relay_process_follows_its_status() {
     let mut args = relay_args(&settings);
     args.push("--publish-stall=2s".to_owned());
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let _relay = ServiceProcess::spawn("outpost-relay", &args, &env);
+    let _relay = ServiceProcess::spawn("idempost-relay", &args, &env);
     let serving = |from: usize, value: f64| {
-        received.points().iter().skip(from).any(|p| p.name == "outpost.health.serving" && p.value == value)
+        received.points().iter().skip(from).any(|p| p.name == "idempost.health.serving" && p.value == value)
     };
 
     assert_eventually("the gauge reads 0: NOT_SERVING", WAIT, || async { serving(0, 0.0) }).await;
@@ -139,7 +139,7 @@ async fn consumer_health_is_not_serving_while_the_broker_is_down_and_serving_onc
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_once_it_moves() {
-    use outpost::failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING;
+    use idempost::failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING;
 
     let app = TestApp::spawn(Backend::Sqlite).await;
     let broker = TestBroker::start().await;
@@ -176,7 +176,7 @@ async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_on
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes_everything() {
-    use outpost::failpoint::RELAY_PRODUCER_FATAL;
+    use idempost::failpoint::RELAY_PRODUCER_FATAL;
 
     let app = TestApp::spawn(Backend::Sqlite).await;
     let broker = TestBroker::start().await;

@@ -19,10 +19,10 @@ fn deploy_dir() -> PathBuf {
 
 /// `deploy/check.py <command>` run by the venv with deploy/requirements.txt: its stdout.
 fn check(command: &str) -> String {
-    let python = std::env::var("OUTPOST_DEPLOY_PYTHON").unwrap_or_else(|_| {
+    let python = std::env::var("IDEMPOST_DEPLOY_PYTHON").unwrap_or_else(|_| {
         panic!(
-            "OUTPOST_DEPLOY_PYTHON is not set: scripts/test sets it (ensure_deploy_checks in \
-             scripts/common.sh); after one run: export OUTPOST_DEPLOY_PYTHON=$HOME/.cache/outpost/deploy-venv/bin/python"
+            "IDEMPOST_DEPLOY_PYTHON is not set: scripts/test sets it (ensure_deploy_checks in \
+             scripts/common.sh); after one run: export IDEMPOST_DEPLOY_PYTHON=$HOME/.cache/idempost/deploy-venv/bin/python"
         )
     });
     let output = Command::new(&python).arg(deploy_dir().join("check.py")).arg(command).output().unwrap();
@@ -85,7 +85,7 @@ fn every_flag_and_environment_variable_the_deployment_files_pass_exists_in_the_b
         for var in list("env") {
             let known = names(&help, "[env: ", &var) || names(&help, "env: ", &var);
             let telemetry =
-                (var.starts_with("OTEL_") || var == "OUTPOST_LOG_FORMAT") && TELEMETRY.contains(&var);
+                (var.starts_with("OTEL_") || var == "IDEMPOST_LOG_FORMAT") && TELEMETRY.contains(&var);
             if !known && !telemetry {
                 unknown.push(format!("{source}: {binary} reads no {var}"));
             }

@@ -1,7 +1,7 @@
 //! The idempotency key and every other identifier compared in SQL are compared byte for byte on
 //! every database: no collation makes two keys that differ in case or trailing blanks one key.
 
-use outpost_proto::v1 as pb;
+use idempost_proto::v1 as pb;
 use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::join_all;
-use outpost_proto::v1 as pb;
+use idempost_proto::v1 as pb;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, TransactionTrait};
 use tonic::Code;
 
@@ -298,7 +298,7 @@ async fn a_full_queue_refuses_at_once_as_overloaded_and_writes_nothing(backend: 
 
 async fn with_group_commit_off_each_order_still_commits_replays_and_reconciles(backend: Backend) {
     let app =
-        TestApp::spawn_with(backend, |s| s.group_commit.mode = outpost::order::GroupCommitMode::Off).await;
+        TestApp::spawn_with(backend, |s| s.group_commit.mode = idempost::order::GroupCommitMode::Off).await;
 
     let answers = join_all((0..16).map(|i| app.submit(order(7, &format!("alone-{}", i % 8))))).await;
 
@@ -527,7 +527,7 @@ async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backen
 
 #[cfg(feature = "failpoints")]
 mod commit_window {
-    use outpost::failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION;
+    use idempost::failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION;
     use tonic::Code;
 
     use super::{distinct, hold_first_batch, one_writer, submit_held};

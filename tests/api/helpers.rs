@@ -3,12 +3,12 @@
 
 use std::sync::LazyLock;
 
-use outpost::order::{Application, BatchStats, Settings};
-use outpost_migration::{Migrator, MigratorTrait};
-use outpost_proto::v1::{
+use idempost::order::{Application, BatchStats, Settings};
+use idempost_migration::{Migrator, MigratorTrait};
+use idempost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
-use outpost_verify::process::{Bound, Output, Signal};
+use idempost_verify::process::{Bound, Output, Signal};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -33,7 +33,7 @@ pub async fn connect_order_service(url: &str) -> OrderServiceClient<Channel> {
 /// Logs stay silent unless `TEST_LOG` is set.
 static TRACING: LazyLock<()> = LazyLock::new(|| {
     if std::env::var_os("TEST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt().with_env_filter("info,outpost=debug").with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt().with_env_filter("info,idempost=debug").with_test_writer().try_init();
     }
 });
 
@@ -84,21 +84,21 @@ impl TestDb {
     /// An empty, unmigrated database.
     pub async fn empty(backend: Backend) -> Self {
         LazyLock::force(&TRACING);
-        let name = format!("outpost_t_{}", Uuid::new_v4().simple());
+        let name = format!("idempost_t_{}", Uuid::new_v4().simple());
         match backend {
             Backend::MariaDb => {
-                let server = server_url("OUTPOST_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306");
+                let server = server_url("IDEMPOST_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306");
                 admin(&format!("{server}/mysql"), &format!("CREATE DATABASE {name}")).await;
                 Self { url: format!("{server}/{name}"), _dir: None }
             }
             Backend::Postgres => {
-                let server = server_url("OUTPOST_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432");
+                let server = server_url("IDEMPOST_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432");
                 admin(&format!("{server}/postgres"), &format!("CREATE DATABASE {name}")).await;
                 Self { url: format!("{server}/{name}"), _dir: None }
             }
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
-                let url = format!("sqlite://{}/outpost.db?mode=rwc", dir.path().display());
+                let url = format!("sqlite://{}/idempost.db?mode=rwc", dir.path().display());
                 Self { url, _dir: Some(dir) }
             }
         }
@@ -124,12 +124,12 @@ impl TestDb {
     }
 
     pub async fn connect(&self) -> DatabaseConnection {
-        outpost::db::connect(&self.url, 4).await.unwrap()
+        idempost::db::connect(&self.url, 4).await.unwrap()
     }
 }
 
 async fn admin(url: &str, sql: &str) {
-    let conn = outpost::db::connect(url, 1).await.unwrap();
+    let conn = idempost::db::connect(url, 1).await.unwrap();
     conn.execute_unprepared(sql).await.unwrap();
     conn.close().await.unwrap();
 }
@@ -441,7 +441,7 @@ pub struct OutboxProbe<'a> {
 
 impl OutboxProbe<'_> {
     fn placeholder(&self, n: usize) -> String {
-        outpost_testkit::sql::placeholder(self.conn.get_database_backend(), n)
+        idempost_testkit::sql::placeholder(self.conn.get_database_backend(), n)
     }
 
     pub async fn state(&self, event_id: &str) -> OutboxState {
@@ -495,7 +495,7 @@ impl OutboxProbe<'_> {
                 let id = uuid::Uuid::now_v7().to_string();
                 let n = values.len();
                 rows.push(format!(
-                    "({}, 'order', {}, 'outpost.v1.OrderAccepted', 1, {}, 'PENDING', 0, {})",
+                    "({}, 'order', {}, 'idempost.v1.OrderAccepted', 1, {}, 'PENDING', 0, {})",
                     self.placeholder(n + 1),
                     self.placeholder(n + 2),
                     self.placeholder(n + 3),
@@ -536,7 +536,7 @@ pub fn service_binary(name: &str) -> std::path::PathBuf {
 /// so tests and the verifier start, signal and kill services one way. Output is discarded
 /// unless `TEST_LOG` is set.
 pub struct ServiceProcess(
-    outpost_verify::process::ServiceProcess,
+    idempost_verify::process::ServiceProcess,
     // Held, never read: the port file's directory lives as long as the process.
     #[allow(dead_code)] Option<tempfile::TempDir>,
 );
@@ -559,7 +559,7 @@ impl ServiceProcess {
 
     fn start(name: &str, args: &[String], env: &[(&str, String)], output: Output) -> Self {
         let process =
-            outpost_verify::process::ServiceProcess::start(&service_binary(name), name, args, env, output);
+            idempost_verify::process::ServiceProcess::start(&service_binary(name), name, args, env, output);
         Self(process.unwrap(), None)
     }
 
@@ -568,7 +568,7 @@ impl ServiceProcess {
     pub async fn spawn_listening(name: &str, args: &[String], env: &[(&str, String)]) -> (Self, Bound) {
         let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
         let dir = tempfile::tempdir().unwrap();
-        let mut process = outpost_verify::process::ServiceProcess::start_with_port_file(
+        let mut process = idempost_verify::process::ServiceProcess::start_with_port_file(
             &service_binary(name),
             name,
             args,

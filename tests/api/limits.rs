@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use outpost_proto::v1::order_service_client::OrderServiceClient;
-use outpost_verify::process::Output;
+use idempost_proto::v1::order_service_client::OrderServiceClient;
+use idempost_verify::process::Output;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use tonic::codegen::{Bytes, http};
 use tonic::transport::Channel;
@@ -59,7 +59,7 @@ async fn health_stays_serving_while_callers_hold_every_pooled_connection(backend
     let calls: Vec<_> = (0..8)
         .map(|i| {
             let mut client = app.client.clone();
-            let request = outpost_proto::v1::ReconcileRequest { tenant_id: 1, request_id: format!("r-{i}") };
+            let request = idempost_proto::v1::ReconcileRequest { tenant_id: 1, request_id: format!("r-{i}") };
             tokio::spawn(async move { client.reconcile(request).await })
         })
         .collect();
@@ -164,8 +164,8 @@ async fn status_within(response: h2::client::ResponseFuture, wait: Duration) -> 
     answer.unwrap().0
 }
 
-const SUBMIT: &str = "/outpost.v1.OrderService/SubmitOrder";
-const RECONCILE: &str = "/outpost.v1.OrderService/Reconcile";
+const SUBMIT: &str = "/idempost.v1.OrderService/SubmitOrder";
+const RECONCILE: &str = "/idempost.v1.OrderService/Reconcile";
 /// gRPC's codes as they travel in `grpc-status`.
 const OK: &str = "0";
 const DEADLINE_EXCEEDED: &str = "4";
@@ -247,7 +247,7 @@ async fn one_connection_cannot_take_every_call_of_its_listener() {
     let (refused, _, _still_open) = first.expect("one of the three is answered at once");
     assert_eq!(refused.unwrap().0, RESOURCE_EXHAUSTED, "the call past its connection's share is refused");
 
-    let request = outpost_proto::v1::ReconcileRequest { tenant_id: 7, request_id: "other".into() };
+    let request = idempost_proto::v1::ReconcileRequest { tenant_id: 7, request_id: "other".into() };
     let answer = app.client.clone().reconcile(with_token(request, &token)).await.unwrap_err();
     assert_eq!(answer.code(), tonic::Code::NotFound, "another connection is still served: {answer:?}");
 }
@@ -284,8 +284,8 @@ pub async fn order_process(
     endpoint: String,
     args: &[&str],
     open_files: Option<u64>,
-) -> (outpost_verify::process::ServiceProcess, u16) {
-    let binary = crate::helpers::service_binary("outpost-order");
+) -> (idempost_verify::process::ServiceProcess, u16) {
+    let binary = crate::helpers::service_binary("idempost-order");
     let mut all = vec![
         format!("--database-url={}", db.url),
         "--listen=127.0.0.1:0".to_owned(),
@@ -302,9 +302,9 @@ pub async fn order_process(
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
     let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
     let ports = tempfile::tempdir().unwrap();
-    let mut process = outpost_verify::process::ServiceProcess::start_with_port_file(
+    let mut process = idempost_verify::process::ServiceProcess::start_with_port_file(
         &program,
-        "outpost-order",
+        "idempost-order",
         &all,
         &env,
         output,
@@ -320,9 +320,9 @@ fn shed(received: &Received, reason: &str, action: &str) -> f64 {
     received
         .points()
         .iter()
-        .filter(|p| p.name == "outpost.listener.connections_shed")
-        .filter(|p| p.attribute("outpost.shed.reason") == Some(reason))
-        .filter(|p| p.attribute("outpost.shed.action") == Some(action))
+        .filter(|p| p.name == "idempost.listener.connections_shed")
+        .filter(|p| p.attribute("idempost.shed.reason") == Some(reason))
+        .filter(|p| p.attribute("idempost.shed.action") == Some(action))
         .map(|p| p.value)
         .fold(0.0, f64::max)
 }
@@ -339,7 +339,7 @@ async fn closed_without_an_answer(connection: tokio::net::TcpStream) -> bool {
 
 /// The client connected before the shedding is still answered, and so is a new health probe.
 async fn still_served(client: &OrderServiceClient<Channel>, port: u16) {
-    let request = outpost_proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() };
+    let request = idempost_proto::v1::ReconcileRequest { tenant_id: 7, request_id: "x".into() };
     let answer = client.clone().reconcile(request).await;
     assert_eq!(answer.unwrap_err().code(), tonic::Code::NotFound, "the existing client is still served");
     assert_eventually("a new health probe is answered SERVING", WAIT, || async {
@@ -405,7 +405,7 @@ async fn closed_by_the_server(connection: &mut tokio::net::TcpStream, within: Du
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_handshakes_past_the_cap_are_refused_at_once_and_a_caller_gets_through_once_they_are_gone() {
-    use outpost_client::ClientTls;
+    use idempost_client::ClientTls;
     use tonic::Code;
 
     const CAP: usize = 2;

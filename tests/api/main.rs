@@ -7,7 +7,7 @@ mod broker;
 mod helpers;
 mod private_db;
 
-use outpost_testkit::{otlp, pki};
+use idempost_testkit::{otlp, pki};
 
 mod admin;
 mod callers;

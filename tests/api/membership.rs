@@ -19,13 +19,13 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Runs the consumer binary with `args` to its end: (exit status, stderr).
 async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
-    let output = tokio::process::Command::new(service_binary("outpost-consumer"))
+    let output = tokio::process::Command::new(service_binary("idempost-consumer"))
         .args(args)
-        .env("OUTPOST_AUTH", "none")
+        .env("IDEMPOST_AUTH", "none")
         // A failpoints build (the suite's) refuses to start without it.
-        .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
+        .env(idempost::failpoint::ALLOW_FAILPOINTS, "1")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OUTPOST_KAFKA_OPTIONS")
+        .env_remove("IDEMPOST_KAFKA_OPTIONS")
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(WAIT, output).await.expect("the consumer stopped by itself").unwrap();
@@ -36,7 +36,7 @@ async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
 async fn a_second_consumer_under_an_instance_name_in_use_stops_naming_it_and_the_first_keeps_consuming() {
     let app = TestApp::spawn(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 1).await;
     let args = |port: u16| {
         vec![
@@ -51,7 +51,7 @@ async fn a_second_consumer_under_an_instance_name_in_use_stops_naming_it_and_the
         ]
     };
     let first_port = free_port();
-    let mut first = ServiceProcess::spawn("outpost-consumer", &args(first_port), &[]);
+    let mut first = ServiceProcess::spawn("idempost-consumer", &args(first_port), &[]);
     assert_health("the first instance serves", first_port, "", ServingStatus::Serving).await;
 
     let (status, stderr) = run_to_exit(&args(free_port())).await;

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use outpost_proto::v1 as pb;
+use idempost_proto::v1 as pb;
 use prost::Message as _;
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement, TransactionTrait as _};
 
@@ -18,7 +18,7 @@ const WAIT: Duration = Duration::from_secs(120);
 const SETTLE: Duration = Duration::from_millis(1500);
 
 fn topic() -> String {
-    outpost_testkit::topic::unique("outpost-test")
+    idempost_testkit::topic::unique("idempost-test")
 }
 
 /// The final state the read model must show for an order after its versions `1..=versions`.
@@ -45,7 +45,7 @@ pub(crate) fn change_payload(
     let total_minor = total_of(order_id, version);
     if version == 1 {
         let accepted = order_accepted(order_id, event_id, total_minor);
-        return ("outpost.v1.OrderAccepted", accepted.encode_to_vec());
+        return ("idempost.v1.OrderAccepted", accepted.encode_to_vec());
     }
     if version == last && order_id % 2 == 0 {
         let cancelled = pb::OrderCancelled {
@@ -59,7 +59,7 @@ pub(crate) fn change_payload(
             total_minor,
             cancelled_at: None,
         };
-        return ("outpost.v1.OrderCancelled", cancelled.encode_to_vec());
+        return ("idempost.v1.OrderCancelled", cancelled.encode_to_vec());
     }
     let amended = pb::OrderAmended {
         event_id: event_id.to_owned(),
@@ -73,7 +73,7 @@ pub(crate) fn change_payload(
         total_minor,
         amended_at: None,
     };
-    ("outpost.v1.OrderAmended", amended.encode_to_vec())
+    ("idempost.v1.OrderAmended", amended.encode_to_vec())
 }
 
 /// What the read model must hold for order `order_id` after versions `1..=last`.
@@ -126,7 +126,7 @@ pub(crate) async fn seed_changes(
                  payload, status, attempts, created_at, held_back) VALUES {}",
                 rows.join(", ")
             );
-            txn.execute_raw(outpost_testkit::sql::statement(backend, &sql, values)).await.unwrap();
+            txn.execute_raw(idempost_testkit::sql::statement(backend, &sql, values)).await.unwrap();
             txn.commit().await.unwrap();
         }
     }
@@ -155,7 +155,7 @@ async fn unpublished_previous_versions(
     );
     let values: Vec<sea_orm::Value> =
         orders.iter().map(|id| id.to_string().into()).chain([(version - 1).into()]).collect();
-    txn.query_all_raw(outpost_testkit::sql::statement(backend, &sql, values))
+    txn.query_all_raw(idempost_testkit::sql::statement(backend, &sql, values))
         .await
         .unwrap()
         .iter()
@@ -211,7 +211,7 @@ on_every_backend!(an_order_whose_first_event_is_refused_holds_back_only_its_own_
 /// ends and version 1 is redriven, the topic holds 501's versions 1 < 2 < 3.
 #[cfg(feature = "failpoints")]
 async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_events(backend: Backend) {
-    use outpost::backlog::{Redrive, RedriveAudit};
+    use idempost::backlog::{Redrive, RedriveAudit};
 
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -253,7 +253,7 @@ async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_eve
     let audit =
         RedriveAudit { requested_by: "test".to_owned(), reason: "the broker takes it now".to_owned() };
     assert_eq!(
-        outpost::backlog::redrive(&app.conn, &ids[&(501, 1)], &audit).await.unwrap(),
+        idempost::backlog::redrive(&app.conn, &ids[&(501, 1)], &audit).await.unwrap(),
         Redrive::Redriven
     );
     assert_eventually("order 501's versions are published after the redrive", WAIT, || async {
@@ -316,7 +316,7 @@ async fn four_relay_processes_killed_and_restarted_keep_every_orders_versions_in
     settings.lease_margin = Duration::from_secs(2);
     let mut args = crate::relay::relay_args(&settings);
     args.push("--workers=2".to_owned());
-    let spawn = || ServiceProcess::spawn("outpost-relay", &args, &[]);
+    let spawn = || ServiceProcess::spawn("idempost-relay", &args, &[]);
     let mut relays: Vec<ServiceProcess> = (0..RELAYS).map(|_| spawn()).collect();
     let consumer = crate::consumer::RunningConsumer::start(crate::consumer::consumer_settings(
         &app,
@@ -352,7 +352,7 @@ async fn four_relay_processes_killed_and_restarted_keep_every_orders_versions_in
         assert_in_order(*order_id, versions, CHANGES);
     }
     let want: BTreeMap<i64, Expected> = orders.iter().map(|&id| (id, expected(id, CHANGES))).collect();
-    let name = outpost::consumer::Settings::new(&app.db.url, broker.address()).consumer_name;
+    let name = idempost::consumer::Settings::new(&app.db.url, broker.address()).consumer_name;
     let caught_up =
         crate::helpers::eventually(WAIT, || async { read_model(&app.conn, &name).await == want }).await;
     let seen = read_model(&app.conn, &name).await;
@@ -413,7 +413,7 @@ on_every_backend!(
 async fn a_change_committed_while_its_previous_version_is_unpublished_waits_held_back_until_that_version_is_marked(
     backend: Backend,
 ) {
-    use outpost::relay::{Delivery, Fenced, Outbox, WorkerId};
+    use idempost::relay::{Delivery, Fenced, Outbox, WorkerId};
 
     use crate::change_order::{amend, cancel};
 
@@ -448,7 +448,7 @@ async fn held_back(conn: &DatabaseConnection, event_id: &str) -> bool {
     let backend = conn.get_database_backend();
     let sql = "SELECT held_back FROM outbox_event WHERE event_id = ?";
     let row = conn
-        .query_one_raw(outpost_testkit::sql::statement(backend, sql, vec![event_id.into()]))
+        .query_one_raw(idempost_testkit::sql::statement(backend, sql, vec![event_id.into()]))
         .await
         .unwrap()
         .unwrap_or_else(|| panic!("no outbox row {event_id}"));

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outpost::relay;
+use idempost::relay;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -41,7 +41,7 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     let mut server = PrivateServer::start(backend).await;
     let app = TestApp::spawn_on(server.migrated_database().await, |_| {}).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 2).await;
     let mut settings = relay_settings(&app, &broker.address(), &topic);
     settings.max_attempts = 1_000;
@@ -56,7 +56,7 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     // polling in between, more than the 10 s allowed.
     settings.backoff_max = Duration::from_secs(8);
     let consumer = RunningConsumer::start(settings).await;
-    for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
+    for (port, service) in [(app.port, "idempost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
         assert_health("every service is SERVING", port, service, ServingStatus::Serving).await;
     }
 
@@ -111,7 +111,7 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     assert_health(
         "the order service is NOT_SERVING",
         app.port,
-        "outpost.v1.OrderService",
+        "idempost.v1.OrderService",
         ServingStatus::NotServing,
     )
     .await;
@@ -125,7 +125,7 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     produce(&broker.address(), &topic, &key, &copy.value, Some(copy.header("event_id"))).await;
     tokio::time::sleep_until(stopped_at + OUTAGE).await;
     server.resume().await;
-    for (port, service) in [(app.port, "outpost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
+    for (port, service) in [(app.port, "idempost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
         assert_health("every service is SERVING again", port, service, ServingStatus::Serving).await;
     }
     let before = committed_so_far();

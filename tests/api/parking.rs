@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outpost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
+use idempost_proto::v1::{self as pb, consumer_admin_service_client::ConsumerAdminServiceClient};
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -29,7 +29,7 @@ impl Consumer {
         let group = format!("parking-{}", uuid::Uuid::new_v4().simple());
         let settings = crate::consumer::consumer_settings(app, &broker.address(), topic, &group);
         let name = settings.consumer_name.clone();
-        let consumer = outpost::consumer::Application::build(settings).await.unwrap();
+        let consumer = idempost::consumer::Application::build(settings).await.unwrap();
         let port = consumer.port();
         let service = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
         let admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
@@ -97,7 +97,7 @@ async fn a_dead_lettered_event_parks_the_later_events_of_its_order_only_and_a_re
 ) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 2).await;
     let producer = producer(&broker);
     publish(&producer, &topic, (1, 1, 4), None, None).await;
@@ -149,11 +149,11 @@ async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the
 ) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 1).await;
     let producer = producer(&broker);
     publish(&producer, &topic, (3, 1, 3), None, None).await;
-    publish(&producer, &topic, (3, 2, 3), Some("outpost.v1.OrderShipped"), Some(b"from the future")).await;
+    publish(&producer, &topic, (3, 2, 3), Some("idempost.v1.OrderShipped"), Some(b"from the future")).await;
     publish(&producer, &topic, (3, 3, 3), None, None).await;
     publish(&producer, &topic, (5, 1, 3), None, None).await;
     let consumer = Consumer::start(&app, &broker, &topic).await;
@@ -163,7 +163,7 @@ async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the
     })
     .await;
     assert_eq!(count(&app, "SELECT COUNT(*) FROM dead_letter").await, 0, "nothing is dead-lettered");
-    assert_eq!(consumer.parked(3).await[0], (2, "outpost.v1.OrderShipped".to_owned()));
+    assert_eq!(consumer.parked(3).await[0], (2, "idempost.v1.OrderShipped".to_owned()));
     let released = consumer.release(3, "OrderShipped is not needed by this read model").await.unwrap();
     assert_eq!((released.released_from_version, released.released_to_version), (2, 2));
     assert_eq!(released.applied_versions, vec![3]);

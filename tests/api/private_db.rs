@@ -2,7 +2,7 @@
 //! start the database. The machine's shared MariaDB and PostgreSQL serve every other test at the
 //! same time and are never stopped.
 
-use outpost_testkit::private_db::{self, Engine};
+use idempost_testkit::private_db::{self, Engine};
 
 use crate::helpers::{Backend, TestDb};
 

@@ -18,12 +18,12 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// The interpreter with clients/python's requirements installed.
 fn python() -> String {
-    std::env::var("OUTPOST_PYTHON").unwrap_or_else(|_| {
+    std::env::var("IDEMPOST_PYTHON").unwrap_or_else(|_| {
         panic!(
-            "OUTPOST_PYTHON is not set. It names a Python with clients/python/requirements.txt installed, \
+            "IDEMPOST_PYTHON is not set. It names a Python with clients/python/requirements.txt installed, \
              and the stubs must be generated: scripts/test sets up both (ensure_python_clients in \
              scripts/common.sh). After one run of scripts/test: \
-             export OUTPOST_PYTHON=$HOME/.cache/outpost/venv/bin/python"
+             export IDEMPOST_PYTHON=$HOME/.cache/idempost/venv/bin/python"
         )
     })
 }
@@ -341,7 +341,7 @@ async fn a_python_submitter_that_cannot_reach_the_service_only_reconciles_and_gi
 
 #[cfg(feature = "failpoints")]
 mod faults {
-    use outpost::failpoint::{
+    use idempost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
@@ -439,12 +439,12 @@ async fn consume(broker: &TestBroker, topic: &str, group: &str, extra: &[&str]) 
 async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits_its_offsets() {
     let app = TestApp::spawn(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 3).await;
-    let mut relay_settings = outpost::relay::Settings::new(&app.db.url, broker.address());
+    let mut relay_settings = idempost::relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.clone();
     relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = outpost::relay::Application::build(relay_settings).await.unwrap();
+    let relay = idempost::relay::Application::build(relay_settings).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     let probe = OutboxProbe { conn: &app.conn };
 
@@ -472,7 +472,7 @@ async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits
         let result = accepted.iter().find(|result| result["event_id"] == event["event_id"]).unwrap();
         let order_id = result["order_id"].as_i64().unwrap();
         assert_eq!(text(&event["header_event_id"]), event_id, "the event_id header repeats the payload's");
-        assert_eq!(text(&event["event_type"]), "outpost.v1.OrderAccepted");
+        assert_eq!(text(&event["event_type"]), "idempost.v1.OrderAccepted");
         assert_eq!(text(&event["key"]), order_id.to_string(), "the record key is the order id");
         assert_eq!(event["order_id"], order_id);
         assert_eq!(event["request_id"], result["request_id"]);
@@ -515,7 +515,7 @@ async fn the_python_submitter_speaks_tls_and_carries_its_token_which_names_the_t
     let pki = Pki::make(dir.path()).unwrap();
     let jwks = pki.jwks.clone();
     let (db, server, port, _) = crate::security::tls_service(Backend::MariaDb, &pki, |s| {
-        s.security.auth = outpost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
+        s.security.auth = idempost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
     })
     .await;
     let target = format!("localhost:{port}");

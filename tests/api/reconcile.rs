@@ -20,7 +20,7 @@ async fn reconcile_finds_a_committed_order_by_tenant_and_request_id(backend: Bac
     assert_eq!(found.order_id, accepted.order_id);
     assert_eq!(found.event_id, accepted.event_id);
     assert_eq!(found.version, 1);
-    assert_eq!(found.status(), outpost_proto::v1::OrderStatus::Accepted);
+    assert_eq!(found.status(), idempost_proto::v1::OrderStatus::Accepted);
     assert_eq!(found.total_minor, accepted.total_minor);
 }
 

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outpost::relay::{self, Blame, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
-use outpost::relay::{KafkaPublisher, Relay, RetryPolicy};
+use idempost::relay::{self, Blame, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
+use idempost::relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
 use crate::helpers::{
@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const SETTLE: Duration = Duration::from_millis(1500);
 
 fn topic() -> String {
-    outpost_testkit::topic::unique("outpost-test")
+    idempost_testkit::topic::unique("idempost-test")
 }
 
 /// Short, test-sized timings that still satisfy the relay's start-up check.
@@ -165,8 +165,8 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
         futures::future::join_all(ids[3..].iter().map(|id| probe.state(id))).await;
 
     // A marks all six in one call, the lost ones interleaved with the held ones.
-    let deliveries: Vec<outpost::relay::Delivery> = (0..6)
-        .map(|i| outpost::relay::Delivery { topic: "t".into(), partition: i % 3, offset: 100 + i64::from(i) })
+    let deliveries: Vec<idempost::relay::Delivery> = (0..6)
+        .map(|i| idempost::relay::Delivery { topic: "t".into(), partition: i % 3, offset: 100 + i64::from(i) })
         .collect();
     let mine = [&held[0], &lost[0], &held[1], &lost[1], &held[2], &lost[2]];
     let marks: Vec<_> = mine
@@ -224,13 +224,13 @@ async fn a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its
     ids.extend(probe.seed(2).await);
     let expired_at = brief.iter().map(|e| e.lease_until).max().unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;
-    while outpost::db::now(&app.conn).await.unwrap() <= expired_at {
+    while idempost::db::now(&app.conn).await.unwrap() <= expired_at {
         assert!(tokio::time::Instant::now() < deadline, "the database clock never passed the lease");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     let claimed = outbox.claim(&relay_b, Duration::from_secs(30), 3).await.unwrap();
-    let claimed_at = outpost::db::now(&app.conn).await.unwrap();
+    let claimed_at = idempost::db::now(&app.conn).await.unwrap();
     assert_eq!(
         claimed.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(),
         [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()],
@@ -327,14 +327,14 @@ impl MeteredRelay {
         let (endpoint, received, receiver) = crate::otlp::start_receiver().await;
         let env = [
             // Warnings and errors, and each event's claim and mark.
-            ("RUST_LOG", "warn,outpost::relay::worker=info".to_owned()),
+            ("RUST_LOG", "warn,idempost::relay::worker=info".to_owned()),
             ("NO_COLOR", "1".to_owned()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
             ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
         ];
         let log = dir.join(format!("relay-{n}.log"));
         Self {
-            process: ServiceProcess::spawn_logged("outpost-relay", args, &env, log),
+            process: ServiceProcess::spawn_logged("idempost-relay", args, &env, log),
             received,
             _receiver: receiver,
         }
@@ -358,10 +358,10 @@ impl MeteredRelay {
             .map(str::to_owned)
             .collect();
         RelayCounts {
-            published: self.counter("outpost.relay.published"),
-            lease_losses: self.counter("outpost.relay.lease_losses"),
-            lock_conflicts: self.counter("outpost.relay.lock_conflicts"),
-            gate_timeouts: self.counter("outpost.relay.claim_gate_timeouts"),
+            published: self.counter("idempost.relay.published"),
+            lease_losses: self.counter("idempost.relay.lease_losses"),
+            lock_conflicts: self.counter("idempost.relay.lock_conflicts"),
+            gate_timeouts: self.counter("idempost.relay.claim_gate_timeouts"),
             warnings,
         }
     }
@@ -446,11 +446,11 @@ async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(bac
         let (_, payload) = app.outbox_row(&answer.event_id).await.unwrap();
         assert_eq!(record.key, answer.order_id.to_string().into_bytes(), "key = aggregate id");
         assert_eq!(record.value, payload, "value = stored payload, verbatim");
-        assert_eq!(record.header("event_type"), "outpost.v1.OrderAccepted");
+        assert_eq!(record.header("event_type"), "idempost.v1.OrderAccepted");
         assert_eq!(record.header("event_version"), "1");
         assert_eq!(record.header("aggregate_type"), "order");
         assert_eq!(record.header("aggregate_id"), answer.order_id.to_string());
-        assert_eq!(record.header("content-type"), outpost::contract::CONTENT_TYPE);
+        assert_eq!(record.header("content-type"), idempost::contract::CONTENT_TYPE);
         let state = probe.state(&answer.event_id).await;
         assert!(state.published && state.lease_owner.is_none() && state.attempts == 1, "{state:?}");
         assert_eq!((state.partition, state.offset), (Some(record.partition), Some(record.offset)));
@@ -469,8 +469,8 @@ async fn two_relay_processes_drain_a_backlog_of_a_thousand_events(backend: Backe
     settings.batch_size = 50;
     let args = relay_args(&settings);
     let mut relays = [
-        ServiceProcess::spawn("outpost-relay", &args, &[]),
-        ServiceProcess::spawn("outpost-relay", &args, &[]),
+        ServiceProcess::spawn("idempost-relay", &args, &[]),
+        ServiceProcess::spawn("idempost-relay", &args, &[]),
     ];
     assert_eventually("all 1000 events are PUBLISHED", Duration::from_secs(120), || {
         all_published(&probe, 1_000)
@@ -524,7 +524,7 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
     assert_eq!(after_new.status, "PUBLISHED");
 
     // The old owner now confirms late: its owner-fenced mark must change nothing.
-    let delivery = outpost::relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
+    let delivery = idempost::relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
     let stale = &claimed[0].lease_token;
     assert_eq!(outbox.mark_published(event_id, stale, &delivery).await.unwrap(), Fenced::LeaseLost);
     assert_eq!(probe.state(event_id).await, after_new, "the new owner's result is intact");
@@ -574,7 +574,7 @@ async fn another_loop_takes_over(
     probe: &OutboxProbe<'_>,
     event_id: &str,
 ) -> (tokio::sync::oneshot::Receiver<StepOutcome>, Vec<ClaimedEvent>, crate::helpers::OutboxState) {
-    let mut held = crate::helpers::hold(outpost::failpoint::DURING_CONCURRENT_CLAIM);
+    let mut held = crate::helpers::hold(idempost::failpoint::DURING_CONCURRENT_CLAIM);
     let (worker, loop_a) = step_apart(app, publisher, tuning).await;
     held.reached("loop A has claimed and stops before publishing", WAIT).await;
     let loop_b = claim_once_expired(outbox, &worker).await;
@@ -597,7 +597,7 @@ async fn overtaken_while_held(
     slow_tuning: Tuning,
     event_id: &str,
 ) -> (crate::helpers::Held, tokio::sync::oneshot::Receiver<StepOutcome>, crate::helpers::OutboxState) {
-    let mut held = crate::helpers::hold(outpost::failpoint::DURING_CONCURRENT_CLAIM);
+    let mut held = crate::helpers::hold(idempost::failpoint::DURING_CONCURRENT_CLAIM);
     let fast = Relay::new(outbox.clone(), publisher(), fast_tuning);
     let (slow_owner, slow_step) = step_apart(app, publisher, slow_tuning).await;
     held.reached("the slow relay has claimed and stops before publishing", WAIT).await;
@@ -630,7 +630,7 @@ async fn step_apart(
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async move {
-            let outbox = Outbox::new(outpost::db::connect(&database_url, 4).await.unwrap());
+            let outbox = Outbox::new(idempost::db::connect(&database_url, 4).await.unwrap());
             let relay = Relay::new(outbox, publisher(), tuning);
             owner.send(relay.owner().clone()).unwrap();
             let _ = done.send(relay.step().await.unwrap());
@@ -669,7 +669,7 @@ async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_re
 
     // Loop A's late outcomes: the first event failed for its last allowed time, the second was
     // confirmed. Neither may touch what loop B holds.
-    let late = outpost::relay::Delivery { topic: "t".into(), partition: 0, offset: 999 };
+    let late = idempost::relay::Delivery { topic: "t".into(), partition: 0, offset: 999 };
     assert_eq!(outbox.release(&loop_a[0], "late failure", &retry).await.unwrap(), Fenced::LeaseLost);
     let late_marks = outbox
         .mark_all_published(&[(loop_a[1].event_id.as_str(), &loop_a[1].lease_token, &late)])
@@ -683,7 +683,7 @@ async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_re
     );
 
     // Loop B's own outcomes still land.
-    let delivery = outpost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
+    let delivery = idempost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
     assert_eq!(
         outbox.mark_published(&loop_b[1].event_id, &loop_b[1].lease_token, &delivery).await.unwrap(),
         Fenced::Done(())
@@ -742,7 +742,7 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
     let mut stalled_args = args.clone();
     stalled_args.push("--workers=1".to_owned());
     let stalled = ServiceProcess::spawn(
-        "outpost-relay",
+        "idempost-relay",
         &stalled_args,
         &[("FAILPOINTS", "DURING_CONCURRENT_CLAIM=sleep(600000)".into())],
     );
@@ -826,7 +826,7 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
     let args = relay_args(&relay_settings(&app, &broker.address(), &topic));
 
     let mut crashing = ServiceProcess::spawn(
-        "outpost-relay",
+        "idempost-relay",
         &args,
         &[("FAILPOINTS", "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED=return(abort)".into())],
     );
@@ -836,7 +836,7 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
     assert_eq!(first_copy[0].header("event_id"), accepted.event_id);
     assert_eq!(probe.state(&accepted.event_id).await.status, "PUBLISHING", "confirmed but never marked");
 
-    let _second = ServiceProcess::spawn("outpost-relay", &args, &[]);
+    let _second = ServiceProcess::spawn("idempost-relay", &args, &[]);
     assert_eventually("the event is published again and marked", WAIT, || all_published(&probe, 1)).await;
     let records = read_topic(&broker.address(), &topic, 2, WAIT, SETTLE).await;
     let copies = records.iter().filter(|r| r.header("event_id") == accepted.event_id).count();
@@ -882,7 +882,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
 
     // The operator's command, as a real process.
     let mut redrive = ServiceProcess::spawn(
-        "outpost-relay",
+        "idempost-relay",
         &[
             format!("--database-url={}", settings.database_url),
             "redrive".to_owned(),
@@ -1015,7 +1015,7 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     let records = read_topic(&broker.address(), &topic, 1, WAIT, Duration::ZERO).await;
     assert_eq!(records[0].header("event_id"), ids[0], "loop A's publish did reach the broker");
     let delivery =
-        outpost::relay::Delivery { topic, partition: records[0].partition, offset: records[0].offset };
+        idempost::relay::Delivery { topic, partition: records[0].partition, offset: records[0].offset };
     let marked = outbox.mark_published(&ids[0], &loop_b[0].lease_token, &delivery).await.unwrap();
     assert_eq!(marked, Fenced::Done(()), "loop B's lease was intact");
 }
@@ -1109,7 +1109,7 @@ async fn the_relays_mariadb_connections_run_at_read_committed_and_claim_and_mark
     let ids = probe.seed(3).await;
     let claimed = outbox.claim(&WorkerId::generate(), Duration::from_secs(30), 2).await.unwrap();
     assert_eq!(claimed.iter().map(|e| &e.event_id).collect::<Vec<_>>(), ids[..2].iter().collect::<Vec<_>>());
-    let delivery = outpost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
+    let delivery = idempost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
     let marks: Vec<_> = claimed.iter().map(|e| (e.event_id.as_str(), &e.lease_token, &delivery)).collect();
     assert_eq!(outbox.mark_all_published(&marks).await.unwrap(), [Fenced::Done(()); 2]);
     assert_eq!(probe.state(&ids[0]).await.status, "PUBLISHED");
@@ -1130,7 +1130,7 @@ async fn a_mariadb_claim_in_progress_does_not_hold_up_the_mark_of_an_event_in_fl
     let in_flight = outbox.claim(&WorkerId::generate(), Duration::from_secs(30), 1).await.unwrap();
     assert_eq!(in_flight.iter().map(|e| &e.event_id).collect::<Vec<_>>(), [&ids[0]]);
 
-    let mut held = crate::helpers::hold(outpost::failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT);
+    let mut held = crate::helpers::hold(idempost::failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT);
     // The held claim runs apart, on a thread, runtime and pool of its own (see `step_apart`).
     let (claimed_tx, claim) = tokio::sync::oneshot::channel();
     let database_url = app.db.url.clone();
@@ -1142,7 +1142,7 @@ async fn a_mariadb_claim_in_progress_does_not_hold_up_the_mark_of_an_event_in_fl
         });
     });
     held.reached("the second claim holds its rows", WAIT).await;
-    let delivery = outpost::relay::Delivery { topic: "t".into(), partition: 0, offset: 1 };
+    let delivery = idempost::relay::Delivery { topic: "t".into(), partition: 0, offset: 1 };
     let marks = [(ids[0].as_str(), &in_flight[0].lease_token, &delivery)];
     // Far longer than a mark takes, far shorter than InnoDB's lock wait timeout (50 s).
     let marked = tokio::time::timeout(Duration::from_secs(15), outbox.mark_all_published(&marks)).await;
@@ -1171,7 +1171,7 @@ async fn a_mariadb_relay_that_cannot_get_the_claim_gate_claims_without_it_and_co
     let app = TestApp::spawn(Backend::MariaDb).await;
     let mut holder = sqlx::MySqlConnection::connect(&app.db.url).await.unwrap();
     let taken: i64 =
-        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outpost.relay.claim.', MD5(DATABASE())), 0)")
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('idempost.relay.claim.', MD5(DATABASE())), 0)")
             .fetch_one(&mut holder)
             .await
             .unwrap();
@@ -1202,8 +1202,8 @@ async fn a_lease_not_longer_than_the_delivery_timeout_is_refused_at_start() {
         "--lease=5s".to_owned(),
         "--delivery-timeout=10s".to_owned(),
     ];
-    let output = tokio::process::Command::new(crate::helpers::service_binary("outpost-relay"))
-        .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
+    let output = tokio::process::Command::new(crate::helpers::service_binary("idempost-relay"))
+        .env(idempost::failpoint::ALLOW_FAILPOINTS, "1")
         .args(&args)
         .output()
         .await

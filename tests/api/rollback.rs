@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::broker::{TestBroker, read_topic};
-use outpost::consumer;
+use idempost::consumer;
 
 use crate::helpers::{
     Backend, InProcess, OutboxProbe, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
@@ -48,13 +48,13 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
 ) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-rollback");
+    let topic = idempost_testkit::topic::unique("idempost-rollback");
     broker.create_topic(&topic, 2).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(600).await;
 
     let args = relay_args(&app, &broker.address(), &topic);
-    let mut current = ServiceProcess::spawn("outpost-relay", &args, &[]);
+    let mut current = ServiceProcess::spawn("idempost-relay", &args, &[]);
     assert_eventually("the relay is under way", WAIT, || async {
         probe.count_with_status("PUBLISHED").await >= 20
     })
@@ -68,7 +68,7 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
     assert_eq!(published + probe.count_with_status("PENDING").await, 600);
 
     // The previous version (here: the same binary) continues from the table.
-    let mut previous = ServiceProcess::spawn("outpost-relay", &args, &[]);
+    let mut previous = ServiceProcess::spawn("idempost-relay", &args, &[]);
     assert_eventually("the rest is published", WAIT, || async {
         probe.count_with_status("PUBLISHED").await == 600
     })
@@ -84,14 +84,14 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
 async fn a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_effect(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-rollback");
+    let topic = idempost_testkit::topic::unique("idempost-rollback");
     broker.create_topic(&topic, 2).await;
     for i in 0..20 {
         app.submit(order(21, &format!("rollback-{i}"))).await.unwrap();
     }
-    let mut relay = ServiceProcess::spawn("outpost-relay", &relay_args(&app, &broker.address(), &topic), &[]);
+    let mut relay = ServiceProcess::spawn("idempost-relay", &relay_args(&app, &broker.address(), &topic), &[]);
     let args = consumer_args(&app, &broker.address(), &topic, &format!("g-{topic}"));
-    let mut current = ServiceProcess::spawn("outpost-consumer", &args, &[]);
+    let mut current = ServiceProcess::spawn("idempost-consumer", &args, &[]);
     assert_eventually("every order has its job", WAIT, || async {
         app.count("notification_job").await == 20
     })

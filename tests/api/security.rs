@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use outpost::order::{Application, Settings};
-use outpost::security::AuthSettings;
-use outpost_client::{BearerToken, ClientTls};
-use outpost_proto::v1::{
+use idempost::order::{Application, Settings};
+use idempost::security::AuthSettings;
+use idempost_client::{BearerToken, ClientTls};
+use idempost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
     consumer_admin_service_client::ConsumerAdminServiceClient, order_service_client::OrderServiceClient,
 };
@@ -24,7 +24,7 @@ use crate::helpers::{
 use crate::pki::{self, AUDIENCE, ISSUER, Pki};
 
 const WAIT: Duration = Duration::from_secs(30);
-const ADMIN: &str = "outpost:admin";
+const ADMIN: &str = "idempost:admin";
 
 /// An order service with JWT authentication on plaintext loopback, and the keys to sign for it.
 pub(crate) async fn authenticated(
@@ -323,7 +323,7 @@ pub async fn tls_service_on(
 
 /// A Reconcile through a fresh TLS connection: the handshake's and the call's outcome.
 pub async fn reconcile_over(url: &str, tls: &ClientTls) -> Result<Code, String> {
-    let channel: Channel = outpost_client::connect(url, tls).await.map_err(|e| e.to_string())?;
+    let channel: Channel = idempost_client::connect(url, tls).await.map_err(|e| e.to_string())?;
     let answer = OrderServiceClient::new(channel)
         .reconcile(pb::ReconcileRequest { tenant_id: 1, request_id: "nothing".into() })
         .await;
@@ -347,7 +347,7 @@ async fn tls_handshakes_succeed_with_the_right_ca_and_fail_without_it() {
         let url = format!("https://{host}:{port}");
         assert_eq!(reconcile_over(&url, &trusted).await, Ok(Code::NotFound), "{url}");
     }
-    let admin = outpost_client::connect(&format!("https://localhost:{admin_port}"), &trusted).await.unwrap();
+    let admin = idempost_client::connect(&format!("https://localhost:{admin_port}"), &trusted).await.unwrap();
     let backlog = AdminServiceClient::new(admin).list_backlog(pb::ListBacklogRequest::default()).await;
     assert!(backlog.is_ok(), "{backlog:?}");
 
@@ -476,19 +476,19 @@ async fn every_service_refuses_plaintext_other_hosts_can_reach_before_connecting
     let brokers = format!("127.0.0.1:{port}");
     let everywhere: std::net::SocketAddr = "0.0.0.0:0".parse().unwrap();
 
-    let mut relay = outpost::relay::Settings::new(&database_url, &brokers);
+    let mut relay = idempost::relay::Settings::new(&database_url, &brokers);
     relay.listen = everywhere;
-    let error = outpost::relay::Application::build(relay).await.unwrap_err().to_string();
+    let error = idempost::relay::Application::build(relay).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
     // The consumer serves its admin service on that listener too, so it needs real callers
     // (--auth none is refused off loopback before this check, which is not what this test shows).
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let mut consumer = outpost::consumer::Settings::new(&database_url, &brokers);
+    let mut consumer = idempost::consumer::Settings::new(&database_url, &brokers);
     consumer.listen = everywhere;
     consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
-    let error = outpost::consumer::Application::build(consumer).await.unwrap_err().to_string();
+    let error = idempost::consumer::Application::build(consumer).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
     let mut order = Settings::for_database(&database_url);
@@ -550,7 +550,7 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
     ];
     let env = [("RUST_LOG", "trace".to_owned())];
     let mut service =
-        ServiceProcess::spawn_logged("outpost-order", &args, &env, dir.path().join("order.log"));
+        ServiceProcess::spawn_logged("idempost-order", &args, &env, dir.path().join("order.log"));
     let mut client = crate::helpers::connect_order_service(&format!("http://127.0.0.1:{port}")).await;
 
     let now = jsonwebtoken::get_current_timestamp();
@@ -603,7 +603,7 @@ async fn a_call_past_the_server_deadline_ends_deadline_exceeded_and_commits_noth
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_only() {
+async fn idempostctl_reads_the_admin_listener_over_tls_with_an_operator_token_only() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let jwks = pki.jwks.clone();
@@ -616,10 +616,10 @@ async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_onl
     let tenant_token = tenant(&pki, 7);
 
     let ctl = |args: Vec<String>, token: Option<&str>| {
-        let mut command = tokio::process::Command::new(crate::helpers::service_binary("outpostctl"));
-        command.args(args).env_remove("OUTPOST_TOKEN").env_remove("OUTPOST_TOKEN_FILE");
+        let mut command = tokio::process::Command::new(crate::helpers::service_binary("idempostctl"));
+        command.args(args).env_remove("IDEMPOST_TOKEN").env_remove("IDEMPOST_TOKEN_FILE");
         if let Some(token) = token {
-            command.env("OUTPOST_TOKEN", token);
+            command.env("IDEMPOST_TOKEN", token);
         }
         async move {
             let output = command.output().await.unwrap();
@@ -636,11 +636,11 @@ async fn outpostctl_reads_the_admin_listener_over_tls_with_an_operator_token_onl
     assert!(stdout.contains("\"stats\""), "{stdout}");
     let (ok, _, stderr) = ctl(vec![url.clone(), ca.clone(), "backlog".into()], Some(&tenant_token)).await;
     assert!(!ok && stderr.contains("PermissionDenied") && stderr.contains("SCOPE_MISSING"), "{stderr}");
-    assert!(!stderr.contains(&tenant_token), "outpostctl printed the token");
+    assert!(!stderr.contains(&tenant_token), "idempostctl printed the token");
     let (ok, _, stderr) = ctl(vec![url.clone(), ca, "backlog".into()], None).await;
     assert!(!ok && stderr.contains("TOKEN_MISSING"), "{stderr}");
     let (ok, _, stderr) = ctl(vec![url, "backlog".into()], Some(&tenant_token)).await;
-    assert!(!ok, "a TLS listener answered outpostctl without a CA: {stderr}");
+    assert!(!ok, "a TLS listener answered idempostctl without a CA: {stderr}");
     server.stop().await;
 }
 
@@ -685,11 +685,11 @@ async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_an
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let broker = crate::broker::TestBroker::start().await;
-    let mut settings = outpost::consumer::Settings::new(&db.url, broker.address());
+    let mut settings = idempost::consumer::Settings::new(&db.url, broker.address());
     settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
     settings.shutdown_grace = Duration::from_secs(5);
     settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
-    let consumer = outpost::consumer::Application::build(settings).await.unwrap();
+    let consumer = idempost::consumer::Application::build(settings).await.unwrap();
     let port = consumer.port();
     let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
     let mut admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();

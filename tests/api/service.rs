@@ -1,7 +1,7 @@
 //! The service around the RPCs: start-up checks, health, reflection, commit-window faults.
 
-use outpost::order::{Application, Settings, StartupError};
-use outpost::service::ReadyError;
+use idempost::order::{Application, Settings, StartupError};
+use idempost::service::ReadyError;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -16,7 +16,7 @@ async fn a_service_started_on_an_unmigrated_database_says_so_and_does_not_start(
     let error = Application::build(Settings::for_database(&db.url)).await.unwrap_err();
 
     assert!(matches!(error, StartupError::Ready(ReadyError::Schema(_))), "{error:?}");
-    assert!(error.to_string().contains("outpost-migrate up"), "{error}");
+    assert!(error.to_string().contains("idempost-migrate up"), "{error}");
 }
 
 #[tokio::test]
@@ -25,7 +25,7 @@ async fn health_reports_the_order_service_serving_and_reflection_lists_it() {
     let mut health = HealthClient::new(app.channel().await);
 
     let answer = health
-        .check(HealthCheckRequest { service: "outpost.v1.OrderService".to_owned() })
+        .check(HealthCheckRequest { service: "idempost.v1.OrderService".to_owned() })
         .await
         .unwrap()
         .into_inner();
@@ -48,7 +48,7 @@ async fn health_reports_the_order_service_serving_and_reflection_lists_it() {
         panic!("expected a service list");
     };
     let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"outpost.v1.OrderService".to_owned()), "{names:?}");
+    assert!(names.contains(&"idempost.v1.OrderService".to_owned()), "{names:?}");
     assert!(names.contains(&"grpc.health.v1.Health".to_owned()), "{names:?}");
 }
 
@@ -64,10 +64,10 @@ async fn stopping_the_service_finishes_and_releases_the_port() {
 
 #[cfg(feature = "failpoints")]
 mod commit_windows {
-    use outpost::failpoint::{
+    use idempost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };
-    use outpost_proto::v1 as pb;
+    use idempost_proto::v1 as pb;
     use tonic::Code;
 
     use crate::helpers::{Backend, TestApp, arm, metadata, on_every_backend, order, reason};

@@ -23,7 +23,7 @@ impl SilentDatabase {
     }
 
     fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/outpost", self.listener.local_addr().unwrap().port())
+        format!("mysql://root@127.0.0.1:{}/idempost", self.listener.local_addr().unwrap().port())
     }
 
     /// Waits until the service opened a connection: it is connecting, so still starting.
@@ -49,7 +49,7 @@ async fn sigterm_during_start_up_exits_zero(name: &str, args: impl FnOnce(&str) 
 
 #[tokio::test]
 async fn the_order_service_sent_sigterm_while_connecting_to_its_database_exits_zero() {
-    sigterm_during_start_up_exits_zero("outpost-order", |url| {
+    sigterm_during_start_up_exits_zero("idempost-order", |url| {
         vec![
             format!("--database-url={url}"),
             "--auth=none".to_owned(),
@@ -62,7 +62,7 @@ async fn the_order_service_sent_sigterm_while_connecting_to_its_database_exits_z
 
 #[tokio::test]
 async fn the_relay_sent_sigterm_while_connecting_to_its_database_exits_zero() {
-    sigterm_during_start_up_exits_zero("outpost-relay", |url| {
+    sigterm_during_start_up_exits_zero("idempost-relay", |url| {
         vec![
             format!("--database-url={url}"),
             format!("--brokers=127.0.0.1:{}", crate::broker::free_port()),
@@ -74,7 +74,7 @@ async fn the_relay_sent_sigterm_while_connecting_to_its_database_exits_zero() {
 
 #[tokio::test]
 async fn the_consumer_sent_sigterm_while_connecting_to_its_database_exits_zero() {
-    sigterm_during_start_up_exits_zero("outpost-consumer", |url| {
+    sigterm_during_start_up_exits_zero("idempost-consumer", |url| {
         vec![
             format!("--database-url={url}"),
             format!("--brokers=127.0.0.1:{}", crate::broker::free_port()),
@@ -92,14 +92,14 @@ async fn the_consumer_sent_sigterm_while_connecting_to_its_database_exits_zero()
 async fn a_failpoints_build_started_without_the_test_switch_refuses_to_start_and_says_why() {
     let auth = "--auth=none";
     for (name, args) in [
-        ("outpost-order", vec![auth, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0"]),
-        ("outpost-relay", vec!["--listen=127.0.0.1:0"]),
-        ("outpost-consumer", vec![auth, "--listen=127.0.0.1:0"]),
+        ("idempost-order", vec![auth, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0"]),
+        ("idempost-relay", vec!["--listen=127.0.0.1:0"]),
+        ("idempost-consumer", vec![auth, "--listen=127.0.0.1:0"]),
     ] {
         let output = tokio::process::Command::new(crate::helpers::service_binary(name))
             .args(args)
             .arg("--database-url=sqlite::memory:")
-            .env_remove(outpost::failpoint::ALLOW_FAILPOINTS)
+            .env_remove(idempost::failpoint::ALLOW_FAILPOINTS)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .output();
         let output = tokio::time::timeout(WAIT, output).await.expect("it exits at once").unwrap();
@@ -107,7 +107,7 @@ async fn a_failpoints_build_started_without_the_test_switch_refuses_to_start_and
         assert!(!output.status.success(), "{name} started: {:?}", output.status);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
-            stderr.contains("failpoints") && stderr.contains(outpost::failpoint::ALLOW_FAILPOINTS),
+            stderr.contains("failpoints") && stderr.contains(idempost::failpoint::ALLOW_FAILPOINTS),
             "{name} names the feature and the switch: {stderr}"
         );
     }

@@ -1,7 +1,7 @@
 //! SubmitOrder: one transaction for the order and its event, and an exact answer.
 
 use futures::future::join_all;
-use outpost_proto::v1::{self as pb, OrderAccepted};
+use idempost_proto::v1::{self as pb, OrderAccepted};
 use prost::Message;
 use sea_orm::ConnectionTrait;
 use tonic::Code;
@@ -230,7 +230,7 @@ async fn an_order_transaction_that_timed_out_on_a_lock_runs_again_with_the_same_
         received
             .points()
             .iter()
-            .filter(|p| p.name == "outpost.order.lock_conflict_retries")
+            .filter(|p| p.name == "idempost.order.lock_conflict_retries")
             .map(|p| p.value)
             .fold(0.0, f64::max)
     };

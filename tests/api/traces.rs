@@ -23,7 +23,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     let (endpoint, received, _receiver) = start_receiver().await;
     let db = TestDb::migrated(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 3).await;
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
@@ -32,7 +32,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     ];
     let database = format!("--database-url={}", db.url);
     let (mut order_service, order_bound) = ServiceProcess::spawn_listening(
-        "outpost-order",
+        "idempost-order",
         &[database.clone(), "--listen=127.0.0.1:0".to_owned(), "--admin-listen=127.0.0.1:0".to_owned()],
         &env,
     )
@@ -46,8 +46,8 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     ];
     let relay_args: Vec<String> =
         common.iter().cloned().chain(["--max-idle-poll=100ms".to_owned()]).collect();
-    let mut relay = ServiceProcess::spawn("outpost-relay", &relay_args, &env);
-    let mut consumer = ServiceProcess::spawn("outpost-consumer", &common, &env);
+    let mut relay = ServiceProcess::spawn("idempost-relay", &relay_args, &env);
+    let mut consumer = ServiceProcess::spawn("idempost-consumer", &common, &env);
 
     let url = format!("http://127.0.0.1:{order_port}");
     let mut client = connect_order_service(&url).await;
@@ -101,10 +101,10 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     assert_eventually("metrics arrive", WAIT, || async {
         let names: HashSet<String> = received.points().into_iter().map(|p| p.name).collect();
         [
-            "outpost.relay.publish.latency",
-            "outpost.consumer.latency",
-            "outpost.consumer.duplicates",
-            "outpost.outbox.backlog",
+            "idempost.relay.publish.latency",
+            "idempost.consumer.latency",
+            "idempost.consumer.duplicates",
+            "idempost.outbox.backlog",
         ]
         .iter()
         .all(|n| names.contains(*n))
@@ -120,7 +120,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     let spans = received.spans();
     for (i, event_id) in event_ids.iter().enumerate() {
         let mine: Vec<&ReceivedSpan> =
-            spans.iter().filter(|s| s.attribute("outpost.event_id") == Some(event_id.as_str())).collect();
+            spans.iter().filter(|s| s.attribute("idempost.event_id") == Some(event_id.as_str())).collect();
         let traces: HashSet<&str> = mine.iter().map(|s| s.trace_id.as_str()).collect();
         assert_eq!(traces.len(), 1, "one trace for event {event_id}: {mine:#?}");
         let trace_id = *traces.iter().next().unwrap();
@@ -129,7 +129,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
         }
         let in_trace: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.trace_id == trace_id).collect();
         assert!(
-            in_trace.iter().all(|s| s.attribute("outpost.event_id") == Some(event_id.as_str())),
+            in_trace.iter().all(|s| s.attribute("idempost.event_id") == Some(event_id.as_str())),
             "{in_trace:#?}"
         );
         let find = |service: &str, name: &str| -> &ReceivedSpan {
@@ -138,13 +138,13 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
                 .find(|s| s.service == service && s.name == name)
                 .unwrap_or_else(|| panic!("no {service} span `{name}` for {event_id}: {in_trace:#?}"))
         };
-        let rpc = find("outpost-order", "outpost.v1.OrderService/SubmitOrder");
-        let transaction = find("outpost-order", "order transaction");
-        let relayed = find("outpost-relay", "outbox relay");
-        let send = find("outpost-relay", &format!("send {topic}"));
+        let rpc = find("idempost-order", "idempost.v1.OrderService/SubmitOrder");
+        let transaction = find("idempost-order", "order transaction");
+        let relayed = find("idempost-relay", "outbox relay");
+        let send = find("idempost-relay", &format!("send {topic}"));
         let process: Vec<&&ReceivedSpan> = in_trace
             .iter()
-            .filter(|s| s.service == "outpost-consumer" && s.name == format!("process {topic}"))
+            .filter(|s| s.service == "idempost-consumer" && s.name == format!("process {topic}"))
             .collect();
         assert!(!process.is_empty(), "no consumer span for {event_id}");
 
@@ -191,17 +191,17 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
 
     let points = received.points();
     let latest = |name: &str| points.iter().rfind(|p| p.name == name).cloned().unwrap();
-    let publish = latest("outpost.relay.publish.latency");
-    assert_eq!(publish.service, "outpost-relay");
+    let publish = latest("idempost.relay.publish.latency");
+    assert_eq!(publish.service, "idempost-relay");
     assert!(
         publish.count >= 5 && publish.value > 0.0 && publish.value / (publish.count as f64) < 60.0,
         "{publish:?}"
     );
-    let consume = latest("outpost.consumer.latency");
+    let consume = latest("idempost.consumer.latency");
     assert!(consume.count >= 5 && consume.value >= 0.0, "{consume:?}");
-    assert!(latest("outpost.consumer.duplicates").value >= 1.0);
-    assert!(points.iter().any(|p| p.name == "outpost.relay.published" && p.value >= 5.0));
-    assert!(points.iter().any(|p| p.name == "outpost.outbox.oldest_pending_age" && p.value >= 0.0));
+    assert!(latest("idempost.consumer.duplicates").value >= 1.0);
+    assert!(points.iter().any(|p| p.name == "idempost.relay.published" && p.value >= 5.0));
+    assert!(points.iter().any(|p| p.name == "idempost.outbox.oldest_pending_age" && p.value >= 0.0));
 }
 
 crate::helpers::on_every_backend!(a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits);
@@ -218,7 +218,7 @@ async fn a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits(
         "--admin-listen=127.0.0.1:0".to_owned(),
     ];
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
-    let (mut service, bound) = ServiceProcess::spawn_listening("outpost-order", &args, &env).await;
+    let (mut service, bound) = ServiceProcess::spawn_listening("idempost-order", &args, &env).await;
     let port = bound.port("listen");
     let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
 

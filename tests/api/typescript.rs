@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(120);
 
 /// clients/typescript, with its packages installed.
 fn client_dir() -> PathBuf {
-    let dir = std::env::var_os("OUTPOST_TS_CLIENT")
+    let dir = std::env::var_os("IDEMPOST_TS_CLIENT")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript"), PathBuf::from);
     assert!(
         dir.join("node_modules/.bin/tsx").exists(),
@@ -39,7 +39,7 @@ async fn node_test(file: &str, vars: &[(&str, String)]) {
         .current_dir(client_dir())
         .args(["--import", "tsx", "--test", "--test-reporter=spec", file])
         .envs(vars.iter().map(|(name, value)| (*name, value.as_str())))
-        .env_remove("OUTPOST_TOKEN")
+        .env_remove("IDEMPOST_TOKEN")
         .kill_on_drop(true);
     let output = tokio::time::timeout(WAIT, command.output())
         .await
@@ -76,7 +76,7 @@ impl Service {
         let pki = Pki::make(dir.path()).unwrap();
         let jwks = pki.jwks.clone();
         let (db, server, port, _) = crate::security::tls_service_on(db, &pki, |s| {
-            s.security.auth = outpost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
+            s.security.auth = idempost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
         })
         .await;
         let token_file = |tenant_id: i64| {
@@ -88,13 +88,13 @@ impl Service {
         };
         let event_id = uuid::Uuid::now_v7().to_string();
         let vars = vec![
-            ("OUTPOST_TS_TARGET", format!("localhost:{port}")),
-            ("OUTPOST_TS_CA_FILE", pki.ca.display().to_string()),
-            ("OUTPOST_TS_TOKEN_FILE", token_file(7)),
-            ("OUTPOST_TS_OTHER_TENANT_TOKEN_FILE", token_file(8)),
-            ("OUTPOST_TS_REQUEST_ID", "req-ts-1".to_owned()),
-            ("OUTPOST_TS_EVENT_ID", event_id.clone()),
-            ("OUTPOST_TS_AMEND_EVENT_ID", uuid::Uuid::now_v7().to_string()),
+            ("IDEMPOST_TS_TARGET", format!("localhost:{port}")),
+            ("IDEMPOST_TS_CA_FILE", pki.ca.display().to_string()),
+            ("IDEMPOST_TS_TOKEN_FILE", token_file(7)),
+            ("IDEMPOST_TS_OTHER_TENANT_TOKEN_FILE", token_file(8)),
+            ("IDEMPOST_TS_REQUEST_ID", "req-ts-1".to_owned()),
+            ("IDEMPOST_TS_EVENT_ID", event_id.clone()),
+            ("IDEMPOST_TS_AMEND_EVENT_ID", uuid::Uuid::now_v7().to_string()),
         ];
         Self { db, server, port, vars, event_id, ca: pki.ca.clone(), _dir: dir }
     }
@@ -103,11 +103,11 @@ impl Service {
     #[cfg(feature = "failpoints")]
     async fn assert_health(&self, what: &str, expected: ServingStatus) {
         use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-        let tls = outpost_client::ClientTls { ca_file: Some(self.ca.clone()), identity: None };
+        let tls = idempost_client::ClientTls { ca_file: Some(self.ca.clone()), identity: None };
         let url = format!("https://localhost:{}", self.port);
         let status = || async {
-            let channel = outpost_client::connect(&url, &tls).await.ok()?;
-            let request = HealthCheckRequest { service: "outpost.v1.OrderService".to_owned() };
+            let channel = idempost_client::connect(&url, &tls).await.ok()?;
+            let request = HealthCheckRequest { service: "idempost.v1.OrderService".to_owned() };
             Some(HealthClient::new(channel).check(request).await.ok()?.into_inner().status())
         };
         assert_eventually(what, WAIT, || async { status().await == Some(expected) }).await;
@@ -116,7 +116,7 @@ impl Service {
     /// Runs `test/service/faults.test.ts` expecting `write`, `calls` and `outcome`.
     async fn submit_through_fault(&self, expect: serde_json::Value) {
         let mut vars = self.vars.clone();
-        vars.push(("OUTPOST_TS_EXPECT", expect.to_string()));
+        vars.push(("IDEMPOST_TS_EXPECT", expect.to_string()));
         node_test("test/service/faults.test.ts", &vars).await;
     }
 
@@ -213,9 +213,9 @@ async fn the_typescript_client_amends_and_cancels_an_order_and_is_refused_a_stal
         "amended to 2, cancelled at 3; the refusals wrote nothing"
     );
     let types = [
-        outpost::contract::EVENT_TYPE,
-        outpost::contract::ORDER_AMENDED_EVENT_TYPE,
-        outpost::contract::ORDER_CANCELLED_EVENT_TYPE,
+        idempost::contract::EVENT_TYPE,
+        idempost::contract::ORDER_AMENDED_EVENT_TYPE,
+        idempost::contract::ORDER_CANCELLED_EVENT_TYPE,
     ];
     assert_eq!(events, types.iter().zip(1..).map(|(t, v)| ((*t).to_owned(), v)).collect::<Vec<_>>());
     service.server.stop().await;
@@ -223,7 +223,7 @@ async fn the_typescript_client_amends_and_cancels_an_order_and_is_refused_a_stal
 
 #[cfg(feature = "failpoints")]
 mod faults {
-    use outpost::failpoint::{
+    use idempost::failpoint::{
         BEFORE_ORDER_TRANSACTION_COMMIT, COMMIT_FAILS_WITHOUT_COMMITTING,
         COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION,
     };

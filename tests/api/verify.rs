@@ -2,7 +2,7 @@
 //! of the duplicates and of the order's versions in order, and each deliberately broken
 //! guarantee fails its own invariant.
 
-use outpost_verify::{self as verify, Break, Report};
+use idempost_verify::{self as verify, Break, Report};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestDb, on_every_backend, service_binary};
@@ -17,7 +17,7 @@ pub fn settings(
     verify::Settings {
         database_url: db.url.clone(),
         brokers: broker.address(),
-        bin_dir: service_binary("outpost-relay").parent().unwrap().to_owned(),
+        bin_dir: service_binary("idempost-relay").parent().unwrap().to_owned(),
         work_dir: logs.path().to_owned(),
         breaks,
     }

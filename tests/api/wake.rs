@@ -18,14 +18,14 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
     let conn = db.connect().await;
     let probe = OutboxProbe { conn: &conn };
     let broker = TestBroker::start().await;
-    let topic = outpost_testkit::topic::unique("outpost-test");
+    let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 1).await;
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
     // The idle back-off may grow to ten minutes. Whether a given event was found by a wake-up or
     // by a poll depends on timing; the relay's wake-up counter shows that wake-ups arrived and
     // ended idle waits. What they save in latency is the benchmark's to show, not a test's.
     let (mut relay, relay_bound) = ServiceProcess::spawn_listening(
-        "outpost-relay",
+        "idempost-relay",
         &[
             format!("--database-url={}", db.url),
             format!("--brokers={}", broker.address()),
@@ -39,7 +39,7 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
     .await;
     let wake_port = relay_bound.port("wake-listen");
     let (mut order_service, order_bound) = ServiceProcess::spawn_listening(
-        "outpost-order",
+        "idempost-order",
         &[
             format!("--database-url={}", db.url),
             "--listen=127.0.0.1:0".to_owned(),
@@ -61,7 +61,7 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
         .await;
     }
     assert_eventually("the relay reports its wake-ups", WAIT, || async {
-        received.points().iter().any(|p| p.name == "outpost.relay.wakeups" && p.value >= 1.0)
+        received.points().iter().any(|p| p.name == "idempost.relay.wakeups" && p.value >= 1.0)
     })
     .await;
 

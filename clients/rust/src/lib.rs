@@ -1,5 +1,5 @@
-//! Outpost's Rust client: the safe caller protocol for `SubmitOrder`, `AmendOrder` and
-//! `CancelOrder`, and connecting to any Outpost listener (TLS, bearer tokens).
+//! Idempost's Rust client: the safe caller protocol for `SubmitOrder`, `AmendOrder` and
+//! `CancelOrder`, and connecting to any Idempost listener (TLS, bearer tokens).
 //!
 //! Send; on an UNKNOWN outcome or a transport error, Reconcile by `(tenant_id, request_id)`;
 //! if the write is found, use it; if not, send it again with the same ids. Ids never change
@@ -15,8 +15,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
-use outpost_proto::{ERROR_DOMAIN, EventId};
+use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use idempost_proto::{ERROR_DOMAIN, EventId};
 
 mod backoff;
 

@@ -50,7 +50,7 @@ if (!check) {
   generate(root);
   process.exit(0);
 }
-const fresh = mkdtempSync(join(tmpdir(), "outpost-ts-gen-"));
+const fresh = mkdtempSync(join(tmpdir(), "idempost-ts-gen-"));
 try {
   generate(fresh);
   const want = files(join(fresh, "src", "gen"));

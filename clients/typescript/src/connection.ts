@@ -1,4 +1,4 @@
-// A gRPC (HTTP/2) transport to an Outpost service: TLS trusting a CA file, or plaintext on
+// A gRPC (HTTP/2) transport to an Idempost service: TLS trusting a CA file, or plaintext on
 // loopback only; a bearer token from a file or an environment variable, sent on every call and
 // never over plaintext to another host.
 
@@ -9,7 +9,7 @@ import type { Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
 /** The environment variable a token is read from when no token file is named. */
-export const TOKEN_ENV = "OUTPOST_TOKEN";
+export const TOKEN_ENV = "IDEMPOST_TOKEN";
 
 /** How to reach a service. */
 export interface ConnectionOptions {
@@ -19,7 +19,7 @@ export interface ConnectionOptions {
   caFile?: string;
   /** File holding the bearer token (a JWT). Without it, the token comes from `tokenEnv`. */
   tokenFile?: string;
-  /** Environment variable holding the token when no file is named; OUTPOST_TOKEN by default. */
+  /** Environment variable holding the token when no file is named; IDEMPOST_TOKEN by default. */
   tokenEnv?: string;
 }
 

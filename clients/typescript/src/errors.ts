@@ -1,4 +1,4 @@
-// Outpost's errors as typed values: the gRPC code and the ErrorInfo reason the server put in
+// Idempost's errors as typed values: the gRPC code and the ErrorInfo reason the server put in
 // the google.rpc.Status of the `grpc-status-details-bin` trailer (connect-node decodes the
 // trailer into ConnectError.details; findDetails unpacks the ErrorInfo from its Any).
 
@@ -6,17 +6,17 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 
-/** The ErrorInfo domain of Outpost's own errors; a reason from any other domain is not ours. */
-export const ERROR_DOMAIN = "outpost.v1";
+/** The ErrorInfo domain of Idempost's own errors; a reason from any other domain is not ours. */
+export const ERROR_DOMAIN = "idempost.v1";
 
-/** A failed call: its gRPC code, Outpost's ErrorInfo reason and metadata, and the message. */
-export class OutpostError extends Error {
-  override readonly name = "OutpostError";
+/** A failed call: its gRPC code, Idempost's ErrorInfo reason and metadata, and the message. */
+export class IdempostError extends Error {
+  override readonly name = "IdempostError";
 
   constructor(
     /** The gRPC status code; a transport error (nothing answered) is UNAVAILABLE. */
     readonly code: Code,
-    /** ErrorInfo.reason when the server sent one in Outpost's domain, such as OUTCOME_UNKNOWN. */
+    /** ErrorInfo.reason when the server sent one in Idempost's domain, such as OUTCOME_UNKNOWN. */
     readonly reason: string | undefined,
     /** ErrorInfo.metadata: tenant_id, request_id and, where one exists, event_id. */
     readonly metadata: Readonly<Record<string, string>>,
@@ -32,12 +32,12 @@ export class OutpostError extends Error {
     return codeName(this.code);
   }
 
-  /** Any error a call threw, as an OutpostError (a non-gRPC error becomes UNKNOWN). */
-  static from(error: unknown): OutpostError {
-    if (error instanceof OutpostError) return error;
+  /** Any error a call threw, as an IdempostError (a non-gRPC error becomes UNKNOWN). */
+  static from(error: unknown): IdempostError {
+    if (error instanceof IdempostError) return error;
     const connect = ConnectError.from(error);
     const info = connect.findDetails(ErrorInfoSchema).find((detail) => detail.domain === ERROR_DOMAIN);
-    return new OutpostError(connect.code, info?.reason, { ...info?.metadata }, connect.rawMessage, {
+    return new IdempostError(connect.code, info?.reason, { ...info?.metadata }, connect.rawMessage, {
       cause: error,
     });
   }
@@ -55,7 +55,7 @@ export class Rejected extends Error {
   override readonly name: string = "Rejected";
 
   constructor(
-    readonly failure: OutpostError,
+    readonly failure: IdempostError,
     /** Calls made, submits and reconciles together. */
     readonly calls: number,
   ) {
@@ -92,7 +92,7 @@ export class OrderIsCancelled extends Rejected {
 }
 
 /** The final refusal `failure` as its typed error: VersionConflict, OrderIsCancelled or Rejected. */
-export function refusal(failure: OutpostError, calls: number): Rejected {
+export function refusal(failure: IdempostError, calls: number): Rejected {
   if (failure.code === Code.FailedPrecondition && failure.reason === "VERSION_CONFLICT") {
     return new VersionConflict(failure, calls);
   }
@@ -103,7 +103,7 @@ export function refusal(failure: OutpostError, calls: number): Rejected {
 }
 
 /** ErrorInfo.metadata current_version as a number; undefined when absent or not an integer. */
-function versionIn(failure: OutpostError): bigint | undefined {
+function versionIn(failure: IdempostError): bigint | undefined {
   const text = failure.metadata.current_version;
   return text !== undefined && /^[0-9]+$/.test(text) ? BigInt(text) : undefined;
 }
@@ -113,7 +113,7 @@ export class GaveUp extends Error {
   override readonly name = "GaveUp";
 
   constructor(
-    readonly failure: OutpostError,
+    readonly failure: IdempostError,
     readonly calls: number,
     /** The event id every attempt sent: reuse it when trying again. */
     readonly eventId: string,

@@ -1,10 +1,10 @@
-// Outpost's TypeScript/Node client: the safe caller protocol (submit, amend, cancel) over the
+// Idempost's TypeScript/Node client: the safe caller protocol (submit, amend, cancel) over the
 // generated stubs.
-// The stubs themselves are importable as `@outpost/client/gen/outpost/v1/<file>_pb`.
+// The stubs themselves are importable as `@idempost/client/gen/idempost/v1/<file>_pb`.
 
 export { ConnectionRefused, TOKEN_ENV, connect, hostOf, isLoopback, readToken } from "./connection.js";
 export type { ConnectionOptions } from "./connection.js";
-export { ERROR_DOMAIN, GaveUp, OrderIsCancelled, OutpostError, Rejected, VersionConflict, codeName, refusal } from "./errors.js";
+export { ERROR_DOMAIN, GaveUp, OrderIsCancelled, IdempostError, Rejected, VersionConflict, codeName, refusal } from "./errors.js";
 export { newEventId } from "./event-id.js";
 export { DEFAULT_POLICY, SafeSubmitter, nextAfterWrite } from "./submit.js";
 export type { CallReport, Confirmed, RetryPolicy, Write } from "./submit.js";

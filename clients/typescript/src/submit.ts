@@ -1,5 +1,5 @@
 // The safe caller protocol for SubmitOrder, AmendOrder and CancelOrder alike, as the Rust
-// `outpost::client::SafeSubmitter` and clients/python/submit.py implement it:
+// `idempost::client::SafeSubmitter` and clients/python/submit.py implement it:
 //
 // 1. Fix the event id before the first attempt; every retry reuses it and the request id.
 // 2. Send. OK: done (`replayed` says an identical earlier call committed it).
@@ -19,7 +19,7 @@ import { clone, create } from "@bufbuild/protobuf";
 import { Code, createClient, type Client, type Transport } from "@connectrpc/connect";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { GaveUp, OutpostError, refusal } from "./errors.js";
+import { GaveUp, IdempostError, refusal } from "./errors.js";
 import { newEventId } from "./event-id.js";
 import {
   AmendOrderRequestSchema,
@@ -32,7 +32,7 @@ import {
   type CancelOrderRequest,
   type ReconcileResponse,
   type SubmitOrderRequest,
-} from "./gen/outpost/v1/order_service_pb.js";
+} from "./gen/idempost/v1/order_service_pb.js";
 
 /** How hard the submitter tries. */
 export interface RetryPolicy {
@@ -76,7 +76,7 @@ export interface CallReport {
   /** The event id a write sent; every write of one request sends the same. */
   sentEventId?: string;
   /** undefined when the call succeeded. */
-  failure?: OutpostError;
+  failure?: IdempostError;
 }
 
 /** Refusals that retrying with the same request cannot fix: nothing was written by it. */
@@ -96,7 +96,7 @@ const FINAL_CODES: ReadonlySet<Code> = new Set([
  * What to do after a failed SubmitOrder, AmendOrder or CancelOrder. Anything not known to be
  * safe is treated as unknown.
  */
-export function nextAfterWrite(failure: OutpostError): "resubmit" | "reconcile" | "stop" {
+export function nextAfterWrite(failure: IdempostError): "resubmit" | "reconcile" | "stop" {
   const nothingWritten =
     (failure.code === Code.Aborted && failure.reason === "ROLLED_BACK") ||
     (failure.code === Code.Unavailable && failure.reason === "DATABASE_UNAVAILABLE") ||
@@ -172,7 +172,7 @@ export class SafeSubmitter {
     let reconcileFirst = false;
     let failures = 0;
     for (let calls = 1; ; calls++) {
-      let failure: OutpostError;
+      let failure: IdempostError;
       if (reconcileFirst) {
         const settled = await this.settle(sending, calls);
         if ("confirmed" in settled) return settled.confirmed;
@@ -191,7 +191,7 @@ export class SafeSubmitter {
           const { orderId, version } = answer;
           return { orderId, eventId: answer.eventId, confirmation, calls, version };
         } catch (error) {
-          failure = OutpostError.from(error);
+          failure = IdempostError.from(error);
           this.onCall({ call: write, attempt: calls, sentEventId: eventId, failure });
           const next = nextAfterWrite(failure);
           if (next === "stop") throw refusal(failure, calls);
@@ -208,13 +208,13 @@ export class SafeSubmitter {
    * One Reconcile of the write's key: its confirmation when the write committed, else the
    * failure (NOT_FOUND: it did not). Throws Rejected when another operation holds the key.
    */
-  private async settle(sending: Sending, calls: number): Promise<{ confirmed: Confirmed } | { failure: OutpostError }> {
+  private async settle(sending: Sending, calls: number): Promise<{ confirmed: Confirmed } | { failure: IdempostError }> {
     const key = create(ReconcileRequestSchema, { tenantId: sending.tenantId, requestId: sending.requestId });
     let found: ReconcileResponse;
     try {
       found = await this.client.reconcile(key, { timeoutMs: this.policy.callTimeoutMs });
     } catch (error) {
-      const failure = OutpostError.from(error);
+      const failure = IdempostError.from(error);
       this.onCall({ call: "reconcile", attempt: calls, failure });
       return { failure };
     }
@@ -224,7 +224,7 @@ export class SafeSubmitter {
     if (usedBy !== sending.operation) {
       // Another operation holds the key: this write never committed under it.
       const message = `the request id was used by ${OrderOperation[usedBy]}`;
-      throw refusal(new OutpostError(Code.AlreadyExists, "REQUEST_ID_REUSED", {}, message), calls);
+      throw refusal(new IdempostError(Code.AlreadyExists, "REQUEST_ID_REUSED", {}, message), calls);
     }
     const { orderId, eventId, version } = found;
     return { confirmed: { orderId, eventId, confirmation: "reconciled", calls, version } };
@@ -236,7 +236,7 @@ export class SafeSubmitter {
       const key = create(ReconcileRequestSchema, { tenantId, requestId });
       return await this.client.reconcile(key, { timeoutMs: this.policy.callTimeoutMs });
     } catch (error) {
-      const failure = OutpostError.from(error);
+      const failure = IdempostError.from(error);
       if (failure.code === Code.NotFound) return undefined;
       throw failure;
     }

@@ -14,7 +14,7 @@ import {
   ConnectionRefused,
   GaveUp,
   OrderIsCancelled,
-  OutpostError,
+  IdempostError,
   Rejected,
   SafeSubmitter,
   VersionConflict,
@@ -27,7 +27,7 @@ import {
   refusal,
   type CallReport,
 } from "../src/index.js";
-import { SubmitOrderRequestSchema } from "../src/gen/outpost/v1/order_service_pb.js";
+import { SubmitOrderRequestSchema } from "../src/gen/idempost/v1/order_service_pb.js";
 
 describe("loopback", () => {
   test("names and addresses of this machine are loopback, others are not", () => {
@@ -41,15 +41,15 @@ describe("loopback", () => {
 });
 
 describe("tokens", () => {
-  const dir = mkdtempSync(join(tmpdir(), "outpost-ts-"));
+  const dir = mkdtempSync(join(tmpdir(), "idempost-ts-"));
   const tokenFile = join(dir, "token.jwt");
   writeFileSync(tokenFile, "header.payload.signature\n");
 
   test("a token comes from its file, else from the environment variable, trimmed", () => {
-    assert.equal(readToken(tokenFile, "OUTPOST_TS_UNIT_UNSET"), "header.payload.signature");
-    process.env.OUTPOST_TS_UNIT_TOKEN = "  from.the.env ";
-    assert.equal(readToken(undefined, "OUTPOST_TS_UNIT_TOKEN"), "from.the.env");
-    assert.equal(readToken(undefined, "OUTPOST_TS_UNIT_UNSET"), undefined);
+    assert.equal(readToken(tokenFile, "IDEMPOST_TS_UNIT_UNSET"), "header.payload.signature");
+    process.env.IDEMPOST_TS_UNIT_TOKEN = "  from.the.env ";
+    assert.equal(readToken(undefined, "IDEMPOST_TS_UNIT_TOKEN"), "from.the.env");
+    assert.equal(readToken(undefined, "IDEMPOST_TS_UNIT_UNSET"), undefined);
   });
 
   test("a token is never sent over plaintext to a host that is not loopback", () => {
@@ -64,7 +64,7 @@ describe("tokens", () => {
 });
 
 describe("classification", () => {
-  const failure = (code: Code, reason?: string) => new OutpostError(code, reason, {}, "refused");
+  const failure = (code: Code, reason?: string) => new IdempostError(code, reason, {}, "refused");
 
   test("only refusals known to have written nothing are resubmitted at once", () => {
     assert.equal(nextAfterWrite(failure(Code.Aborted, "ROLLED_BACK")), "resubmit");
@@ -83,10 +83,10 @@ describe("classification", () => {
 
   test("refusals of a change are typed and carry the order's current version when the server sent it", () => {
     const conflict = refusal(
-      new OutpostError(Code.FailedPrecondition, "VERSION_CONFLICT", { current_version: "4" }, "stale"),
+      new IdempostError(Code.FailedPrecondition, "VERSION_CONFLICT", { current_version: "4" }, "stale"),
       1,
     );
-    const cancelled = refusal(new OutpostError(Code.FailedPrecondition, "ORDER_CANCELLED", {}, "cancelled"), 1);
+    const cancelled = refusal(new IdempostError(Code.FailedPrecondition, "ORDER_CANCELLED", {}, "cancelled"), 1);
     const other = refusal(failure(Code.NotFound, "ORDER_NOT_FOUND"), 1);
 
     assert.ok(conflict instanceof VersionConflict && conflict instanceof Rejected);

@@ -1,19 +1,19 @@
-//! `outpost-consumer`: one notification job per OrderAccepted event. Loads settings, starts
+//! `idempost-consumer`: one notification job per OrderAccepted event. Loads settings, starts
 //! telemetry, consumes until SIGTERM.
 
 use std::process::ExitCode;
 
-use outpost::consumer::{Application, Settings};
-use outpost::{failpoint, shutdown, startup, telemetry};
+use idempost::consumer::{Application, Settings};
+use idempost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
-    let telemetry = telemetry::init("outpost-consumer");
+    let telemetry = telemetry::init("idempost-consumer");
     if let Err(refused) = failpoint::arm_from_env() {
         telemetry.shutdown();
-        return startup::fail("outpost-consumer", refused);
+        return startup::fail("idempost-consumer", refused);
     }
     let outcome = match signals.unless_stopped(Application::build(settings)).await {
         // Stopped while starting: nothing was taken, so there is nothing to drain.
@@ -21,5 +21,5 @@ async fn main() -> ExitCode {
         Some(built) => async { built?.run_until_stopped(signals.recv()).await }.await,
     };
     telemetry.shutdown();
-    startup::exit("outpost-consumer", outcome)
+    startup::exit("idempost-consumer", outcome)
 }

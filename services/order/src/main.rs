@@ -1,18 +1,18 @@
-//! `outpost-order`: the order service. Loads settings, starts telemetry, serves until SIGTERM.
+//! `idempost-order`: the order service. Loads settings, starts telemetry, serves until SIGTERM.
 
 use std::process::ExitCode;
 
-use outpost::order::{Application, Settings};
-use outpost::{failpoint, shutdown, startup, telemetry};
+use idempost::order::{Application, Settings};
+use idempost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
-    let telemetry = telemetry::init("outpost-order");
+    let telemetry = telemetry::init("idempost-order");
     if let Err(refused) = failpoint::arm_from_env() {
         telemetry.shutdown();
-        return startup::fail("outpost-order", refused);
+        return startup::fail("idempost-order", refused);
     }
     let outcome = match signals.unless_stopped(Application::build(settings)).await {
         // Stopped while starting: nothing was taken, so there is nothing to drain.
@@ -20,5 +20,5 @@ async fn main() -> ExitCode {
         Some(built) => async { built?.run_until_stopped(signals.recv()).await }.await,
     };
     telemetry.shutdown();
-    startup::exit("outpost-order", outcome)
+    startup::exit("idempost-order", outcome)
 }

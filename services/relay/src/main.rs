@@ -1,20 +1,20 @@
-//! `outpost-relay`: publishes outbox events to Kafka. Loads settings, starts telemetry, relays
-//! until SIGTERM; `outpost-relay redrive EVENT_ID` is the operator's way out of FAILED.
+//! `idempost-relay`: publishes outbox events to Kafka. Loads settings, starts telemetry, relays
+//! until SIGTERM; `idempost-relay redrive EVENT_ID` is the operator's way out of FAILED.
 
 use std::process::ExitCode;
 
-use outpost::backlog::{Redrive, RedriveAudit};
-use outpost::relay::{self, Application, Command, Settings};
-use outpost::{failpoint, shutdown, startup, telemetry};
+use idempost::backlog::{Redrive, RedriveAudit};
+use idempost::relay::{self, Application, Command, Settings};
+use idempost::{failpoint, shutdown, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
-    let telemetry = telemetry::init("outpost-relay");
+    let telemetry = telemetry::init("idempost-relay");
     if let Err(refused) = failpoint::arm_from_env() {
         telemetry.shutdown();
-        return startup::fail("outpost-relay", refused);
+        return startup::fail("idempost-relay", refused);
     }
     let outcome = match &settings.command {
         Some(Command::Redrive { event_id, reason, requested_by }) => {
@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
         Some(Command::Run) | None => run(settings, signals).await.map_err(|e| e.to_string()),
     };
     telemetry.shutdown();
-    startup::exit("outpost-relay", outcome)
+    startup::exit("idempost-relay", outcome)
 }
 
 async fn run(settings: Settings, mut signals: shutdown::Signals) -> Result<(), relay::StartupError> {

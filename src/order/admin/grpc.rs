@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outpost_proto::v1::{
+use idempost_proto::v1::{
     self as pb,
     admin_service_server::{AdminService, AdminServiceServer},
 };
@@ -19,7 +19,7 @@ use crate::entity::{orders, outbox_event};
 use crate::security::{Authenticator, Caller};
 use crate::telemetry;
 
-const SERVICE: &str = "outpost.v1.AdminService";
+const SERVICE: &str = "idempost.v1.AdminService";
 
 /// The `AdminService` implementation.
 #[derive(Debug, Clone)]
@@ -83,7 +83,7 @@ impl AdminService for AdminGrpc {
             let (tenant_id, request_id) = parse_key(tenant_id, key.request_id)?;
             match self.inspector.find(tenant_id.get(), request_id.as_str()).await? {
                 Some(timeline) => {
-                    tracing::Span::current().record("outpost.event_id", timeline.event_id.as_str());
+                    tracing::Span::current().record("idempost.event_id", timeline.event_id.as_str());
                     Ok(pb::FindByBusinessKeyResponse { timeline: Some(seen_by(timeline.into(), &caller)) })
                 }
                 None => Err(AdminError::OrderNotFound {
@@ -121,7 +121,7 @@ impl AdminService for AdminGrpc {
             match backlog::redrive(self.inspector.db(), &event_id, &audit).await? {
                 Redrive::Redriven => {
                     tracing::info!(
-                        outpost.event_id = %event_id,
+                        idempost.event_id = %event_id,
                         requested_by = %audit.requested_by,
                         reason = %audit.reason,
                         "redriven: FAILED -> PENDING"

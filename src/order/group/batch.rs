@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 
 use crate::order::accepting::{Accepting, SubmitError, Submitted};
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt as _;
-use outpost_proto::EventId;
+use idempost_proto::EventId;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tracing::Instrument as _;
@@ -45,7 +45,7 @@ use crate::telemetry::metrics;
 
 /// The savepoint around each order. One name serves every order: each is released (or rolled
 /// back to and released) before the next is set.
-const SAVEPOINT: &str = "outpost_order";
+const SAVEPOINT: &str = "idempost_order";
 
 pub(super) struct Writer {
     pub(super) db: DatabaseConnection,
@@ -101,7 +101,7 @@ impl Writer {
             otel.kind = "client",
             db.system.name = crate::db::system_name(&self.db),
             db.operation.name = "INSERT orders, order_line, outbox_event",
-            outpost.batch_size = rows.len(),
+            idempost.batch_size = rows.len(),
         );
         for row in &rows {
             span.add_link(row.job.span.context().span().span_context().clone());

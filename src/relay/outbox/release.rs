@@ -10,7 +10,7 @@ use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_ord
 use super::table::{Outbox, lease_end};
 use crate::db;
 use crate::domain::OutboxStatus;
-use outpost_client::Backoff;
+use idempost_client::Backoff;
 
 /// What a release did to the event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

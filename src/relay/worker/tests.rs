@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use outpost_migration::MigratorTrait as _;
+use idempost_migration::MigratorTrait as _;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
@@ -87,7 +87,7 @@ async fn outbox() -> (Outbox, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/outbox.db?mode=rwc", dir.path().display());
     let db = db::connect(&url, 2).await.unwrap();
-    outpost_migration::Migrator::up(&db, None).await.unwrap();
+    idempost_migration::Migrator::up(&db, None).await.unwrap();
     (Outbox::new(db), dir)
 }
 
@@ -98,7 +98,7 @@ async fn seed(db: &DatabaseConnection, count: usize) -> Vec<String> {
     for i in 0..count {
         let id = uuid::Uuid::now_v7().to_string();
         let sql = "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
-                   payload, status, attempts, created_at) VALUES (?, 'order', ?, 'outpost.v1.OrderAccepted', 1, ?, 'PENDING', 0, ?)";
+                   payload, status, attempts, created_at) VALUES (?, 'order', ?, 'idempost.v1.OrderAccepted', 1, ?, 'PENDING', 0, ?)";
         let values = [
             id.clone().into(),
             (1_000 + i).to_string().into(),

@@ -13,7 +13,7 @@ const FONTS: [&str; 2] =
     ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
 const HEIGHT: u32 = 1000;
 const RAW: RGBColor = RGBColor(150, 150, 150);
-const OUTPOST: RGBColor = RGBColor(31, 119, 180);
+const IDEMPOST: RGBColor = RGBColor(31, 119, 180);
 
 /// Registers a system font for labels; without one the chart has bars only.
 fn register_font() -> bool {
@@ -46,17 +46,17 @@ pub(crate) fn draw(figures: &Figures, path: &Path) -> Result<(), BenchError> {
     let top = 50;
     if labels {
         root.draw(&Text::new(
-            "throughput per second (grey: machine limit, blue: Outpost)",
+            "throughput per second (grey: machine limit, blue: Idempost)",
             (left, 15),
             text(20),
         ))
         .map_err(chart_error)?;
     }
     let max = bars.iter().map(|(_, _, v)| *v).fold(1.0, f64::max);
-    for (i, (name, outpost, value)) in bars.iter().enumerate() {
+    for (i, (name, idempost, value)) in bars.iter().enumerate() {
         let y = top + i as i32 * 40;
         let w = ((value / max) * bar_max) as i32;
-        let color = if *outpost { OUTPOST } else { RAW };
+        let color = if *idempost { IDEMPOST } else { RAW };
         root.draw(&Rectangle::new(
             [(left + label_w, y), (left + label_w + w.max(1), y + 28)],
             color.filled(),

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use outpost_testkit::process::Process;
+use idempost_testkit::process::Process;
 
 use crate::error::BenchError;
 
@@ -81,12 +81,12 @@ impl Service {
             .args(args)
             // Per-event info logs are the services' default; the bench keeps warnings only, as
             // a production deployment with a log pipeline would be tuned, and says so.
-            .env("RUST_LOG", std::env::var("OUTPOST_BENCH_SERVICE_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("RUST_LOG", std::env::var("IDEMPOST_BENCH_SERVICE_LOG").unwrap_or_else(|_| "warn".into()))
             // Loopback only: the bench measures the pipeline, not token checks.
-            .env("OUTPOST_AUTH", "none")
+            .env("IDEMPOST_AUTH", "none")
             // It drives up to 64 concurrent callers at a 16-connection pool to measure queueing;
             // the default limit (the pool size) would shed them instead.
-            .env("OUTPOST_MAX_CONCURRENT_CALLS", "1024")
+            .env("IDEMPOST_MAX_CONCURRENT_CALLS", "1024")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

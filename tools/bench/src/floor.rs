@@ -1,8 +1,8 @@
-//! The raw-pipeline floor: the pipeline's work with no Outpost code in the path. Plain SQL
+//! The raw-pipeline floor: the pipeline's work with no Idempost code in the path. Plain SQL
 //! order transactions at the offered rate ([`offer`], from the bench process), a plain relay
 //! (claim, a bare idempotent producer, the set-based mark; two loops, as `--workers 2`) and a
 //! bare consumer (the dedup rows and jobs of what has arrived in one transaction, then the
-//! offsets), each in its own process ([`serve`], `outpost-bench --floor-role ...`), so the CPU
+//! offsets), each in its own process ([`serve`], `idempost-bench --floor-role ...`), so the CPU
 //! of each is its own, as it is for the services.
 
 use std::time::Duration;
@@ -113,7 +113,7 @@ async fn consumer(
     let db = crate::sql::connect(url, 1).await?;
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outpost-bench-floor-{}", uuid::Uuid::new_v4().simple()))
+        .set("group.id", format!("idempost-bench-floor-{}", uuid::Uuid::new_v4().simple()))
         .set("auto.offset.reset", "earliest")
         // Offsets stored after each local commit and committed in the background every 5 s
         // (librdkafka's default), the at-least-once pattern of a bare consumer. Committing each

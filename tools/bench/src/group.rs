@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use clap::Parser as _;
-use outpost::order::{Application, GroupCommitMode, Settings};
+use idempost::order::{Application, GroupCommitMode, Settings};
 use sea_orm::DatabaseConnection;
 use serde_json::{Value, json};
 
@@ -29,7 +29,7 @@ pub(crate) async fn measure(
     let mut points = Vec::new();
     for mode in [GroupCommitMode::On, GroupCommitMode::Off] {
         let mut args = vec![
-            "outpost-order".to_owned(),
+            "idempost-order".to_owned(),
             format!("--database-url={url}"),
             "--listen=127.0.0.1:0".to_owned(),
             "--admin-listen=127.0.0.1:0".to_owned(),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tonic::transport::Channel;
 
-use outpost_proto::v1::order_service_client::OrderServiceClient;
+use idempost_proto::v1::order_service_client::OrderServiceClient;
 
 use crate::error::BenchError;
 use crate::measure::Latencies;

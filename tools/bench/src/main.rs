@@ -1,4 +1,4 @@
-//! `outpost-bench`: measures Outpost's services against the machine's own limits in one run and prints, charts and stores the figures.
+//! `idempost-bench`: measures Idempost's services against the machine's own limits in one run and prints, charts and stores the figures.
 
 mod chart;
 mod child;
@@ -26,20 +26,20 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use outpost::startup;
+use idempost::startup;
 
-/// Measures Outpost on one database server and one broker.
+/// Measures Idempost on one database server and one broker.
 #[derive(Debug, clap::Parser)]
-#[command(name = "outpost-bench", version)]
+#[command(name = "idempost-bench", version)]
 struct Cli {
     /// The database server (mysql:// or postgres://). The bench creates its own database
-    /// `outpost_bench_<uuid>` there, migrates it, and drops it at the end.
-    #[arg(long, env = "OUTPOST_BENCH_DATABASE_URL", default_value = "mysql://root@127.0.0.1:3306")]
+    /// `idempost_bench_<uuid>` there, migrates it, and drops it at the end.
+    #[arg(long, env = "IDEMPOST_BENCH_DATABASE_URL", default_value = "mysql://root@127.0.0.1:3306")]
     database_url: String,
     /// Kafka bootstrap servers; the bench creates its own topics.
-    #[arg(long, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "IDEMPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
-    /// Where outpost-order, outpost-relay and outpost-consumer are (release builds); default:
+    /// Where idempost-order, idempost-relay and idempost-consumer are (release builds); default:
     /// beside this binary.
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -55,13 +55,13 @@ struct Cli {
     /// Partitions of each topic the bench creates.
     #[arg(long, default_value_t = 3)]
     partitions: i32,
-    /// Extra flag for every outpost-order the bench starts (repeat).
+    /// Extra flag for every idempost-order the bench starts (repeat).
     #[arg(long = "order-arg", allow_hyphen_values = true)]
     order_args: Vec<String>,
-    /// Extra flag for every outpost-relay, e.g. `--relay-arg=--max-idle-poll=50ms` (repeat).
+    /// Extra flag for every idempost-relay, e.g. `--relay-arg=--max-idle-poll=50ms` (repeat).
     #[arg(long = "relay-arg", allow_hyphen_values = true)]
     relay_args: Vec<String>,
-    /// Extra flag for every outpost-consumer (repeat).
+    /// Extra flag for every idempost-consumer (repeat).
     #[arg(long = "consumer-arg", allow_hyphen_values = true)]
     consumer_args: Vec<String>,
     /// Runs only these phases (comma-separated, in the usual order), e.g. `--only group` while
@@ -94,7 +94,7 @@ async fn main() -> ExitCode {
     if let Some(role) = cli.floor_role {
         return match floor::serve(role, &cli.database_url, &cli.brokers, &cli.floor_topic).await {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => startup::fail("outpost-bench", e),
+            Err(e) => startup::fail("idempost-bench", e),
         };
     }
     let (point, e2e, trickle, backlog, drain_limit, steady) = if cli.quick {
@@ -141,7 +141,7 @@ async fn main() -> ExitCode {
     };
     let figures = match run::run(&plan).await {
         Ok(figures) => figures,
-        Err(e) => return startup::fail("outpost-bench", e),
+        Err(e) => return startup::fail("idempost-bench", e),
     };
     let table = figures.table();
     println!("\n{table}");
@@ -149,10 +149,10 @@ async fn main() -> ExitCode {
     let written = std::fs::write(plan.out_dir.join("bench.txt"), &table)
         .and_then(|()| std::fs::write(plan.out_dir.join("bench.json"), json));
     if let Err(e) = written {
-        return startup::fail("outpost-bench", format!("cannot write the results: {e}"));
+        return startup::fail("idempost-bench", format!("cannot write the results: {e}"));
     }
     if let Err(e) = chart::draw(&figures, &plan.out_dir.join("bench.png")) {
-        return startup::fail("outpost-bench", e);
+        return startup::fail("idempost-bench", e);
     }
     println!("written: {0}/bench.txt, {0}/bench.json, {0}/bench.png", plan.out_dir.display());
     ExitCode::SUCCESS

@@ -1,9 +1,9 @@
-//! The one order every phase uses, so raw and Outpost phases move the same bytes.
+//! The one order every phase uses, so raw and Idempost phases move the same bytes.
 
 use chrono::{DateTime, Utc};
 use prost::Message as _;
 
-use outpost_proto::v1 as pb;
+use idempost_proto::v1 as pb;
 
 /// The bench's tenant.
 pub(crate) const TENANT: i64 = 4242;

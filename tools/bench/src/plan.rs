@@ -46,7 +46,7 @@ pub(crate) enum Phase {
     Relay,
     Consumer,
     E2e,
-    /// The raw pipeline's sustained rate (no Outpost code).
+    /// The raw pipeline's sustained rate (no Idempost code).
     Floor,
     /// The steady rate with a bounded backlog, relay alone.
     SteadyRelay,

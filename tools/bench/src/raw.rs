@@ -1,4 +1,4 @@
-//! The machine's limits with no Outpost code in the path: the same transactions in plain SQL,
+//! The machine's limits with no Idempost code in the path: the same transactions in plain SQL,
 //! and the same records through a bare idempotent producer.
 
 use std::time::{Duration, Instant};
@@ -63,7 +63,7 @@ pub(crate) async fn order_transaction(db: &DatabaseConnection) -> Result<(), DbE
             row.event_id.into(),
             "order".into(),
             order_id.to_string().into(),
-            outpost::contract::EVENT_TYPE.into(),
+            idempost::contract::EVENT_TYPE.into(),
             1i64.into(),
             event.into(),
             "PENDING".into(),
@@ -156,11 +156,11 @@ pub(crate) fn headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
     }
     OwnedHeaders::new_with_capacity(6)
         .insert(h("event_id", event_id))
-        .insert(h("event_type", outpost::contract::EVENT_TYPE))
+        .insert(h("event_type", idempost::contract::EVENT_TYPE))
         .insert(h("event_version", "1"))
         .insert(h("aggregate_type", "order"))
         .insert(h("aggregate_id", aggregate_id))
-        .insert(h("content-type", outpost::contract::CONTENT_TYPE))
+        .insert(h("content-type", idempost::contract::CONTENT_TYPE))
 }
 
 /// Confirmed produce of the same records in the relay's shape: `producers` producers (as relay
@@ -245,7 +245,7 @@ pub(crate) async fn consume(
     use rdkafka::consumer::{Consumer, StreamConsumer};
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outpost-bench-raw-{}", uuid::Uuid::new_v4().simple()))
+        .set("group.id", format!("idempost-bench-raw-{}", uuid::Uuid::new_v4().simple()))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
@@ -295,7 +295,7 @@ pub(crate) async fn prefill(db: &DatabaseConnection, count: u64) -> Result<(), D
                 event_id.into(),
                 "order".into(),
                 order_id.to_string().into(),
-                outpost::contract::EVENT_TYPE.into(),
+                idempost::contract::EVENT_TYPE.into(),
                 1i64.into(),
                 payload.into(),
                 "PENDING".into(),

@@ -132,7 +132,7 @@ impl Figures {
         for (k, v) in &self.machine {
             let _ = writeln!(t, "  {k:<22} {v}");
         }
-        let _ = writeln!(t, "\nmachine limits (plain SQL / bare producer, no Outpost code)");
+        let _ = writeln!(t, "\nmachine limits (plain SQL / bare producer, no Idempost code)");
         for p in &self.raw_commit {
             let _ = writeln!(
                 t,
@@ -176,7 +176,7 @@ impl Figures {
             self.raw_insert.latency.p95,
             self.raw_insert.latency.p99
         );
-        let _ = writeln!(t, "\nSubmitOrder over gRPC (outpost-order, 16 db connections)");
+        let _ = writeln!(t, "\nSubmitOrder over gRPC (idempost-order, 16 db connections)");
         for p in &self.submit {
             let _ = writeln!(
                 t,
@@ -423,7 +423,7 @@ impl Figures {
         })
     }
 
-    /// Throughputs to chart: (label, Outpost or raw, per second).
+    /// Throughputs to chart: (label, Idempost or raw, per second).
     pub(crate) fn chart_bars(&self) -> Vec<(String, bool, f64)> {
         let mut bars = vec![
             ("raw commit @16".to_owned(), false, self.raw_commit_at(16)),

@@ -67,7 +67,7 @@ struct Drained {
 impl Drained {
     fn usage(&self, phase: String) -> ServiceUse {
         ServiceUse {
-            service: "outpost-relay".into(),
+            service: "idempost-relay".into(),
             phase,
             events: self.drain.events,
             cpu_seconds: self.cpu_seconds,
@@ -89,15 +89,15 @@ pub(crate) async fn run(plan: &Plan) -> Result<Figures, BenchError> {
         let db = sql::connect(&bench.url, 4).await?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let topics = Topics {
-            raw: format!("outpost-bench-raw-{id}"),
-            relay: RELAY_PROCESSES.iter().map(|n| format!("outpost-bench-relay{n}-{id}")).collect(),
-            e2e: format!("outpost-bench-e2e-{id}"),
-            floor: format!("outpost-bench-floor-{id}"),
-            steady: format!("outpost-bench-steady-{id}"),
+            raw: format!("idempost-bench-raw-{id}"),
+            relay: RELAY_PROCESSES.iter().map(|n| format!("idempost-bench-relay{n}-{id}")).collect(),
+            e2e: format!("idempost-bench-e2e-{id}"),
+            floor: format!("idempost-bench-floor-{id}"),
+            steady: format!("idempost-bench-steady-{id}"),
         };
         let named = [&topics.raw, &topics.e2e, &topics.floor, &topics.steady];
         for topic in named.into_iter().chain(&topics.relay) {
-            outpost_verify::create_topic(&plan.brokers, topic, plan.partitions)
+            idempost_verify::create_topic(&plan.brokers, topic, plan.partitions)
                 .await
                 .map_err(BenchError::Stuck)?;
         }
@@ -210,7 +210,7 @@ impl Run<'_> {
             "--admin-listen=127.0.0.1:0".to_owned(),
         ];
         args.extend(self.plan.order_args.iter().cloned());
-        let mut order = self.start("outpost-order", "order-submit", args)?;
+        let mut order = self.start("idempost-order", "order-submit", args)?;
         let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
         // One warm-up call: connections are opened lazily.
         clients.submit(0).await?;
@@ -234,7 +234,7 @@ impl Run<'_> {
         }
         let usage = order.stop().await;
         self.figures.services.push(ServiceUse {
-            service: "outpost-order".into(),
+            service: "idempost-order".into(),
             phase: "SubmitOrder".into(),
             events,
             cpu_seconds: usage.cpu_seconds - before.cpu_seconds,
@@ -365,7 +365,7 @@ impl Run<'_> {
             }
             relays.push(Service::start_with_env(
                 &self.plan.bin_dir,
-                "outpost-relay",
+                "idempost-relay",
                 &label,
                 &args,
                 &self.plan.out_dir,
@@ -420,7 +420,7 @@ impl Run<'_> {
         sql::release_first_versions(&self.db).await?;
         let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
         for (_, wake) in ready {
-            socket.send_to(outpost::contract::WAKE_DATAGRAM, ("127.0.0.1", *wake))?;
+            socket.send_to(idempost::contract::WAKE_DATAGRAM, ("127.0.0.1", *wake))?;
         }
         Ok(())
     }
@@ -435,9 +435,9 @@ impl Run<'_> {
         let observer = self.observe("consumer drain").await;
         let started = Instant::now();
         let mut args = self.common_args(&self.topics.relay[0]);
-        args.push(format!("--group-id=outpost-bench-{}", uuid::Uuid::new_v4().simple()));
+        args.push(format!("--group-id=idempost-bench-{}", uuid::Uuid::new_v4().simple()));
         args.extend(self.plan.consumer_args.iter().cloned());
-        let consumer = self.start("outpost-consumer", "consumer-drain", args)?;
+        let consumer = self.start("idempost-consumer", "consumer-drain", args)?;
         let mut services = vec![consumer];
         let complete =
             self.wait_for("SELECT COUNT(*) FROM notification_job", self.plan.backlog, &mut services).await?;
@@ -452,7 +452,7 @@ impl Run<'_> {
                 .await?;
         self.figures.consumer = Drain { events, per_second, wall_seconds: wall.as_secs_f64(), complete };
         self.figures.services.push(ServiceUse {
-            service: "outpost-consumer".into(),
+            service: "idempost-consumer".into(),
             phase: "drain".into(),
             events,
             cpu_seconds: usage.cpu_seconds,
@@ -589,7 +589,7 @@ impl Run<'_> {
                 relay: RelayPhases::from_log_after(&relay_log, logged_before),
             });
         }
-        let names = ["outpost-order", "outpost-relay", "outpost-consumer"];
+        let names = ["idempost-order", "idempost-relay", "idempost-consumer"];
         for ((service, name), before) in services.into_iter().zip(names).zip(before) {
             let usage = service.stop().await;
             self.figures.services.push(ServiceUse {
@@ -626,19 +626,19 @@ impl Run<'_> {
         relay_args.push(format!("--wake-listen=127.0.0.1:{wake}"));
         relay_args.extend(self.plan.relay_args.iter().cloned());
         let mut consumer_args = self.common_args(topic);
-        consumer_args.push(format!("--group-id=outpost-bench-{}", uuid::Uuid::new_v4().simple()));
+        consumer_args.push(format!("--group-id=idempost-bench-{}", uuid::Uuid::new_v4().simple()));
         consumer_args.extend(self.plan.consumer_args.iter().cloned());
         let mut services = vec![
-            self.start("outpost-order", &format!("order-{label}"), order_args)?,
+            self.start("idempost-order", &format!("order-{label}"), order_args)?,
             Service::start_with_env(
                 &self.plan.bin_dir,
-                "outpost-relay",
+                "idempost-relay",
                 &format!("relay-{label}"),
                 &relay_args,
                 &self.plan.out_dir,
                 &RELAY_STEP_LOG,
             )?,
-            self.start("outpost-consumer", &format!("consumer-{label}"), consumer_args)?,
+            self.start("idempost-consumer", &format!("consumer-{label}"), consumer_args)?,
         ];
         let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
         step(&format!("{label}: warm-up order (consumer group join)"));

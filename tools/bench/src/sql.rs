@@ -1,5 +1,5 @@
 //! Plain SQL for the bench: its own database, placeholders per backend, and the server's view of
-//! lock waits and busy connections. No Outpost code runs here, apart from the relay's session
+//! lock waits and busy connections. No Idempost code runs here, apart from the relay's session
 //! setup (see [`connect_as_relay`]).
 
 use std::time::Duration;
@@ -16,12 +16,12 @@ pub(crate) async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, D
     Database::connect(options(url, max)).await
 }
 
-/// A pool whose sessions are set up exactly as the relay's (`outpost::db::Pool::Relay`: on
+/// A pool whose sessions are set up exactly as the relay's (`idempost::db::Pool::Relay`: on
 /// PostgreSQL every run planned afresh and no bitmap scans, on MariaDB/MySQL READ COMMITTED), so
-/// the plain-SQL claim and mark compare like for like. Only the session setup is Outpost's; the
+/// the plain-SQL claim and mark compare like for like. Only the session setup is Idempost's; the
 /// statements run on it are the bench's own.
 pub(crate) async fn connect_as_relay(url: &str, max: u32) -> Result<DatabaseConnection, DbErr> {
-    outpost::db::connect_for(url, max, outpost::db::Pool::Relay).await
+    idempost::db::connect_for(url, max, idempost::db::Pool::Relay).await
 }
 
 fn options(url: &str, max: u32) -> ConnectOptions {
@@ -52,7 +52,7 @@ pub(crate) fn with_database(url: &str, name: &str) -> Result<String, BenchError>
 }
 
 /// The bench's own database on the server of `server_url`: created empty, migrated with
-/// Outpost's migrations, dropped by [`BenchDatabase::drop`].
+/// Idempost's migrations, dropped by [`BenchDatabase::drop`].
 #[derive(Debug)]
 pub(crate) struct BenchDatabase {
     admin: DatabaseConnection,
@@ -63,19 +63,19 @@ pub(crate) struct BenchDatabase {
 }
 
 impl BenchDatabase {
-    /// Creates and migrates `outpost_bench_<uuid>`.
+    /// Creates and migrates `idempost_bench_<uuid>`.
     pub(crate) async fn create(server_url: &str) -> Result<Self, BenchError> {
         let admin_url = match server_url.split_once("://") {
             Some((scheme, _)) if scheme.starts_with("postgres") => with_database(server_url, "postgres")?,
             _ => server_url.to_owned(),
         };
         let admin = connect(&admin_url, 2).await?;
-        let name = format!("outpost_bench_{}", uuid::Uuid::new_v4().simple());
+        let name = format!("idempost_bench_{}", uuid::Uuid::new_v4().simple());
         admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await?;
         let url = with_database(server_url, &name)?;
         let db = connect(&url, 2).await?;
-        use outpost_migration::MigratorTrait as _;
-        outpost_migration::Migrator::up(&db, None).await?;
+        use idempost_migration::MigratorTrait as _;
+        idempost_migration::Migrator::up(&db, None).await?;
         db.close().await?;
         Ok(Self { admin, name, url })
     }
@@ -93,7 +93,7 @@ impl BenchDatabase {
 
 /// A statement with `?` placeholders, renumbered to `$n` for PostgreSQL.
 pub(crate) fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
-    outpost_testkit::sql::statement(backend, sql, values)
+    idempost_testkit::sql::statement(backend, sql, values)
 }
 
 /// One number from a query such as `SELECT COUNT(*) …`.
@@ -126,7 +126,7 @@ pub(crate) async fn release_first_versions(db: &DatabaseConnection) -> Result<()
     Ok(())
 }
 
-/// Empties every Outpost table, so each phase starts from the same state.
+/// Empties every Idempost table, so each phase starts from the same state.
 pub(crate) async fn truncate_all(db: &DatabaseConnection) -> Result<(), DbErr> {
     let tables = [
         "order_line",

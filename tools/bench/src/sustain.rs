@@ -4,7 +4,7 @@
 //! Each stage's rate measured alone is only an upper bound for the pipeline when the stages
 //! share the machine's cores: at the least of those rates the order service, the database, the
 //! broker and the load generator together need more CPU than there is, and the latency at
-//! "50 % of max" measures a saturated machine, not Outpost. The end-to-end levels are therefore
+//! "50 % of max" measures a saturated machine, not Idempost. The end-to-end levels are therefore
 //! fractions of the rate found here (never more than the least stage alone).
 
 /// One probe: an open loop at `offered` orders/s for a while, with the pipeline running.

@@ -10,22 +10,22 @@ use std::path::PathBuf;
 use clap::{Arg, ArgAction, Command, CommandFactory as _};
 
 /// The command that rewrites the page.
-pub const REGENERATE: &str = "cargo run -p outpost-docgen";
+pub const REGENERATE: &str = "cargo run -p idempost-docgen";
 
 const PREAMBLE: &str = "# Configuration
 
-<!-- Generated from the services' clap definitions by `cargo run -p outpost-docgen`; do not edit.
-     A test (`outpost-docgen`'s own) fails when this page differs from the code. -->
+<!-- Generated from the services' clap definitions by `cargo run -p idempost-docgen`; do not edit.
+     A test (`idempost-docgen`'s own) fails when this page differs from the code. -->
 
 Every service takes each setting as a flag or from its environment variable; a flag wins over
 the environment. Durations are written as `500ms`, `30s`, `5m`, `1h`, `7days`. Logging is set by
-the environment alone: `RUST_LOG` (default `info`) and `OUTPOST_LOG_FORMAT=json` (default: text);
+the environment alone: `RUST_LOG` (default `info`) and `IDEMPOST_LOG_FORMAT=json` (default: text);
 telemetry by the standard `OTEL_*` variables (see [observability.md](observability.md)). A
 setting the parser refuses exits 2; one the service refuses as it starts exits 1 (see
 [operations.md](operations.md#exit-codes)).
 
-The operators' and developers' tools (`outpostctl`, `outpost-verify`, `outpost-bench`,
-`outpost-migrate`) describe their own flags with `--help`; see [operations.md](operations.md),
+The operators' and developers' tools (`idempostctl`, `idempost-verify`, `idempost-bench`,
+`idempost-migrate`) describe their own flags with `--help`; see [operations.md](operations.md),
 [verify.md](verify.md) and [benchmarks/README.md](benchmarks/README.md).
 ";
 
@@ -35,13 +35,13 @@ pub fn configuration_page_path() -> PathBuf {
     crate_dir.ancestors().nth(2).unwrap_or(crate_dir).join("docs").join("configuration.md")
 }
 
-/// The whole page: every setting of `outpost-order`, `outpost-relay` and `outpost-consumer`.
+/// The whole page: every setting of `idempost-order`, `idempost-relay` and `idempost-consumer`.
 pub fn configuration_page() -> String {
     let mut page = String::from(PREAMBLE);
     for command in [
-        outpost::order::Settings::command(),
-        outpost::relay::Settings::command(),
-        outpost::consumer::Settings::command(),
+        idempost::order::Settings::command(),
+        idempost::relay::Settings::command(),
+        idempost::consumer::Settings::command(),
     ] {
         render_command(&mut page, &command, "##", "");
     }
@@ -152,9 +152,9 @@ mod tests {
     fn every_setting_of_every_service_is_on_the_page_with_its_environment_variable() {
         let page = configuration_page();
         for command in [
-            outpost::order::Settings::command(),
-            outpost::relay::Settings::command(),
-            outpost::consumer::Settings::command(),
+            idempost::order::Settings::command(),
+            idempost::relay::Settings::command(),
+            idempost::consumer::Settings::command(),
         ] {
             for arg in command.get_arguments().filter(|arg| documented(arg)) {
                 let row = format!("| {} | {} |", flag(arg), environment(arg));

@@ -1,4 +1,4 @@
-//! `outpost-docgen`: writes `docs/configuration.md` from the services' clap definitions, or with
+//! `idempost-docgen`: writes `docs/configuration.md` from the services' clap definitions, or with
 //! `--check` only says whether the committed page is current (exit 1 when it is stale).
 
 use std::process::ExitCode;
@@ -8,17 +8,17 @@ fn main() -> ExitCode {
         None => false,
         Some("--check") => true,
         Some(other) => {
-            eprintln!("outpost-docgen: unknown argument {other}; usage: outpost-docgen [--check]");
+            eprintln!("idempost-docgen: unknown argument {other}; usage: idempost-docgen [--check]");
             return ExitCode::from(2);
         }
     };
-    let path = outpost_docgen::configuration_page_path();
-    let page = outpost_docgen::configuration_page();
+    let path = idempost_docgen::configuration_page_path();
+    let page = idempost_docgen::configuration_page();
     if check {
         return match std::fs::read_to_string(&path) {
             Ok(committed) if committed == page => ExitCode::SUCCESS,
             _ => {
-                eprintln!("{} is stale: run `{}`", path.display(), outpost_docgen::REGENERATE);
+                eprintln!("{} is stale: run `{}`", path.display(), idempost_docgen::REGENERATE);
                 ExitCode::FAILURE
             }
         };
@@ -29,7 +29,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("outpost-docgen: cannot write {}: {e}", path.display());
+            eprintln!("idempost-docgen: cannot write {}: {e}", path.display());
             ExitCode::FAILURE
         }
     }

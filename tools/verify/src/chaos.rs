@@ -11,9 +11,9 @@ use std::time::Duration;
 use rand::Rng;
 use sea_orm::{ConnectionTrait, Statement};
 
-use outpost::consumer::DEFAULT_CONSUMER_NAME;
-use outpost_client::{SafeSubmitter, SubmitPolicy};
-use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use idempost::consumer::DEFAULT_CONSUMER_NAME;
+use idempost_client::{SafeSubmitter, SubmitPolicy};
+use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::error::VerifyError;
 use crate::evidence::{self, Record};
@@ -28,7 +28,7 @@ pub trait BrokerControl: Send {
 }
 
 /// The test kit's per-test broker: killed with SIGKILL and started again on its storage.
-impl BrokerControl for outpost_testkit::broker::TestBroker {
+impl BrokerControl for idempost_testkit::broker::TestBroker {
     fn restart(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
             self.kill();
@@ -120,7 +120,7 @@ impl<'a> Fleet<'a> {
             .chain(extra.iter().map(|s| (*s).to_owned()))
             .collect()
         };
-        let group = format!("--group-id=outpost-chaos-{run}");
+        let group = format!("--group-id=idempost-chaos-{run}");
         Fleet {
             settings,
             relay_args: common(&[
@@ -150,9 +150,9 @@ impl<'a> Fleet<'a> {
     fn start(&mut self, kind: &str) -> Result<(), VerifyError> {
         self.started += 1;
         let (binary, args) = if kind == "relay" {
-            ("outpost-relay", &self.relay_args)
+            ("idempost-relay", &self.relay_args)
         } else {
-            ("outpost-consumer", &self.consumer_args)
+            ("idempost-consumer", &self.consumer_args)
         };
         let label = format!("chaos-{kind}-{}", self.started);
         let process = self.settings.launch(binary, &label, args, "")?;
@@ -198,16 +198,16 @@ pub async fn chaos(
     database: Option<&mut dyn DatabaseControl>,
 ) -> Result<ChaosReport, VerifyError> {
     std::fs::create_dir_all(&settings.work_dir)?;
-    let db = outpost::service::open_database(&settings.database_url, 2)
+    let db = idempost::service::open_database(&settings.database_url, 2)
         .await
         .map_err(|e| VerifyError::Stuck(e.to_string()))?;
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let topic = format!("outpost-chaos-{run}");
+    let topic = format!("idempost-chaos-{run}");
     evidence::create_topic(&settings.brokers, &topic, 3).await.map_err(VerifyError::Broker)?;
     let tenant_id = i64::from(rand::random::<u32>() >> 1) + 1;
     let mut fleet = Fleet::new(settings, &topic, &run);
     let mut order = settings.launch(
-        "outpost-order",
+        "idempost-order",
         "chaos-order",
         &["--listen=127.0.0.1:0".to_owned(), "--admin-listen=127.0.0.1:0".to_owned()],
         "",

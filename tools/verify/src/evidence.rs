@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use outpost::relay::Delivery;
+use idempost::relay::Delivery;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -44,7 +44,7 @@ pub struct Rows {
 
 /// `sql` with `?` placeholders, bound to `values`, in the backend's dialect.
 pub(crate) fn statement(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Statement {
-    outpost_testkit::sql::statement(db.get_database_backend(), sql, values)
+    idempost_testkit::sql::statement(db.get_database_backend(), sql, values)
 }
 
 /// The first column of the one row `sql` returns, as a count.
@@ -94,7 +94,7 @@ pub(crate) async fn orders_for_key(
 }
 
 /// Creates `topic` on the broker with the admin API (any Kafka-protocol broker).
-pub use outpost_testkit::topic::create as create_topic;
+pub use idempost_testkit::topic::create as create_topic;
 
 /// One record of the topic, as a reader saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,7 @@ pub async fn read_topic(
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
-            .set("group.id", format!("outpost-verify-reader-{}", uuid::Uuid::new_v4()))
+            .set("group.id", format!("idempost-verify-reader-{}", uuid::Uuid::new_v4()))
             .set("auto.offset.reset", "earliest")
             .set("enable.auto.commit", "false")
             .create()

@@ -5,11 +5,11 @@ use std::time::Duration;
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use tonic_types::StatusExt as _;
 
-use outpost::failpoint as fp;
-use outpost_proto::EventId;
-use outpost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
+use idempost::failpoint as fp;
+use idempost_proto::EventId;
+use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
-use outpost::consumer::DEFAULT_CONSUMER_NAME;
+use idempost::consumer::DEFAULT_CONSUMER_NAME;
 
 use crate::error::VerifyError;
 use crate::evidence::{self, OutboxRow, Record};
@@ -213,11 +213,11 @@ async fn database_version(db: &DatabaseConnection) -> String {
 /// out; a report with a FAIL means it ran and a guarantee did not hold.
 pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     std::fs::create_dir_all(&settings.work_dir)?;
-    let db = outpost::service::open_database(&settings.database_url, 2)
+    let db = idempost::service::open_database(&settings.database_url, 2)
         .await
         .map_err(|e| VerifyError::Stuck(e.to_string()))?;
     let experiment = uuid::Uuid::new_v4().simple().to_string();
-    let topic = format!("outpost-verify-{experiment}");
+    let topic = format!("idempost-verify-{experiment}");
     evidence::create_topic(&settings.brokers, &topic, 1).await.map_err(VerifyError::Broker)?;
     let event_id = EventId::new().to_string();
     let tenant_id = i64::from(rand::random::<u32>() >> 1) + 1;
@@ -226,7 +226,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
         settings,
         db,
         topic,
-        group: format!("outpost-verify-{experiment}"),
+        group: format!("idempost-verify-{experiment}"),
         event_id: event_id.clone(),
         tenant_id,
         processes: Vec::new(),
@@ -234,7 +234,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
     let mut report = Report {
         experiment_id: experiment,
         versions: Versions {
-            application: format!("outpost {}", env!("CARGO_PKG_VERSION")),
+            application: format!("idempost {}", env!("CARGO_PKG_VERSION")),
             database_and_driver: database_version(&run.db).await,
             broker_and_client: format!(
                 "Kafka protocol at {}; librdkafka {}",
@@ -246,7 +246,7 @@ pub async fn run(settings: &Settings) -> Result<Report, VerifyError> {
             request_id: format!("{tenant_id}/{request_id}"),
             event_id: event_id.clone(),
             order_id: 0,
-            event_type_and_version: format!("{} v1", outpost::contract::EVENT_TYPE),
+            event_type_and_version: format!("{} v1", idempost::contract::EVENT_TYPE),
         },
         ..Report::default()
     };
@@ -345,7 +345,7 @@ async fn submit_through_faults(
         fp::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION
     );
     let listen = vec!["--listen=127.0.0.1:0".into(), "--admin-listen=127.0.0.1:0".into()];
-    let order = run.start("outpost-order", "order", listen, failpoints)?;
+    let order = run.start("idempost-order", "order", listen, failpoints)?;
     let bound = run.processes[order].listening(STEP).await.map_err(VerifyError::Stuck)?;
     let url = format!("http://127.0.0.1:{}", bound.port("listen"));
     let mut client = until("the order service answers", STEP, || {
@@ -424,7 +424,7 @@ async fn change_the_order(
         order_id,
         expected_version: 2,
         reason: pb::CancelReason::CustomerRequest.into(),
-        note: "outpost-verify".into(),
+        note: "idempost-verify".into(),
         ..Default::default()
     };
     let amended =
@@ -451,7 +451,7 @@ async fn relay_dies_before_claim(
     seen: &mut Seen,
 ) -> Result<(), VerifyError> {
     let fps = run.failpoints(&format!("{}=return(abort)", fp::AFTER_COMMIT_BEFORE_RELAY_CLAIM), false);
-    let relay1 = run.start("outpost-relay", "relay-1", run.relay_args(), fps)?;
+    let relay1 = run.start("idempost-relay", "relay-1", run.relay_args(), fps)?;
     let relay1_exit = run.processes[relay1].exited(STEP).await;
     seen.discoverable = run.state().await?;
     report.injections.push(Injection {
@@ -472,7 +472,7 @@ async fn relay_dies_after_confirm(
 ) -> Result<Option<std::process::ExitStatus>, VerifyError> {
     let fps =
         run.failpoints(&format!("{}=return(abort)", fp::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED), false);
-    let relay2 = run.start("outpost-relay", "relay-2", run.relay_args(), fps)?;
+    let relay2 = run.start("idempost-relay", "relay-2", run.relay_args(), fps)?;
     let relay2_exit = run.processes[relay2].exited(STEP).await;
     seen.after_confirm = run.state().await?;
     seen.copies_after_confirm = run.deliveries().await?.len();
@@ -493,7 +493,7 @@ async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(),
     // stopped mid-claim, its row locks then keeping relay 4 from the event).
     let mut one_loop = run.relay_args();
     one_loop.push("--workers=1".into());
-    let relay3 = run.start("outpost-relay", "relay-3", one_loop, fps)?;
+    let relay3 = run.start("idempost-relay", "relay-3", one_loop, fps)?;
     let relay3_pid = run.processes[relay3].pid().unwrap_or_default();
     seen.stale_owner = until("relay 3 holds the lease", STEP, || async {
         let state = run.state().await?;
@@ -511,7 +511,7 @@ async fn stale_owner_is_fenced(run: &mut Run<'_>, seen: &mut Seen) -> Result<(),
     // marked. A timed stall alone let a slow start of relay 4 end it early, and relay 3 then
     // marked under its own lease, so the late mark this step is about never happened.
     let stopped = run.processes[relay3].signal(Signal::SIGSTOP);
-    let relay4 = run.start("outpost-relay", "relay-4", run.relay_args(), run.failpoints("", false))?;
+    let relay4 = run.start("idempost-relay", "relay-4", run.relay_args(), run.failpoints("", false))?;
     seen.marked_by_new_owner = Some(
         until("relay 4 marks the event PUBLISHED", STEP, || async {
             let marked = !run.processes[relay4].lines_about("marked PUBLISHED", &event_id).is_empty();
@@ -564,7 +564,7 @@ async fn consumer_fails_on_another_key(run: &mut Run<'_>, report: &mut Report) -
     let event_id = run.event_id.clone();
     let fps =
         run.failpoints(&format!("{}=return", fp::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING), true);
-    let consumer1 = run.start("outpost-consumer", "consumer-1", run.consumer_args(), fps)?;
+    let consumer1 = run.start("idempost-consumer", "consumer-1", run.consumer_args(), fps)?;
     until("consumer 1 has handled the event twice", STEP, || async {
         let log = &run.processes[consumer1];
         let attempts =
@@ -615,14 +615,14 @@ async fn consumer_dies_before_ack(
     let event_id = run.event_id.clone();
     let fps =
         run.failpoints(&format!("{}=return(abort)", fp::AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK), true);
-    let consumer2 = run.start("outpost-consumer", "consumer-2", run.consumer_args(), fps)?;
+    let consumer2 = run.start("idempost-consumer", "consumer-2", run.consumer_args(), fps)?;
     let consumer2_exit = run.processes[consumer2].exited(Duration::from_secs(30)).await;
     if consumer2_exit.is_none() {
         run.processes[consumer2].kill().await;
     }
     let consumed_after_crash = evidence::rows(&run.db, &event_id).await?.consumed;
     let consumer3 =
-        run.start("outpost-consumer", "consumer-3", run.consumer_args(), run.failpoints("", true))?;
+        run.start("idempost-consumer", "consumer-3", run.consumer_args(), run.failpoints("", true))?;
     // Done when every copy on the topic has been handled to a commit or a dedup hit, and the read
     // model reached the order's last version, or after a spell in which that did not happen (the
     // verdicts then say what is missing).

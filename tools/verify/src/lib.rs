@@ -1,4 +1,4 @@
-//! `outpost-verify`: one event is followed through a fault at every commit window, with real service
+//! `idempost-verify`: one event is followed through a fault at every commit window, with real service
 //! processes that the verifier starts, crashes and restarts, and the evidence is reported.
 //!
 //! The event is submitted (rolled back, then committed with its acknowledgement lost and
@@ -11,7 +11,7 @@
 //! where the order table is. Every verdict rests on rows read by event id, records counted by
 //! consuming the topic, and the processes' own logs.
 //!
-//! A tool, not part of the services: the production library (`outpost`) knows nothing of it.
+//! A tool, not part of the services: the production library (`idempost`) knows nothing of it.
 //! The end-to-end tests use its [`process`] control to run services out of process, so the
 //! tests and the verifier start, signal and kill them one way.
 

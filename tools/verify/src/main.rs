@@ -1,25 +1,25 @@
-//! `outpost-verify`: injects a fault at every commit window of one event, with real service
+//! `idempost-verify`: injects a fault at every commit window of one event, with real service
 //! processes, and writes the evidence report as YAML. Exits non-zero if any invariant fails.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use outpost::{startup, telemetry};
-use outpost_verify::{self as verify, Break};
+use idempost::{startup, telemetry};
+use idempost_verify::{self as verify, Break};
 
 /// Proves repeatable delivery against your own database and broker.
 #[derive(Debug, clap::Parser)]
-#[command(name = "outpost-verify", version)]
+#[command(name = "idempost-verify", version)]
 struct Cli {
-    /// A migrated database the services share (`outpost-migrate up` first). It reaches the
+    /// A migrated database the services share (`idempost-migrate up` first). It reaches the
     /// services through their environment, never their command lines.
-    #[arg(long, env = "OUTPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
+    #[arg(long, env = "IDEMPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
     database_url: String,
     /// File holding the database URL (instead of `--database-url`).
-    #[arg(long, env = "OUTPOST_DATABASE_URL_FILE")]
+    #[arg(long, env = "IDEMPOST_DATABASE_URL_FILE")]
     database_url_file: Option<PathBuf>,
     /// Kafka bootstrap servers.
-    #[arg(long, env = "OUTPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "IDEMPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
     /// Where the service binaries (built with `--features failpoints`) are; default: beside this one.
     #[arg(long)]
@@ -76,14 +76,14 @@ impl verify::DatabaseControl for Shell {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = startup::settings();
-    let telemetry = telemetry::init("outpost-verify");
+    let telemetry = telemetry::init("idempost-verify");
     let bin_dir = cli.bin_dir.clone().or_else(|| {
         std::env::current_exe().ok().and_then(|exe| exe.parent().map(std::path::Path::to_path_buf))
     });
     let database_url =
-        match outpost::secret::database_url(&cli.database_url, cli.database_url_file.as_deref()) {
+        match idempost::secret::database_url(&cli.database_url, cli.database_url_file.as_deref()) {
             Ok(url) => url,
-            Err(e) => return startup::fail("outpost-verify", e),
+            Err(e) => return startup::fail("idempost-verify", e),
         };
     let settings = verify::Settings {
         database_url,
@@ -105,26 +105,26 @@ async fn main() -> ExitCode {
                 if report.violations.is_empty() {
                     ExitCode::SUCCESS
                 } else {
-                    startup::fail("outpost-verify", "chaos found violations")
+                    startup::fail("idempost-verify", "chaos found violations")
                 }
             }
-            Err(e) => startup::fail("outpost-verify", e),
+            Err(e) => startup::fail("idempost-verify", e),
         };
     }
     let outcome = verify::run(&settings).await;
     telemetry.shutdown();
     let report = match outcome {
         Ok(report) => report,
-        Err(e) => return startup::fail("outpost-verify", e),
+        Err(e) => return startup::fail("idempost-verify", e),
     };
     let yaml = report.to_yaml();
     match &cli.report {
         Some(path) => {
             if let Err(e) = std::fs::write(path, &yaml) {
-                return startup::fail("outpost-verify", format!("cannot write {}: {e}", path.display()));
+                return startup::fail("idempost-verify", format!("cannot write {}: {e}", path.display()));
             }
         }
         None => print!("{yaml}"),
     }
-    if report.passed() { ExitCode::SUCCESS } else { startup::fail("outpost-verify", "an invariant FAILED") }
+    if report.passed() { ExitCode::SUCCESS } else { startup::fail("idempost-verify", "an invariant FAILED") }
 }

@@ -132,7 +132,7 @@ pub async fn check_orders(
 
 #[cfg(test)]
 mod tests {
-    use outpost::relay::Delivery;
+    use idempost::relay::Delivery;
 
     use super::*;
 

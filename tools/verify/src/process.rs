@@ -1,17 +1,17 @@
 //! Service processes started, signalled and killed as real OS processes: the one way the
-//! verifier and the end-to-end tests run `outpost-order`, `outpost-relay` and
-//! `outpost-consumer` out of process, with their JSON logs kept as evidence when asked. The
-//! process control itself is the test kit's; what is Outpost's here is the environment the
+//! verifier and the end-to-end tests run `idempost-order`, `idempost-relay` and
+//! `idempost-consumer` out of process, with their JSON logs kept as evidence when asked. The
+//! process control itself is the test kit's; what is Idempost's here is the environment the
 //! services start in.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-pub use outpost_testkit::ports::Bound;
-use outpost_testkit::ports::wait_for_port_file;
-use outpost_testkit::process::Process;
-pub use outpost_testkit::process::Signal;
+pub use idempost_testkit::ports::Bound;
+use idempost_testkit::ports::wait_for_port_file;
+use idempost_testkit::process::Process;
+pub use idempost_testkit::process::Signal;
 use serde_json::Value;
 
 /// Where a process's output goes.
@@ -22,7 +22,7 @@ pub enum Output {
     /// To this process's own stdout and stderr.
     Inherit,
     /// Into this file, stdout and stderr (where the logs go) together, read back with
-    /// [`ServiceProcess::log`] (or [`ServiceProcess::log_lines`] with `OUTPOST_LOG_FORMAT=json`).
+    /// [`ServiceProcess::log`] (or [`ServiceProcess::log_lines`] with `IDEMPOST_LOG_FORMAT=json`).
     File(PathBuf),
 }
 
@@ -50,7 +50,7 @@ impl ServiceProcess {
     }
 
     /// [`ServiceProcess::start`] for a service that writes its bound addresses to `port_file`
-    /// (`OUTPOST_PORT_FILE`), so it can listen on port 0: [`ServiceProcess::listening`] reads
+    /// (`IDEMPOST_PORT_FILE`), so it can listen on port 0: [`ServiceProcess::listening`] reads
     /// them. A file left from an earlier process is removed first.
     pub fn start_with_port_file(
         program: &Path,
@@ -78,13 +78,13 @@ impl ServiceProcess {
         let mut command = tokio::process::Command::new(program);
         command
             .args(args)
-            .env("OUTPOST_AUTH", "none")
+            .env("IDEMPOST_AUTH", "none")
             // The services under test are failpoint builds, which refuse to start without it.
-            .env(outpost::failpoint::ALLOW_FAILPOINTS, "1")
+            .env(idempost::failpoint::ALLOW_FAILPOINTS, "1")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             // A secret file inherited from the caller would contradict the URL `env` gives.
-            .env_remove("OUTPOST_DATABASE_URL_FILE")
-            .env_remove("OUTPOST_PORT_FILE")
+            .env_remove("IDEMPOST_DATABASE_URL_FILE")
+            .env_remove("IDEMPOST_PORT_FILE")
             .stdin(Stdio::null());
         let log = match output {
             Output::Discard => {
@@ -102,7 +102,7 @@ impl ServiceProcess {
             command.env(key, value);
         }
         if let Some(port_file) = port_file {
-            command.env("OUTPOST_PORT_FILE", port_file);
+            command.env("IDEMPOST_PORT_FILE", port_file);
         }
         let port_file = port_file.map(Path::to_owned);
         Ok(Self { process: Process::spawn(label, &mut command)?, log, port_file })
@@ -176,8 +176,8 @@ impl ServiceProcess {
             .into_iter()
             .filter(|line| {
                 let message = line["fields"]["message"].as_str().unwrap_or_default();
-                let about = line["fields"]["outpost.event_id"].as_str() == Some(event_id)
-                    || line["span"]["outpost.event_id"].as_str() == Some(event_id);
+                let about = line["fields"]["idempost.event_id"].as_str() == Some(event_id)
+                    || line["span"]["idempost.event_id"].as_str() == Some(event_id);
                 message.starts_with(prefix) && about
             })
             .collect()

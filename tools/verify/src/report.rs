@@ -6,7 +6,7 @@ use serde::{Serialize, Serializer};
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Versions {
-    /// Outpost's version.
+    /// Idempost's version.
     pub application: String,
     /// Database server version and driver.
     #[serde(rename = "mysqlAndDriver")]

@@ -29,9 +29,9 @@ impl Break {
 
     pub(crate) fn switch(self) -> &'static str {
         match self {
-            Self::Classifier => outpost::failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE,
-            Self::MarkWithoutOwner => outpost::failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION,
-            Self::OffsetBeforeCommit => outpost::failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT,
+            Self::Classifier => idempost::failpoint::BREAK_CLASSIFIER_ANY_INTEGRITY_ERROR_IS_DUPLICATE,
+            Self::MarkWithoutOwner => idempost::failpoint::BREAK_MARK_WITHOUT_OWNER_CONDITION,
+            Self::OffsetBeforeCommit => idempost::failpoint::BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT,
         }
     }
 
@@ -43,11 +43,11 @@ impl Break {
 /// Where and how to verify.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// A migrated database (`outpost-migrate up`) the services can share.
+    /// A migrated database (`idempost-migrate up`) the services can share.
     pub database_url: String,
     /// Kafka bootstrap servers.
     pub brokers: String,
-    /// Where `outpost-order`, `outpost-relay` and `outpost-consumer` are, built with the
+    /// Where `idempost-order`, `idempost-relay` and `idempost-consumer` are, built with the
     /// `failpoints` feature.
     pub bin_dir: PathBuf,
     /// Where the processes' logs go (kept as evidence).
@@ -69,9 +69,9 @@ impl Settings {
         failpoints: &str,
     ) -> std::io::Result<ServiceProcess> {
         let env = [
-            ("OUTPOST_DATABASE_URL", self.database_url.clone()),
+            ("IDEMPOST_DATABASE_URL", self.database_url.clone()),
             ("FAILPOINTS", failpoints.to_owned()),
-            ("OUTPOST_LOG_FORMAT", "json".to_owned()),
+            ("IDEMPOST_LOG_FORMAT", "json".to_owned()),
             ("RUST_LOG", "info".to_owned()),
         ];
         let log = Output::File(self.work_dir.join(format!("{label}.log")));

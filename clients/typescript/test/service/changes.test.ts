@@ -9,16 +9,16 @@ import { test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 
 import { OrderIsCancelled, VersionConflict } from "../../src/index.js";
-import { CancelReason, OrderStatus } from "../../src/gen/outpost/v1/order_pb.js";
+import { CancelReason, OrderStatus } from "../../src/gen/idempost/v1/order_pb.js";
 import {
   AmendOrderRequestSchema,
   CancelOrderRequestSchema,
   OrderOperation,
   type AmendOrderRequest,
-} from "../../src/gen/outpost/v1/order_service_pb.js";
+} from "../../src/gen/idempost/v1/order_service_pb.js";
 import { env, orderUnderTest, rejection, submitter } from "./env.js";
 
-const { safe, made } = submitter(env("OUTPOST_TS_TOKEN_FILE"));
+const { safe, made } = submitter(env("IDEMPOST_TS_TOKEN_FILE"));
 let orderId = 0n;
 
 /** An amendment of the order under test at `expectedVersion` to three blue mugs (total 3000). */
@@ -35,7 +35,7 @@ function amendment(requestId: string, expectedVersion: bigint, eventId = ""): Am
 
 test("an amendment of version 1 commits version 2 under the caller's event id, once", async () => {
   orderId = (await safe.submit(orderUnderTest())).orderId;
-  const eventId = env("OUTPOST_TS_AMEND_EVENT_ID");
+  const eventId = env("IDEMPOST_TS_AMEND_EVENT_ID");
 
   const amended = await safe.amend(amendment("amend-ts-1", 1n, eventId));
   const replayed = await safe.amend(amendment("amend-ts-1", 1n));

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 
 import { SafeSubmitter, connect, type CallReport, type RetryPolicy } from "../../src/index.js";
-import { SubmitOrderRequestSchema, type SubmitOrderRequest } from "../../src/gen/outpost/v1/order_service_pb.js";
+import { SubmitOrderRequestSchema, type SubmitOrderRequest } from "../../src/gen/idempost/v1/order_service_pb.js";
 
 /** The variable `name`, which the Rust test must have set. */
 export function env(name: string): string {
@@ -34,11 +34,11 @@ export function order(requestId: string, fields: Omit<MessageInitShape<typeof Su
 export function submitter(tokenFile: string | undefined, policy: Partial<RetryPolicy> = {}) {
   const calls: CallReport[] = [];
   const transport = connect({
-    target: env("OUTPOST_TS_TARGET"),
-    caFile: env("OUTPOST_TS_CA_FILE"),
+    target: env("IDEMPOST_TS_TARGET"),
+    caFile: env("IDEMPOST_TS_CA_FILE"),
     tokenFile,
     // Never the environment's token: a test without a token file sends none.
-    tokenEnv: "OUTPOST_TS_NO_TOKEN",
+    tokenEnv: "IDEMPOST_TS_NO_TOKEN",
   });
   // A generous deadline: these tests follow the protocol's paths, and on a loaded machine a
   // call that outlived a short deadline would take another path (Reconcile) than the one named.
@@ -58,7 +58,7 @@ export function submitter(tokenFile: string | undefined, policy: Partial<RetryPo
 
 /** The order under test: its request id and the event id the Rust test fixed. */
 export function orderUnderTest(): SubmitOrderRequest {
-  return order(env("OUTPOST_TS_REQUEST_ID"), { eventId: env("OUTPOST_TS_EVENT_ID") });
+  return order(env("IDEMPOST_TS_REQUEST_ID"), { eventId: env("IDEMPOST_TS_EVENT_ID") });
 }
 
 /** The error `promise` rejected with; fails when it resolved. */

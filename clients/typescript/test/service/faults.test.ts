@@ -1,5 +1,5 @@
 // One write through a fault the Rust test armed (a failpoint in the order service, or its
-// database stopped): OUTPOST_TS_EXPECT names the write (the order under test's submission, or an
+// database stopped): IDEMPOST_TS_EXPECT names the write (the order under test's submission, or an
 // amendment of it to version 2 after a submission the fault lets through) and the calls the safe
 // caller protocol must make.
 
@@ -9,10 +9,10 @@ import { test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 
 import { GaveUp, type Confirmed } from "../../src/index.js";
-import { AmendOrderRequestSchema } from "../../src/gen/outpost/v1/order_service_pb.js";
+import { AmendOrderRequestSchema } from "../../src/gen/idempost/v1/order_service_pb.js";
 import { env, orderUnderTest, rejection, submitter } from "./env.js";
 
-const expected = JSON.parse(env("OUTPOST_TS_EXPECT")) as {
+const expected = JSON.parse(env("IDEMPOST_TS_EXPECT")) as {
   /** Which write goes through the fault; submit by default. */
   write?: "submit" | "amend";
   /** `call CODE [REASON]` of every call, in order. */
@@ -26,19 +26,19 @@ const write = expected.write ?? "submit";
 /** The request id and event id of the write under test. */
 const [requestId, eventId] =
   write === "submit"
-    ? [env("OUTPOST_TS_REQUEST_ID"), env("OUTPOST_TS_EVENT_ID")]
-    : ["amend-ts-1", env("OUTPOST_TS_AMEND_EVENT_ID")];
+    ? [env("IDEMPOST_TS_REQUEST_ID"), env("IDEMPOST_TS_EVENT_ID")]
+    : ["amend-ts-1", env("IDEMPOST_TS_AMEND_EVENT_ID")];
 
 /** Sends the write under test with `safe`; an amendment first submits the order it changes. */
 async function send(safe: ReturnType<typeof submitter>["safe"]): Promise<Confirmed> {
   if (write === "submit") return safe.submit(orderUnderTest());
-  const { orderId } = await submitter(env("OUTPOST_TS_TOKEN_FILE")).safe.submit(orderUnderTest());
+  const { orderId } = await submitter(env("IDEMPOST_TS_TOKEN_FILE")).safe.submit(orderUnderTest());
   const lineItems = [{ sku: "SKU-BLUE-MUG", quantity: 3, unitPriceMinor: 1000n }];
   return safe.amend(create(AmendOrderRequestSchema, { requestId, orderId, expectedVersion: 1n, lineItems, eventId }));
 }
 
 test(`through the fault the ${write} makes the expected calls with one event id and ends ${expected.outcome}`, async () => {
-  const { safe, calls, made, sentEventIds } = submitter(env("OUTPOST_TS_TOKEN_FILE"), {
+  const { safe, calls, made, sentEventIds } = submitter(env("IDEMPOST_TS_TOKEN_FILE"), {
     maxCalls: expected.maxCalls ?? 8,
   });
 

@@ -5,14 +5,14 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { Rejected } from "../../src/index.js";
-import { OrderStatus } from "../../src/gen/outpost/v1/order_pb.js";
+import { OrderStatus } from "../../src/gen/idempost/v1/order_pb.js";
 import { env, order, orderUnderTest, rejection, submitter } from "./env.js";
 
-const eventId = env("OUTPOST_TS_EVENT_ID");
-const requestId = env("OUTPOST_TS_REQUEST_ID");
+const eventId = env("IDEMPOST_TS_EVENT_ID");
+const requestId = env("IDEMPOST_TS_REQUEST_ID");
 
 test("an order commits once under the caller's event id and its replay answers with the same order", async () => {
-  const { safe, made } = submitter(env("OUTPOST_TS_TOKEN_FILE"));
+  const { safe, made } = submitter(env("IDEMPOST_TS_TOKEN_FILE"));
 
   const committed = await safe.submit(orderUnderTest());
   const replayed = await safe.submit(order(requestId));
@@ -28,7 +28,7 @@ test("an order commits once under the caller's event id and its replay answers w
 });
 
 test("Reconcile finds the committed order by its key and says when a key never committed", async () => {
-  const { safe } = submitter(env("OUTPOST_TS_TOKEN_FILE"));
+  const { safe } = submitter(env("IDEMPOST_TS_TOKEN_FILE"));
 
   const found = await safe.reconcile(0n, requestId);
   const missing = await safe.reconcile(0n, "req-ts-never-sent");
@@ -49,7 +49,7 @@ async function refusal(promise: Promise<unknown>): Promise<string> {
 }
 
 test("a token of another tenant is refused with TENANT_MISMATCH, at once and without a retry", async () => {
-  const { safe } = submitter(env("OUTPOST_TS_OTHER_TENANT_TOKEN_FILE"));
+  const { safe } = submitter(env("IDEMPOST_TS_OTHER_TENANT_TOKEN_FILE"));
   const other = order("req-ts-other-tenant", { tenantId: 7n });
 
   assert.equal(await refusal(safe.submit(other)), "PERMISSION_DENIED TENANT_MISMATCH after 1 call(s)");
@@ -63,7 +63,7 @@ test("a call without a token is refused with TOKEN_MISSING", async () => {
 });
 
 test("an invalid order and a request id reused for other content are refused and never retried", async () => {
-  const { safe, made } = submitter(env("OUTPOST_TS_TOKEN_FILE"));
+  const { safe, made } = submitter(env("IDEMPOST_TS_TOKEN_FILE"));
 
   const invalid = await refusal(safe.submit(order("req-ts-invalid", { currency: "eur" })));
   const reused = await refusal(safe.submit(order(requestId, { currency: "USD" })));

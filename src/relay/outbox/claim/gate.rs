@@ -18,7 +18,7 @@
 //! the commit lets the next claim start while this one commits; it skips this claim's rows.
 //! Releasing earlier, once the locking read was done, measured worse (4 relays at 0.71x one):
 //! the next claim's read then overlapped this one's lease update. Each wait that runs out counts
-//! in `outpost.relay.claim_gate_timeouts`.
+//! in `idempost.relay.claim_gate_timeouts`.
 
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use crate::telemetry::metrics;
 pub(super) const WAIT: Duration = Duration::from_secs(2);
 
 /// The lock's name: one per database on the server.
-const NAME: &str = "CONCAT('outpost.relay.claim.', MD5(COALESCE(DATABASE(), '')))";
+const NAME: &str = "CONCAT('idempost.relay.claim.', MD5(COALESCE(DATABASE(), '')))";
 
 /// Whether this claim holds the gate; [`Gate::leave`] releases it.
 #[must_use = "a gate held must be left"]

@@ -35,7 +35,7 @@ pub(super) fn table(f: &Figures) -> String {
     if !f.floor.is_empty() {
         let _ = writeln!(
             t,
-            "\nraw-pipeline floor (plain SQL writes, claim+produce+mark, bare consumer; no Outpost code): {:.0}/s sustained",
+            "\nraw-pipeline floor (plain SQL writes, claim+produce+mark, bare consumer; no Idempost code): {:.0}/s sustained",
             sustain::sustained(&f.floor)
         );
         probes(&mut t, &f.floor, "kept up", "fell behind", |p| {
@@ -46,7 +46,7 @@ pub(super) fn table(f: &Figures) -> String {
         }
     }
     let sections = [
-        ("relay alone (plain SQL writes, one outpost-relay)", &f.steady_relay),
+        ("relay alone (plain SQL writes, one idempost-relay)", &f.steady_relay),
         ("whole pipeline", &f.steady_pipeline),
     ];
     for (what, search) in sections {

@@ -110,7 +110,7 @@ impl Run<'_> {
         let writer = sql::connect(&self.bench.url, 16).await?;
         let mut args = self.common_args(&self.topics.steady);
         args.extend(self.plan.relay_args.iter().cloned());
-        let mut relay = vec![self.start("outpost-relay", "relay-steady", args)?];
+        let mut relay = vec![self.start("idempost-relay", "relay-steady", args)?];
         let backlog = "SELECT COUNT(*) FROM outbox_event WHERE status <> 'PUBLISHED'";
         let published = "SELECT COUNT(*) FROM outbox_event WHERE status = 'PUBLISHED'";
         let mut events = 0;
@@ -147,7 +147,7 @@ impl Run<'_> {
         // reading those too counted their jobs against this phase's orders (a negative backlog,
         // every probe "steady").
         let topic = format!("{}-pipeline", self.topics.steady);
-        outpost_verify::create_topic(&self.plan.brokers, &topic, self.plan.partitions)
+        idempost_verify::create_topic(&self.plan.brokers, &topic, self.plan.partitions)
             .await
             .map_err(BenchError::Stuck)?;
         let (clients, mut services) = self.start_pipeline(&topic, "steady").await?;

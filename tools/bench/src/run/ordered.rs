@@ -21,10 +21,10 @@ impl Run<'_> {
     pub(super) async fn ordered(&mut self) -> Result<(), BenchError> {
         let shape = self.plan.ordered;
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let topic = |what: &str| format!("outpost-bench-ordered-{what}-{id}");
+        let topic = |what: &str| format!("idempost-bench-ordered-{what}-{id}");
         let topics = ["one-x1", "many-x1", "one-x2", "many-x2", "e2e"].map(topic);
         for topic in &topics {
-            outpost_verify::create_topic(&self.plan.brokers, topic, self.plan.partitions)
+            idempost_verify::create_topic(&self.plan.brokers, topic, self.plan.partitions)
                 .await
                 .map_err(BenchError::Stuck)?;
         }
