@@ -14,28 +14,28 @@ use crate::entity::outbox_event::{self, Column};
 
 /// The statuses of rows that still need something: a relay (PENDING, PUBLISHING) or an operator
 /// (FAILED). PUBLISHED rows need nothing and are never counted: there may be millions.
-pub(crate) const NEEDS_ATTENTION: [OutboxStatus; 3] =
+pub const NEEDS_ATTENTION: [OutboxStatus; 3] =
     [OutboxStatus::Pending, OutboxStatus::Publishing, OutboxStatus::Failed];
 
 /// The statuses of rows waiting for a relay: not published yet, and not given up.
-pub(crate) const WAITING: [OutboxStatus; 2] = [OutboxStatus::Pending, OutboxStatus::Publishing];
+pub const WAITING: [OutboxStatus; 2] = [OutboxStatus::Pending, OutboxStatus::Publishing];
 
 /// Both values of `outbox_event.held_back`: a read in creation order on `idx_outbox_ready`
 /// takes each range in turn.
-pub(crate) const HELD_BACK: [bool; 2] = [false, true];
+pub const HELD_BACK: [bool; 2] = [false, true];
 
 /// How many events still need something, and how long the oldest has waited for a relay.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Backlog {
+pub struct Backlog {
     /// Rows per status of [`NEEDS_ATTENTION`], as `(status, count)`, in that order.
-    pub(crate) by_status: Vec<(OutboxStatus, u64)>,
+    pub by_status: Vec<(OutboxStatus, u64)>,
     /// Creation time of the oldest [`WAITING`] row.
-    pub(crate) oldest_pending: Option<DateTime<Utc>>,
+    pub oldest_pending: Option<DateTime<Utc>>,
 }
 
 impl Backlog {
     /// The count of `status` (0 for PUBLISHED, which is never counted).
-    pub(crate) fn count(&self, status: OutboxStatus) -> u64 {
+    pub fn count(&self, status: OutboxStatus) -> u64 {
         self.by_status.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n)
     }
 
@@ -56,7 +56,7 @@ impl Backlog {
 /// Reads the backlog. Every query stays inside `idx_outbox_ready` (status, held_back,
 /// created_at) on the statuses that need attention, so its cost follows the backlog, never the
 /// PUBLISHED history.
-pub(crate) async fn backlog(db: &impl ConnectionTrait) -> Result<Backlog, DbErr> {
+pub async fn backlog(db: &impl ConnectionTrait) -> Result<Backlog, DbErr> {
     let stored: Vec<(String, i64)> = outbox_event::Entity::find()
         .select_only()
         .column(Column::Status)

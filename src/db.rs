@@ -7,12 +7,12 @@ mod classify;
 mod connect;
 mod dialect;
 mod failure;
-pub(crate) mod purge;
+pub mod purge;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
-pub(crate) use classify::{LockConflict, lock_conflict};
-pub(crate) use connect::ensure_migrated;
+pub use classify::{LockConflict, lock_conflict};
+pub use connect::ensure_migrated;
 pub use connect::{Pool, SchemaError, connect, connect_for};
 pub use dialect::now;
-pub(crate) use dialect::{has_skip_locked, relay_isolation, system_name};
+pub use dialect::{has_skip_locked, relay_isolation, system_name};
 pub use failure::TxFailure;

@@ -9,8 +9,8 @@ mod outbox_status;
 mod text;
 mod violation;
 
-pub(crate) use change::{CancelReason, Change, ChangeKey, ChangeOrder, Operation};
-pub(crate) use ids::{RequestId, TenantId};
-pub(crate) use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
+pub use change::{CancelReason, Change, ChangeKey, ChangeOrder, Operation};
+pub use ids::{RequestId, TenantId};
+pub use order::{CustomerId, LineItem, NewOrder, OrderStatus, Sku, SubmitOrder};
 pub use outbox_status::OutboxStatus;
-pub(crate) use violation::{FieldViolation, InvalidInput};
+pub use violation::{FieldViolation, InvalidInput};

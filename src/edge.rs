@@ -15,8 +15,10 @@ use crate::domain::{FieldViolation, InvalidInput};
 use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
 
+mod convert;
+
 /// A server span for one call, continuing the caller's trace from its request metadata.
-pub(crate) fn rpc_span(
+pub fn rpc_span(
     service: &'static str,
     method: &'static str,
     metadata: &tonic::metadata::MetadataMap,
@@ -38,7 +40,7 @@ pub(crate) fn rpc_span(
 }
 
 /// Records the call's gRPC status (and the event id an error names) on its server span.
-pub(crate) fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
+pub fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
     let code = answer.as_ref().err().map_or(Code::Ok, Status::code);
     span.record("rpc.grpc.status_code", code as i32);
     if let Err(status) = answer {
@@ -52,7 +54,7 @@ pub(crate) fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>)
 }
 
 /// A protobuf timestamp with the same microseconds the database keeps.
-pub(crate) fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
+pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {
         seconds: at.timestamp(),
         // Always below 10^9, so the cast cannot truncate.
@@ -63,7 +65,7 @@ pub(crate) fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
 /// Runs one call of `service` inside its server span: authenticates the caller (a refused caller
 /// reaches no query), runs `call` with it, turns a failure into its status with `into_status`,
 /// and records the status on the span.
-pub(crate) async fn authenticated<R, T, E, F>(
+pub async fn authenticated<R, T, E, F>(
     service: &'static str,
     method: &'static str,
     auth: &Authenticator,
@@ -97,9 +99,9 @@ where
 }
 
 /// What any admin call can fail with, whichever admin service serves it. Each admin edge's
-/// error enum holds it as `Call` (see [`from_call_error`]) beside its own refusals.
+/// error enum holds it as `Call` (see [`from_call_error`](crate::from_call_error)) beside its own refusals.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum CallError {
+pub enum CallError {
     /// The caller was refused.
     #[error(transparent)]
     Denied(#[from] AuthError),
@@ -114,7 +116,7 @@ pub(crate) enum CallError {
 impl CallError {
     /// The caller's refusal as its own status, INVALID_REQUEST naming the fields, or
     /// DATABASE_UNAVAILABLE with a correlation id and no database text.
-    pub(crate) fn into_status(self) -> Status {
+    pub fn into_status(self) -> Status {
         let message = self.to_string();
         match self {
             Self::Denied(refused) => refusal_status(refused, HashMap::new()),
@@ -140,11 +142,11 @@ impl CallError {
 }
 
 /// The `ErrorInfo.metadata` key of the id that ties an error a caller got to its log record.
-pub(crate) const CORRELATION_ID: &str = "correlation_id";
+pub const CORRELATION_ID: &str = "correlation_id";
 
 /// Logs an internal failure (database or broker text, constraint names, values) at WARN under a
 /// new correlation id, and answers the id: callers get the id, never the text.
-pub(crate) fn incident(what: &str, error: &dyn std::fmt::Display) -> String {
+pub fn incident(what: &str, error: &dyn std::fmt::Display) -> String {
     let id = uuid::Uuid::new_v4().simple().to_string();
     tracing::warn!(correlation_id = %id, error = %error, "{what}");
     id
@@ -152,13 +154,15 @@ pub(crate) fn incident(what: &str, error: &dyn std::fmt::Display) -> String {
 
 /// The status of a refused caller: its code and reason, counted and logged by
 /// [`crate::security::note_refusal`].
-pub(crate) fn refusal_status(refused: AuthError, metadata: HashMap<String, String>) -> Status {
+pub fn refusal_status(refused: AuthError, metadata: HashMap<String, String>) -> Status {
     crate::security::note_refusal(refused);
     error_status(refused.code(), refused.reason(), refused.to_string(), metadata, None)
 }
 
 /// `From` every [`CallError`] cause for an admin edge's error enum with a `Call(CallError)`
-/// variant, so `?` works on refusals, invalid input and database errors alike.
+/// variant, so `?` works on refusals, invalid input and database errors alike. Exported at the
+/// crate root, as macros are, for the services' admin edges.
+#[macro_export]
 macro_rules! from_call_error {
     ($error:ty) => {
         impl From<$crate::security::AuthError> for $error {
@@ -178,11 +182,10 @@ macro_rules! from_call_error {
         }
     };
 }
-pub(crate) use from_call_error;
 
 /// An error status with its `ErrorInfo` (this domain, `reason`, `metadata`) and, for an invalid
 /// request, a `BadRequest` naming every violated field.
-pub(crate) fn error_status(
+pub fn error_status(
     code: Code,
     reason: &str,
     message: String,
@@ -198,7 +201,7 @@ pub(crate) fn error_status(
 }
 
 /// The canonical form of the event id in `text`, or the violation of the `event_id` field.
-pub(crate) fn parse_event_id(text: &str) -> Result<String, InvalidInput> {
+pub fn parse_event_id(text: &str) -> Result<String, InvalidInput> {
     EventId::parse(text)
         .map(|id| id.to_string())
         .map_err(|e| InvalidInput { violations: vec![FieldViolation::new("event_id", e)] })
@@ -210,7 +213,7 @@ const DEFAULT_LIMIT: u32 = 100;
 
 /// A listing's `limit`: 0 means the default; past the maximum is a violation of `limit`, recorded
 /// in `violations` (and the default stands in).
-pub(crate) fn limit(value: u32, violations: &mut Vec<FieldViolation>) -> u32 {
+pub fn limit(value: u32, violations: &mut Vec<FieldViolation>) -> u32 {
     match value {
         0 => DEFAULT_LIMIT,
         n if n <= MAX_LIMIT => n,
@@ -223,11 +226,11 @@ pub(crate) fn limit(value: u32, violations: &mut Vec<FieldViolation>) -> u32 {
 
 /// The longest window a request may give: a cut-off further back than this is no retention at
 /// all, and would reach past what the databases' timestamps hold.
-pub(crate) const MAX_WINDOW: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+pub const MAX_WINDOW: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A window given as a proto duration: absent means `default`; a negative one or one longer than
 /// [`MAX_WINDOW`] is a violation of `field`, recorded in `violations` (and `default` stands in).
-pub(crate) fn window(
+pub fn window(
     field: &str,
     value: Option<prost_types::Duration>,
     default: std::time::Duration,
@@ -237,7 +240,7 @@ pub(crate) fn window(
 }
 
 /// A window that may be absent ([`window`] without a default).
-pub(crate) fn optional_window(
+pub fn optional_window(
     field: &str,
     value: Option<prost_types::Duration>,
     violations: &mut Vec<FieldViolation>,

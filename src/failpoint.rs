@@ -46,11 +46,11 @@ pub const BREAK_OFFSET_COMMIT_BEFORE_LOCAL_COMMIT: &str = "BREAK_OFFSET_COMMIT_B
 /// In the relay's publisher, armed `return(<aggregate id>)`: every publish of that aggregate's
 /// events fails as a record the broker refused, so each spends an attempt and backs off (and is
 /// FAILED once its attempts are used up); other aggregates publish normally.
-pub(crate) const RELAY_PUBLISH_REJECTED_FOR_AGGREGATE: &str = "RELAY_PUBLISH_REJECTED_FOR_AGGREGATE";
+pub const RELAY_PUBLISH_REJECTED_FOR_AGGREGATE: &str = "RELAY_PUBLISH_REJECTED_FOR_AGGREGATE";
 
 /// Whether a test armed a `BREAK_*` switch. The switches exist so that the verifier can be shown
 /// to catch the guarantee each one breaks; without the `failpoints` feature they are always off.
-pub(crate) fn broken(switch: &'static str) -> bool {
+pub fn broken(switch: &'static str) -> bool {
     hit(switch).is_err()
 }
 
@@ -73,7 +73,7 @@ pub const ALLOW_FAILPOINTS: &str = "IDEMPOST_ALLOW_FAILPOINTS";
 pub struct FailpointsNotAllowed;
 
 /// Whether this binary was built with the `failpoints` feature.
-pub(crate) const COMPILED_IN: bool = cfg!(feature = "failpoints");
+pub const COMPILED_IN: bool = cfg!(feature = "failpoints");
 
 /// Arms failpoints from the `FAILPOINTS` environment variable (`NAME=ACTION;NAME=ACTION`), so
 /// that tests and the verifier can inject faults into real service processes; call it once
@@ -98,7 +98,7 @@ pub fn arm_from_env() -> Result<(), FailpointsNotAllowed> {
 }
 
 /// The argument a test armed `point` with (`return(<argument>)`), if it armed it.
-pub(crate) fn argument(point: &'static str) -> Option<String> {
+pub fn argument(point: &'static str) -> Option<String> {
     #[cfg(feature = "failpoints")]
     if let Some(argument) = fail::eval(point, |argument| argument) {
         return argument;
@@ -109,7 +109,7 @@ pub(crate) fn argument(point: &'static str) -> Option<String> {
 
 /// Passes through `point`: `Err` when a test armed it to fail.
 #[allow(clippy::unnecessary_wraps)] // fallible only with the `failpoints` feature
-pub(crate) fn hit(point: &'static str) -> Result<(), Injected> {
+pub fn hit(point: &'static str) -> Result<(), Injected> {
     #[cfg(feature = "failpoints")]
     if let Some(action) = fail::eval(point, |arg| arg) {
         if action.as_deref() == Some("abort") {

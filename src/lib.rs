@@ -7,19 +7,16 @@
 //! local effect.
 
 pub mod backlog;
-pub mod consumer;
 pub mod contract;
 pub mod db;
 pub mod domain;
-mod edge;
-mod entity;
+pub mod edge;
+pub mod entity;
 pub mod failpoint;
-pub mod order;
-pub mod relay;
 pub mod secret;
 pub mod security;
 pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;
-mod wake;
+pub mod wake;

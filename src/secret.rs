@@ -65,7 +65,7 @@ pub fn database_url(inline: &str, file: Option<&Path>) -> Result<String, SecretE
 /// Kafka client options: `inline` (the `--kafka-option` flags or their environment variable),
 /// then those of `file`, one `KEY=VALUE` a line (blank lines and lines starting with `#` are
 /// skipped). An option in the file overrides the same key given inline.
-pub(crate) fn kafka_options(
+pub fn kafka_options(
     inline: &[(String, String)],
     file: Option<&Path>,
 ) -> Result<Vec<(String, String)>, SecretError> {

@@ -11,9 +11,9 @@ mod settings;
 mod tls;
 
 pub use auth::AuthConfigError;
-pub(crate) use auth::{AuthError, Authenticator, Caller};
-pub(crate) use listener::Listener;
+pub use auth::{AuthError, Authenticator, Caller};
+pub use listener::Listener;
 pub use listener::ListenerError;
-pub(crate) use refusals::note_refusal;
+pub use refusals::note_refusal;
 pub use settings::{AuthMode, AuthSettings, ListenerSettings, SecuritySettings};
 pub use tls::TlsError;

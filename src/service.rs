@@ -52,10 +52,7 @@ pub enum ReadyError {
 
 /// Writes the bound `listeners` (`name=address`, one a line) to `path` when it is set: how a
 /// service started on port 0 tells whoever started it which ports it got.
-pub(crate) fn write_port_file(
-    path: Option<&Path>,
-    listeners: &[(&str, SocketAddr)],
-) -> Result<(), ReadyError> {
+pub fn write_port_file(path: Option<&Path>, listeners: &[(&str, SocketAddr)]) -> Result<(), ReadyError> {
     let Some(path) = path else { return Ok(()) };
     port_file::write(path, listeners).map_err(|source| ReadyError::PortFile { path: path.to_owned(), source })
 }
@@ -66,7 +63,7 @@ pub async fn open_database(url: &str, max_connections: u32) -> Result<DatabaseCo
 }
 
 /// [`open_database`], with the sessions set up for `pool`.
-pub(crate) async fn open_database_for(
+pub async fn open_database_for(
     url: &str,
     max_connections: u32,
     pool: db::Pool,
@@ -79,21 +76,21 @@ pub(crate) async fn open_database_for(
 /// A pool of one connection to `url` that only health checks use: callers' calls saturating the
 /// service's own pool cannot make a database that answers look down (NOT_SERVING). Connects
 /// lazily, like the main pool, and again after the database comes back.
-pub(crate) async fn open_health_connection(url: &str) -> Result<DatabaseConnection, ReadyError> {
+pub async fn open_health_connection(url: &str) -> Result<DatabaseConnection, ReadyError> {
     db::connect(url, 1).await.map_err(ReadyError::Database)
 }
 
 /// How often each service re-checks what its health depends on.
-pub(crate) const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One health check's verdict: `None` when it passes, or why it fails.
-pub(crate) type Verdict = Option<String>;
+pub type Verdict = Option<String>;
 
 /// A service's `grpc.health.v1` status, kept truthful: NOT_SERVING while any of its checks fails
 /// or while it drains, SERVING otherwise. Every change is logged (with the failing check and
 /// why) and mirrored in the `idempost.health.serving` and `idempost.health.failing` gauges.
 #[derive(Debug, Clone)]
-pub(crate) struct Health {
+pub struct Health {
     reporter: HealthReporter,
     service: &'static str,
     names: &'static [&'static str],
@@ -110,7 +107,7 @@ struct HealthState {
 impl Health {
     /// Reports for `service` (the metric attribute) under each gRPC service name in `names`
     /// (`""` is the whole server). Starts SERVING.
-    pub(crate) async fn new(
+    pub async fn new(
         reporter: HealthReporter,
         service: &'static str,
         names: &'static [&'static str],
@@ -121,7 +118,7 @@ impl Health {
     }
 
     /// Records every check's verdict; the status is SERVING exactly when none failed.
-    pub(crate) async fn update(&self, checks: &[(&'static str, Verdict)]) {
+    pub async fn update(&self, checks: &[(&'static str, Verdict)]) {
         let change = {
             let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for (check, verdict) in checks {
@@ -160,7 +157,7 @@ impl Health {
     }
 
     /// Reports NOT_SERVING for good: the service is draining.
-    pub(crate) async fn draining(&self) {
+    pub async fn draining(&self) {
         if let Ok(mut state) = self.state.lock() {
             state.draining = true;
             state.reported = Some(false);
@@ -184,7 +181,7 @@ impl Health {
 /// start, until `stopped` turns true; never when `every` is zero. A slow purge delays the next one
 /// instead of piling up; a failed one is logged and tried again at the next period: nothing
 /// depends on it finishing.
-pub(crate) async fn purge_periodically<F, Fut, E>(
+pub async fn purge_periodically<F, Fut, E>(
     table: &'static str,
     every: Duration,
     mut stopped: watch::Receiver<bool>,
@@ -214,7 +211,7 @@ pub(crate) async fn purge_periodically<F, Fut, E>(
 
 /// Whether the database answers within the check interval, asked on the health checks' own
 /// connection ([`open_health_connection`]).
-pub(crate) async fn database_verdict(db: &DatabaseConnection) -> Verdict {
+pub async fn database_verdict(db: &DatabaseConnection) -> Verdict {
     match tokio::time::timeout(2 * HEALTH_INTERVAL, db.ping()).await {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(format!("the database does not answer: {e}")),
@@ -227,7 +224,7 @@ pub(crate) async fn database_verdict(db: &DatabaseConnection) -> Verdict {
 /// while its checks pass ([`HealthEndpoint::health`]), NOT_SERVING while one fails or once it
 /// drains.
 #[derive(Debug)]
-pub(crate) struct HealthEndpoint {
+pub struct HealthEndpoint {
     health: Health,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -235,18 +232,14 @@ pub(crate) struct HealthEndpoint {
 impl HealthEndpoint {
     /// Serves health for `service` on `listener` (with its TLS and load limits) until `stop`
     /// turns true.
-    pub(crate) async fn serve(
-        listener: Listener,
-        service: &'static str,
-        stop: watch::Receiver<bool>,
-    ) -> Self {
+    pub async fn serve(listener: Listener, service: &'static str, stop: watch::Receiver<bool>) -> Self {
         let routes = tonic::service::Routes::default();
         Self::serve_with(listener, service, routes, &Authenticator::none(), stop).await
     }
 
     /// Serves health for `service` and `routes` (whose callers `auth` checks) on `listener`
     /// (with its TLS and load limits) until `stop` turns true.
-    pub(crate) async fn serve_with(
+    pub async fn serve_with(
         listener: Listener,
         service: &'static str,
         routes: tonic::service::Routes,
@@ -266,17 +259,17 @@ impl HealthEndpoint {
     }
 
     /// The status this endpoint serves, for the service's checks to update.
-    pub(crate) fn health(&self) -> Health {
+    pub fn health(&self) -> Health {
         self.health.clone()
     }
 
     /// Reports NOT_SERVING: the service is draining.
-    pub(crate) async fn draining(&self) {
+    pub async fn draining(&self) {
         self.health.draining().await;
     }
 
     /// Waits for the server to stop (after `stop` turned true).
-    pub(crate) async fn stopped(self) -> Result<(), tonic::transport::Error> {
+    pub async fn stopped(self) -> Result<(), tonic::transport::Error> {
         match self.server.await {
             Ok(result) => result,
             // The task only ends by returning; a panic in it is a bug worth surfacing loudly.

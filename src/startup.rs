@@ -45,7 +45,7 @@ pub fn exit<E: Display>(service: &str, outcome: Result<(), E>) -> ExitCode {
 }
 
 /// Parses a `KEY=VALUE` setting, such as a pass-through Kafka client option.
-pub(crate) fn parse_key_value(text: &str) -> Result<(String, String), String> {
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.trim().to_owned())),
         _ => Err(format!("`{text}` is not KEY=VALUE")),

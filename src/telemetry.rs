@@ -21,10 +21,10 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::{EnvFilter, Layer, filter::Targets, fmt, prelude::*};
 
-pub(crate) use context::{
+pub use context::{
     TraceHeaders, context_from, follow, grpc_context, inject_into, record_trace_id, trace_id_of,
 };
-pub(crate) use metrics::metrics;
+pub use metrics::metrics;
 
 /// The exporters of one process; [`Telemetry::shutdown`] flushes what they still hold.
 #[derive(Debug, Default)]

@@ -25,7 +25,7 @@ const WAKE_GAP: Duration = Duration::from_millis(5);
 
 /// Sends wake-ups to a fixed set of relays. Cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct WakeSender {
+pub struct WakeSender {
     /// Holds at most one pending round: a wake-up that finds one pending is covered by it, since
     /// that round is sent after it.
     pending: Option<mpsc::Sender<()>>,
@@ -35,7 +35,7 @@ impl WakeSender {
     /// A sender to `relays`, sending from a task of its own that ends when the last clone is
     /// dropped; with no relays it sends nothing. Fails only if no local UDP socket can be opened.
     /// Must be called inside a Tokio runtime.
-    pub(crate) fn new(relays: &[SocketAddr]) -> std::io::Result<Self> {
+    pub fn new(relays: &[SocketAddr]) -> std::io::Result<Self> {
         if relays.is_empty() {
             return Ok(Self::default());
         }
@@ -54,7 +54,7 @@ impl WakeSender {
     /// Asks for a round of wake-ups sent after this call, without waiting and without failing:
     /// it is sent at once, or at most [`WAKE_GAP`] after the previous round, and one round
     /// answers every call made before it is sent.
-    pub(crate) fn wake(&self) {
+    pub fn wake(&self) {
         if let Some(pending) = &self.pending {
             // Full means a round is pending and not yet sent: it covers this commit too.
             let _ = pending.try_send(());
@@ -78,27 +78,27 @@ async fn send_rounds(socket: std::net::UdpSocket, relays: Vec<SocketAddr>, mut r
 
 /// A relay's wake-up port: datagrams arriving on it end the relay's idle wait early.
 #[derive(Debug)]
-pub(crate) struct WakeListener {
+pub struct WakeListener {
     socket: UdpSocket,
     port: u16,
 }
 
 impl WakeListener {
     /// Binds `address` (port 0 picks a free port).
-    pub(crate) async fn bind(address: SocketAddr) -> std::io::Result<Self> {
+    pub async fn bind(address: SocketAddr) -> std::io::Result<Self> {
         let socket = UdpSocket::bind(address).await?;
         let port = socket.local_addr()?.port();
         Ok(Self { socket, port })
     }
 
     /// The bound port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.port
     }
 
     /// Notifies `wake` for every wake-up datagram until `stop` turns true. A flood coalesces
     /// into one pending notification, and the relay limits how often it polls.
-    pub(crate) async fn run(self, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
         let mut buffer = [0_u8; 64];
         while !*stop.borrow() {
             tokio::select! {

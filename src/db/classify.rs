@@ -43,7 +43,7 @@ impl UniqueKey {
     ];
 
     /// A key of the order tables: one a submission can clash with.
-    pub(crate) const fn is_order_key(self) -> bool {
+    pub const fn is_order_key(self) -> bool {
         matches!(
             self,
             Self::OrdersTenantRequest
@@ -54,12 +54,12 @@ impl UniqueKey {
     }
 
     /// A key on an event id (rather than on a request's key).
-    pub(crate) const fn is_event_key(self) -> bool {
+    pub const fn is_event_key(self) -> bool {
         matches!(self, Self::OrdersAcceptanceEvent | Self::OrderVersionEvent)
     }
 
     /// The constraint's name in the schema.
-    pub(crate) const fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Self::OrdersTenantRequest => "uq_orders_tenant_request",
             Self::OrdersAcceptanceEvent => "uq_orders_acceptance_event",
@@ -139,7 +139,7 @@ fn sqlite_unique_key(code: Option<&str>, message: &str) -> Option<UniqueKey> {
 /// timeout); once the caller's own rollback is confirmed, nothing of the transaction remains
 /// and it may run again with the same ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockConflict {
+pub enum LockConflict {
     /// MySQL/MariaDB 1213, PostgreSQL 40P01 (and 40001, a serialization failure).
     Deadlock,
     /// MySQL/MariaDB 1205, PostgreSQL 55P03, SQLite `SQLITE_BUSY` after its busy timeout.
@@ -148,7 +148,7 @@ pub(crate) enum LockConflict {
 
 impl LockConflict {
     /// A short name for logs and metric attributes.
-    pub(crate) const fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Deadlock => "deadlock",
             Self::LockWaitTimeout => "lock_wait_timeout",
@@ -158,7 +158,7 @@ impl LockConflict {
     /// The wait before retry `retry` (1-based) of a lock-conflict victim: a random point in the
     /// upper half of 10 ms doubled per retry (at most 1.28 s), so victims of one conflict do not
     /// collide again in step.
-    pub(crate) fn backoff(retry: u32) -> std::time::Duration {
+    pub fn backoff(retry: u32) -> std::time::Duration {
         const LOCK_CONFLICT: Backoff =
             Backoff::new(Duration::from_millis(10), Duration::from_millis(1280)).jittered();
         LOCK_CONFLICT.delay(retry)
@@ -166,7 +166,7 @@ impl LockConflict {
 }
 
 /// The lock conflict `err` reports, if it is one.
-pub(crate) fn lock_conflict(err: &DbErr) -> Option<LockConflict> {
+pub fn lock_conflict(err: &DbErr) -> Option<LockConflict> {
     let db_err = database_error(err)?;
     if let Some(e) = db_err.try_downcast_ref::<MySqlDatabaseError>() {
         return mysql_lock_conflict(e.number());
@@ -209,16 +209,16 @@ fn sqlite_lock_conflict(code: Option<&str>) -> Option<LockConflict> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ErrorFacts {
     /// The SQLSTATE, where the backend reports one.
-    pub(crate) sqlstate: Option<String>,
+    pub sqlstate: Option<String>,
     /// The backend's own error number (MySQL error number, SQLite extended result code).
-    pub(crate) vendor_code: Option<String>,
+    pub vendor_code: Option<String>,
     /// The violated constraint, where the backend names it.
-    pub(crate) constraint: Option<String>,
+    pub constraint: Option<String>,
 }
 
 impl ErrorFacts {
     /// Reads the facts out of `err`; all `None` when it did not come from the database server.
-    pub(crate) fn of(err: &DbErr) -> Self {
+    pub fn of(err: &DbErr) -> Self {
         let Some(db_err) = database_error(err) else {
             return Self::default();
         };

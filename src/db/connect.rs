@@ -99,7 +99,7 @@ pub enum SchemaError {
 /// Fails unless every migration this binary knows has been applied. Writes nothing.
 ///
 /// Migrating is a deploy step (`idempost-migrate up`), never a side effect of starting a service.
-pub(crate) async fn ensure_migrated(db: &DatabaseConnection) -> Result<(), SchemaError> {
+pub async fn ensure_migrated(db: &DatabaseConnection) -> Result<(), SchemaError> {
     let pending = Migrator::get_pending_migrations_read_only(db).await.map_err(SchemaError::Unreadable)?;
     if pending.is_empty() {
         Ok(())

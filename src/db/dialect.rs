@@ -37,7 +37,7 @@ pub async fn now(conn: &impl ConnectionTrait) -> Result<DateTime<Utc>, DbErr> {
 /// Whether the backend can lock rows with `FOR UPDATE SKIP LOCKED`, letting concurrent workers
 /// take disjoint batches without waiting. SQLite cannot, but it has only one writer at a time, so
 /// a single `UPDATE … RETURNING` claims atomically there.
-pub(crate) fn has_skip_locked(conn: &impl ConnectionTrait) -> bool {
+pub fn has_skip_locked(conn: &impl ConnectionTrait) -> bool {
     conn.get_database_backend() != DbBackend::Sqlite
 }
 
@@ -48,12 +48,12 @@ pub(crate) fn has_skip_locked(conn: &impl ConnectionTrait) -> bool {
 /// leases. Under the default REPEATABLE READ the claim's range locks blocked the order
 /// service's inserts and crossed other relays' claims and marks: deadlocks. PostgreSQL has no
 /// gap locks (its default stays), and SQLite has one writer at a time.
-pub(crate) fn relay_isolation(conn: &impl ConnectionTrait) -> Option<IsolationLevel> {
+pub fn relay_isolation(conn: &impl ConnectionTrait) -> Option<IsolationLevel> {
     (conn.get_database_backend() == DbBackend::MySql).then_some(IsolationLevel::ReadCommitted)
 }
 
 /// The OpenTelemetry `db.system.name` of the backend.
-pub(crate) fn system_name(conn: &impl ConnectionTrait) -> &'static str {
+pub fn system_name(conn: &impl ConnectionTrait) -> &'static str {
     match conn.get_database_backend() {
         DbBackend::MySql => "mysql",
         DbBackend::Postgres => "postgresql",

@@ -24,7 +24,7 @@ pub enum TxFailure {
 
 impl TxFailure {
     /// The database error, unless the failure was injected.
-    pub(crate) fn db_err(&self) -> Option<&DbErr> {
+    pub fn db_err(&self) -> Option<&DbErr> {
         match self {
             Self::Database { source, .. } => Some(source),
             Self::Injected(_) => None,

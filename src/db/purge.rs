@@ -10,7 +10,7 @@ use sea_orm::{
 };
 
 /// `at - age`, refusing an age beyond what timestamps can hold.
-pub(crate) fn before(at: DateTime<Utc>, age: Duration) -> Result<DateTime<Utc>, DbErr> {
+pub fn before(at: DateTime<Utc>, age: Duration) -> Result<DateTime<Utc>, DbErr> {
     chrono::Duration::from_std(age)
         .ok()
         .and_then(|age| at.checked_sub_signed(age))
@@ -24,7 +24,7 @@ pub(crate) fn before(at: DateTime<Utc>, age: Duration) -> Result<DateTime<Utc>, 
 /// several instances purging at once only ever delete eligible rows (a row that changed since
 /// the select stays), and no statement holds locks for long. When the database fails, batches
 /// already deleted stay deleted; none is half done.
-pub(crate) async fn delete_in_batches<E, K>(
+pub async fn delete_in_batches<E, K>(
     db: &DatabaseConnection,
     eligible: Condition,
     key: E::Column,

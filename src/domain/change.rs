@@ -7,7 +7,7 @@ use super::violation::{FieldViolation, InvalidInput};
 
 /// Which operation used an idempotency key; every operation of a tenant shares one key space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Operation {
+pub enum Operation {
     /// SubmitOrder: version 1 of a new order.
     Submit,
     /// AmendOrder.
@@ -18,7 +18,7 @@ pub(crate) enum Operation {
 
 impl Operation {
     /// The spelling stored in `order_version.operation`.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Submit => "SUBMIT",
             Self::Amend => "AMEND",
@@ -27,14 +27,14 @@ impl Operation {
     }
 
     /// Reads a stored operation; `None` for one this version does not know.
-    pub(crate) fn from_stored(text: &str) -> Option<Self> {
+    pub fn from_stored(text: &str) -> Option<Self> {
         [Self::Submit, Self::Amend, Self::Cancel].into_iter().find(|o| o.as_str() == text)
     }
 }
 
 /// Why an order was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CancelReason {
+pub enum CancelReason {
     /// The customer asked for it.
     CustomerRequest,
     /// The goods cannot be supplied.
@@ -49,7 +49,7 @@ pub(crate) enum CancelReason {
 
 impl CancelReason {
     /// A stable name, used in the content fingerprint.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::CustomerRequest => "CUSTOMER_REQUEST",
             Self::OutOfStock => "OUT_OF_STOCK",
@@ -62,7 +62,7 @@ impl CancelReason {
 
 /// What a change does to an order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Change {
+pub enum Change {
     /// Replaces the customer and/or all lines; at least one of the two is given.
     Amend {
         /// The new customer; `None` keeps it.
@@ -81,44 +81,44 @@ pub(crate) enum Change {
 
 /// A request to change an existing order, keyed by `(tenant_id, request_id)` like a submission.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ChangeOrder {
+pub struct ChangeOrder {
     /// The owning tenant.
-    pub(crate) tenant_id: TenantId,
+    pub tenant_id: TenantId,
     /// The caller's idempotency key of this change, in the tenant's one key space.
-    pub(crate) request_id: RequestId,
+    pub request_id: RequestId,
     /// The caller's event id, if it made one; otherwise the server makes one before the
     /// transaction begins.
-    pub(crate) event_id: Option<EventId>,
+    pub event_id: Option<EventId>,
     /// The order to change (greater than zero).
-    pub(crate) order_id: i64,
+    pub order_id: i64,
     /// The version the caller read (at least 1); the change commits only at it.
-    pub(crate) expected_version: i64,
+    pub expected_version: i64,
     /// What the change does.
-    pub(crate) change: Change,
+    pub change: Change,
 }
 
 /// The fields every change request carries, as received.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ChangeKey {
+pub struct ChangeKey {
     /// `tenant_id`.
-    pub(crate) tenant_id: i64,
+    pub tenant_id: i64,
     /// `request_id`.
-    pub(crate) request_id: String,
+    pub request_id: String,
     /// `event_id`, empty when the server is to make one.
-    pub(crate) event_id: String,
+    pub event_id: String,
     /// `order_id`.
-    pub(crate) order_id: i64,
+    pub order_id: i64,
     /// `expected_version`.
-    pub(crate) expected_version: i64,
+    pub expected_version: i64,
 }
 
 impl ChangeOrder {
     /// The longest cancellation note, in characters.
-    pub(crate) const MAX_NOTE_CHARS: usize = 512;
+    pub const MAX_NOTE_CHARS: usize = 512;
 
     /// Validates an amendment: raw lines (empty keeps them) and customer (empty keeps it), at
     /// least one of the two given. Reports every violation at once.
-    pub(crate) fn amend(
+    pub fn amend(
         key: ChangeKey,
         customer_id: String,
         lines: Vec<(String, u32, i64)>,
@@ -142,11 +142,7 @@ impl ChangeOrder {
 
     /// Validates a cancellation; `reason` is `None` when the request named none this version
     /// knows.
-    pub(crate) fn cancel(
-        key: ChangeKey,
-        reason: Option<CancelReason>,
-        note: String,
-    ) -> Result<Self, InvalidInput> {
+    pub fn cancel(key: ChangeKey, reason: Option<CancelReason>, note: String) -> Result<Self, InvalidInput> {
         let mut violations = Vec::new();
         let reason = reason
             .ok_or_else(|| violations.push(FieldViolation::new("reason", "must name a cancel reason")))
@@ -199,7 +195,7 @@ impl ChangeOrder {
     }
 
     /// The operation this change is.
-    pub(crate) fn operation(&self) -> Operation {
+    pub fn operation(&self) -> Operation {
         match self.change {
             Change::Amend { .. } => Operation::Amend,
             Change::Cancel { .. } => Operation::Cancel,
@@ -207,7 +203,7 @@ impl ChangeOrder {
     }
 
     /// The version the change makes.
-    pub(crate) fn new_version(&self) -> i64 {
+    pub fn new_version(&self) -> i64 {
         self.expected_version + 1
     }
 
@@ -217,7 +213,7 @@ impl ChangeOrder {
     ///
     /// Hashed as text with one field per line: every field is a number or visible ASCII except
     /// the note, which comes last, so no two changes share a text.
-    pub(crate) fn fingerprint(&self) -> String {
+    pub fn fingerprint(&self) -> String {
         let mut text =
             format!("{}\n{}\n{}\n", self.operation().as_str(), self.order_id, self.expected_version);
         match &self.change {

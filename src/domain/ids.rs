@@ -4,16 +4,16 @@ use super::text::is_visible_ascii;
 
 /// The tenant that owns an order: a positive integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct TenantId(i64);
+pub struct TenantId(i64);
 
 impl TenantId {
     /// Accepts only values greater than zero.
-    pub(crate) fn new(value: i64) -> Result<Self, &'static str> {
+    pub fn new(value: i64) -> Result<Self, &'static str> {
         if value > 0 { Ok(Self(value)) } else { Err("must be greater than zero") }
     }
 
     /// The raw value.
-    pub(crate) fn get(self) -> i64 {
+    pub fn get(self) -> i64 {
         self.0
     }
 }
@@ -26,14 +26,14 @@ impl fmt::Display for TenantId {
 
 /// The caller's idempotency key within a tenant: 1 to 128 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct RequestId(String);
+pub struct RequestId(String);
 
 impl RequestId {
     /// The longest request id accepted, in bytes.
-    pub(crate) const MAX_LEN: usize = 128;
+    pub const MAX_LEN: usize = 128;
 
     /// Accepts 1 to [`Self::MAX_LEN`] visible ASCII characters.
-    pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
         if is_visible_ascii(&value, Self::MAX_LEN) {
             Ok(Self(value))
@@ -43,7 +43,7 @@ impl RequestId {
     }
 
     /// The key as text.
-    pub(crate) fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         &self.0
     }
 }

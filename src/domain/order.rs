@@ -1,7 +1,7 @@
 use std::str::FromStr;
 
-use iso_currency::Currency;
 use idempost_proto::EventId;
+use iso_currency::Currency;
 
 use super::ids::{RequestId, TenantId};
 use super::text::{is_visible_ascii, sha256_hex};
@@ -9,7 +9,7 @@ use super::violation::{FieldViolation, InvalidInput};
 
 /// Where an order is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OrderStatus {
+pub enum OrderStatus {
     /// The order and its acceptance event committed together; amendments keep it here.
     Accepted,
     /// Cancelled: final, no change is accepted after it.
@@ -18,7 +18,7 @@ pub(crate) enum OrderStatus {
 
 impl OrderStatus {
     /// The spelling stored in `orders.status`.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Accepted => "ACCEPTED",
             Self::Cancelled => "CANCELLED",
@@ -26,18 +26,18 @@ impl OrderStatus {
     }
 
     /// Reads a stored status; `None` for one this version does not know.
-    pub(crate) fn from_stored(text: &str) -> Option<Self> {
+    pub fn from_stored(text: &str) -> Option<Self> {
         [Self::Accepted, Self::Cancelled].into_iter().find(|s| s.as_str() == text)
     }
 }
 
 /// The ordering customer: 1 to 128 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CustomerId(String);
+pub struct CustomerId(String);
 
 impl CustomerId {
     /// Accepts 1 to 128 visible ASCII characters.
-    pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
         if is_visible_ascii(&value, 128) {
             Ok(Self(value))
@@ -47,18 +47,18 @@ impl CustomerId {
     }
 
     /// The id as text.
-    pub(crate) fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 /// A stock keeping unit: 1 to 64 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Sku(String);
+pub struct Sku(String);
 
 impl Sku {
     /// Accepts 1 to 64 visible ASCII characters.
-    pub(crate) fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
+    pub fn parse(value: impl Into<String>) -> Result<Self, &'static str> {
         let value = value.into();
         if is_visible_ascii(&value, 64) {
             Ok(Self(value))
@@ -68,27 +68,27 @@ impl Sku {
     }
 
     /// The SKU as text.
-    pub(crate) fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 /// One priced line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LineItem {
+pub struct LineItem {
     /// What is ordered.
-    pub(crate) sku: Sku,
+    pub sku: Sku,
     /// How many units: 1 to [`LineItem::MAX_QUANTITY`].
-    pub(crate) quantity: u32,
+    pub quantity: u32,
     /// Price of one unit in minor units: 1 to [`LineItem::MAX_UNIT_PRICE_MINOR`].
-    pub(crate) unit_price_minor: i64,
+    pub unit_price_minor: i64,
 }
 
 impl LineItem {
     /// The most units one line may order.
-    pub(crate) const MAX_QUANTITY: u32 = 10_000;
+    pub const MAX_QUANTITY: u32 = 10_000;
     /// The highest unit price, in minor units.
-    pub(crate) const MAX_UNIT_PRICE_MINOR: i64 = 1_000_000_000_000;
+    pub const MAX_UNIT_PRICE_MINOR: i64 = 1_000_000_000_000;
 }
 
 /// Appends one `sku quantity unit_price_minor` line per item: an unambiguous text, since a SKU is
@@ -101,7 +101,7 @@ pub(super) fn push_lines(text: &mut String, lines: &[LineItem]) {
 
 /// An order's facts as submitted, validated and totalled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NewOrder {
+pub struct NewOrder {
     customer_id: CustomerId,
     currency: String,
     lines: Vec<LineItem>,
@@ -110,12 +110,12 @@ pub(crate) struct NewOrder {
 
 impl NewOrder {
     /// The most lines one order may have.
-    pub(crate) const MAX_LINES: usize = 100;
+    pub const MAX_LINES: usize = 100;
 
     /// Validates raw facts, collecting every violation under the caller's field names.
     ///
     /// `lines` holds raw `(sku, quantity, unit_price_minor)` triples.
-    pub(crate) fn parse(
+    pub fn parse(
         customer_id: String,
         currency: String,
         lines: Vec<(String, u32, i64)>,
@@ -143,7 +143,7 @@ impl NewOrder {
 
     /// Validates 1 to [`Self::MAX_LINES`] raw `(sku, quantity, unit_price_minor)` lines under the
     /// field `line_items`, and totals them. `None` when any violation was recorded.
-    pub(crate) fn parse_lines(
+    pub fn parse_lines(
         lines: Vec<(String, u32, i64)>,
         violations: &mut Vec<FieldViolation>,
     ) -> Option<(Vec<LineItem>, i64)> {
@@ -178,7 +178,7 @@ impl NewOrder {
     }
 
     /// Rebuilds an order from stored facts, which were validated when they were accepted.
-    pub(crate) fn from_stored(
+    pub fn from_stored(
         customer_id: CustomerId,
         currency: String,
         lines: Vec<LineItem>,
@@ -188,29 +188,29 @@ impl NewOrder {
     }
 
     /// The ordering customer.
-    pub(crate) fn customer_id(&self) -> &CustomerId {
+    pub fn customer_id(&self) -> &CustomerId {
         &self.customer_id
     }
 
     /// The ISO 4217 currency code.
-    pub(crate) fn currency(&self) -> &str {
+    pub fn currency(&self) -> &str {
         &self.currency
     }
 
     /// The lines in the order submitted.
-    pub(crate) fn lines(&self) -> &[LineItem] {
+    pub fn lines(&self) -> &[LineItem] {
         &self.lines
     }
 
     /// Sum of quantity times unit price over all lines, in minor units.
-    pub(crate) fn total_minor(&self) -> i64 {
+    pub fn total_minor(&self) -> i64 {
         self.total_minor
     }
 
     /// SHA-256 (lower-case hex) of the facts as submitted: kept with the order's first version,
     /// so that a resubmission is still told from a reused key once amendments changed the
     /// order.
-    pub(crate) fn fingerprint(&self) -> String {
+    pub fn fingerprint(&self) -> String {
         let mut text = format!("SUBMIT\n{}\n{}\n", self.customer_id.as_str(), self.currency);
         push_lines(&mut text, &self.lines);
         sha256_hex(&text)
@@ -219,21 +219,21 @@ impl NewOrder {
 
 /// A request to accept an order, keyed by `(tenant_id, request_id)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SubmitOrder {
+pub struct SubmitOrder {
     /// The owning tenant.
-    pub(crate) tenant_id: TenantId,
+    pub tenant_id: TenantId,
     /// The caller's idempotency key within the tenant.
-    pub(crate) request_id: RequestId,
+    pub request_id: RequestId,
     /// The caller's event id, if it made one; otherwise the server makes one before the
     /// transaction begins.
-    pub(crate) event_id: Option<EventId>,
+    pub event_id: Option<EventId>,
     /// The order's facts.
-    pub(crate) order: NewOrder,
+    pub order: NewOrder,
 }
 
 impl SubmitOrder {
     /// Validates every field, reporting all violations at once.
-    pub(crate) fn parse(
+    pub fn parse(
         tenant_id: i64,
         request_id: String,
         event_id: &str,

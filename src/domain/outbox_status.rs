@@ -26,7 +26,7 @@ impl OutboxStatus {
     }
 
     /// Reads a stored status; `None` for one this version does not know.
-    pub(crate) fn from_stored(text: &str) -> Option<Self> {
+    pub fn from_stored(text: &str) -> Option<Self> {
         [Self::Pending, Self::Publishing, Self::Published, Self::Failed]
             .into_iter()
             .find(|s| s.as_str() == text)

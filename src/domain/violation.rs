@@ -2,30 +2,30 @@ use std::fmt;
 
 /// One invalid field of a request, named as the caller spelled it (`line_items[2].quantity`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FieldViolation {
+pub struct FieldViolation {
     /// The field's path in the request.
-    pub(crate) field: String,
+    pub field: String,
     /// What is wrong with it, in words a caller can act on.
-    pub(crate) description: String,
+    pub description: String,
 }
 
 impl FieldViolation {
     /// A violation of `field`.
-    pub(crate) fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
         Self { field: field.into(), description: description.into() }
     }
 }
 
 /// A request that failed validation; it lists every invalid field, not just the first.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) struct InvalidInput {
+pub struct InvalidInput {
     /// At least one violation.
-    pub(crate) violations: Vec<FieldViolation>,
+    pub violations: Vec<FieldViolation>,
 }
 
 impl InvalidInput {
     /// Turns collected violations into an error, or `Ok` when there are none.
-    pub(crate) fn check(violations: Vec<FieldViolation>) -> Result<(), Self> {
+    pub fn check(violations: Vec<FieldViolation>) -> Result<(), Self> {
         if violations.is_empty() { Ok(()) } else { Err(Self { violations }) }
     }
 }

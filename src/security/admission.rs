@@ -86,7 +86,7 @@ fn refused(why: AuthError) -> Refusal {
 
 /// The layer built by [`CallLimits::admitting`].
 #[derive(Debug, Clone)]
-pub(crate) struct Admission {
+pub struct Admission {
     limits: CallLimits,
     auth: Authenticator,
 }
@@ -101,7 +101,7 @@ impl<S> Layer<S> for Admission {
 
 /// A service behind [`Admission`].
 #[derive(Debug, Clone)]
-pub(crate) struct Limited<S> {
+pub struct Limited<S> {
     inner: S,
     admission: Admission,
 }

@@ -23,7 +23,7 @@ use crate::telemetry::metrics;
 
 /// Why a call was refused before it did anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum AuthError {
+pub enum AuthError {
     /// No `authorization: Bearer` metadata.
     #[error("the call carries no bearer token: send `authorization: Bearer <JWT>`")]
     TokenMissing,
@@ -43,7 +43,7 @@ pub(crate) enum AuthError {
 
 impl AuthError {
     /// The gRPC code: UNAUTHENTICATED for the token, PERMISSION_DENIED for what it allows.
-    pub(crate) fn code(self) -> Code {
+    pub fn code(self) -> Code {
         match self {
             Self::TokenMissing | Self::TokenInvalid | Self::TokenExpired => Code::Unauthenticated,
             Self::TenantMismatch | Self::ScopeMissing => Code::PermissionDenied,
@@ -51,7 +51,7 @@ impl AuthError {
     }
 
     /// `ErrorInfo.reason`.
-    pub(crate) fn reason(self) -> &'static str {
+    pub fn reason(self) -> &'static str {
         match self {
             Self::TokenMissing => "TOKEN_MISSING",
             Self::TokenInvalid => "TOKEN_INVALID",
@@ -64,13 +64,13 @@ impl AuthError {
 
 /// The authenticated caller of one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Caller {
+pub struct Caller {
     /// The token's `sub`; `None` only with `--auth none`.
-    pub(crate) subject: Option<String>,
+    pub subject: Option<String>,
     /// The tenant the token was issued for, if it names one.
-    pub(crate) tenant: Option<i64>,
+    pub tenant: Option<i64>,
     /// Whether the token carries the operator scope (always with `--auth none`).
-    pub(crate) operator: bool,
+    pub operator: bool,
 }
 
 impl Caller {
@@ -81,7 +81,7 @@ impl Caller {
 
     /// The tenant a write acts for: a request `tenant_id` of 0 takes the token's; any other
     /// must equal it. Operators write only for the tenant their token names, too.
-    pub(crate) fn tenant_for_write(&self, requested: i64) -> Result<i64, AuthError> {
+    pub fn tenant_for_write(&self, requested: i64) -> Result<i64, AuthError> {
         if self.subject.is_none() {
             return Ok(requested);
         }
@@ -92,7 +92,7 @@ impl Caller {
     }
 
     /// The tenant a read by key may look at: the token's, or any with the operator scope.
-    pub(crate) fn tenant_for_read(&self, requested: i64) -> Result<i64, AuthError> {
+    pub fn tenant_for_read(&self, requested: i64) -> Result<i64, AuthError> {
         match self.tenant {
             Some(tenant) if requested == 0 => Ok(tenant),
             _ if self.operator => Ok(requested),
@@ -101,12 +101,12 @@ impl Caller {
     }
 
     /// Whether rows of `tenant` are visible to this caller.
-    pub(crate) fn may_read(&self, tenant: i64) -> bool {
+    pub fn may_read(&self, tenant: i64) -> bool {
         self.operator || self.tenant == Some(tenant)
     }
 
     /// Refuses callers without the operator scope.
-    pub(crate) fn require_operator(&self) -> Result<(), AuthError> {
+    pub fn require_operator(&self) -> Result<(), AuthError> {
         if self.operator { Ok(()) } else { Err(AuthError::ScopeMissing) }
     }
 }
@@ -140,7 +140,7 @@ pub enum AuthConfigError {
 
 /// Checks the bearer tokens of calls. Cheap to clone; clones share the keys.
 #[derive(Debug, Clone)]
-pub(crate) struct Authenticator {
+pub struct Authenticator {
     jwt: Option<Arc<Jwt>>,
 }
 
@@ -186,7 +186,7 @@ struct Key {
 impl Authenticator {
     /// The authenticator the settings ask for; `listeners` are every address the service
     /// listens on (`--auth none` requires them all to be loopback).
-    pub(crate) fn from_settings(
+    pub fn from_settings(
         settings: &AuthSettings,
         listeners: &[std::net::SocketAddr],
     ) -> Result<Self, AuthConfigError> {
@@ -225,18 +225,18 @@ impl Authenticator {
     }
 
     /// No authentication (`--auth none`).
-    pub(crate) fn none() -> Self {
+    pub fn none() -> Self {
         Self { jwt: None }
     }
 
     /// Who is calling, from the call's `authorization` metadata.
-    pub(crate) fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
         self.authenticate_header(metadata.get("authorization").map(|value| value.as_bytes()))
     }
 
     /// Who is calling: the caller the listener authenticated before admitting `request`, or
     /// (outside a listener) the one its metadata names.
-    pub(crate) fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, AuthError> {
+    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, AuthError> {
         match request.extensions().get::<Caller>() {
             Some(caller) => Ok(caller.clone()),
             None => self.authenticate(request.metadata()),
@@ -245,7 +245,7 @@ impl Authenticator {
 
     /// Who is calling, from the value of its `authorization` header: what a listener checks
     /// before the call holds anything.
-    pub(crate) fn authenticate_header(&self, authorization: Option<&[u8]>) -> Result<Caller, AuthError> {
+    pub fn authenticate_header(&self, authorization: Option<&[u8]>) -> Result<Caller, AuthError> {
         let Some(jwt) = &self.jwt else {
             return Ok(Caller::unauthenticated());
         };
@@ -258,7 +258,7 @@ impl Authenticator {
     /// parses replaces the keys, even with none (revoking every key); a file that cannot be read
     /// or parsed keeps the previous keys, sets `idempost.auth.jwks.stale` to 1 and is logged at
     /// WARN once per change of the file, not at every check.
-    pub(crate) async fn watch(self, every: Duration, mut stop: watch::Receiver<bool>) {
+    pub async fn watch(self, every: Duration, mut stop: watch::Receiver<bool>) {
         let Some(jwt) = self.jwt else { return };
         let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let mut ticks = tokio::time::interval(every.max(Duration::from_millis(100)));

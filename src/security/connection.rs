@@ -162,11 +162,11 @@ impl Admitted {
 /// What every call on one connection shares: its own call permits, whether it serves health
 /// checks only, and when it last had nothing in flight.
 #[derive(Debug)]
-pub(crate) struct ConnectionState {
+pub struct ConnectionState {
     /// This connection's share of its listener's calls.
-    pub(crate) calls: Arc<Semaphore>,
+    pub calls: Arc<Semaphore>,
     /// Accepted past a limit: only health checks are answered on it.
-    pub(crate) health_only: bool,
+    pub health_only: bool,
     in_flight: AtomicUsize,
     idle_since: Mutex<Instant>,
 }
@@ -182,7 +182,7 @@ impl ConnectionState {
     }
 
     /// Marks a request in flight until the returned guard is dropped (when its answer is sent).
-    pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
+    pub fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(Arc::clone(self))
     }
@@ -198,7 +198,7 @@ impl ConnectionState {
 
 /// One request in flight on a connection.
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<ConnectionState>);
+pub struct InFlight(Arc<ConnectionState>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -209,10 +209,10 @@ impl Drop for InFlight {
 
 /// What the server knows of a connection in every request's extensions: its peer and its state.
 #[derive(Debug, Clone)]
-pub(crate) struct ConnectionInfo {
+pub struct ConnectionInfo {
     #[allow(dead_code)] // the peer, for whoever reads the extensions
-    pub(crate) tcp: TcpConnectInfo,
-    pub(crate) state: Arc<ConnectionState>,
+    pub tcp: TcpConnectInfo,
+    pub state: Arc<ConnectionState>,
 }
 
 /// The transport of an accepted connection: plaintext (loopback, or `--allow-plaintext`) or TLS.
@@ -224,7 +224,7 @@ pub(crate) enum Io {
 
 /// An accepted connection: closed (its reads end) once it has been idle for its idle timeout.
 #[derive(Debug)]
-pub(crate) struct Connection {
+pub struct Connection {
     io: Io,
     info: ConnectionInfo,
     idle: Pin<Box<Sleep>>,

@@ -55,7 +55,7 @@ pub(crate) type LimitedServer = tonic::transport::Server<Stack<Admission, Identi
 
 /// A bound gRPC listener with its security and load settings.
 #[derive(Debug)]
-pub(crate) struct Listener {
+pub struct Listener {
     tcp: TcpListener,
     port: u16,
     tls: Option<ReloadingTls>,
@@ -80,10 +80,7 @@ impl Listener {
     /// Refuses plaintext on an address other hosts can reach, unless `allow_plaintext` says
     /// something in front encrypts. It reads only the settings, so a service checks it before
     /// connecting to anything: a policy error must not wait behind a database or a broker.
-    pub(crate) fn check_plaintext(
-        addr: SocketAddr,
-        settings: &ListenerSettings,
-    ) -> Result<(), ListenerError> {
+    pub fn check_plaintext(addr: SocketAddr, settings: &ListenerSettings) -> Result<(), ListenerError> {
         let tls = settings.tls_cert.is_some() && settings.tls_key.is_some();
         if tls || addr.ip().is_loopback() || settings.allow_plaintext {
             Ok(())
@@ -94,7 +91,7 @@ impl Listener {
 
     /// Checks the plaintext policy, loads the TLS files and binds `addr` (port 0 picks a free
     /// port).
-    pub(crate) async fn bind(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
+    pub async fn bind(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
         Self::check_plaintext(addr, settings)?;
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(ReloadingTls::load(TlsFiles {
@@ -139,19 +136,19 @@ impl Listener {
     }
 
     /// The bound port.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.port
     }
 
     /// Whether the listener serves TLS.
-    pub(crate) fn is_tls(&self) -> bool {
+    pub fn is_tls(&self) -> bool {
         self.tls.is_some()
     }
 
     /// A server that refuses callers `auth` does not accept before they hold anything, with this
     /// listener's concurrency limits (a call past them is answered RESOURCE_EXHAUSTED at once;
     /// health checks are always admitted), body and call deadlines, and HTTP/2 bounds.
-    pub(crate) fn server(&self, auth: &Authenticator) -> LimitedServer {
+    pub fn server(&self, auth: &Authenticator) -> LimitedServer {
         let http2 = self.http2;
         // The call timeout is ours, not tonic's `Server::timeout`, which answers CANCELLED.
         tonic::transport::Server::builder()
@@ -165,7 +162,7 @@ impl Listener {
 
     /// The accepted connections, TLS already negotiated. Handshakes run on their own tasks, so a
     /// slow client delays nobody; certificates are re-read every `reload_every` and on SIGHUP.
-    pub(crate) fn incoming(self) -> impl Stream<Item = Result<Connection, std::io::Error>> + Send + 'static {
+    pub fn incoming(self) -> impl Stream<Item = Result<Connection, std::io::Error>> + Send + 'static {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(accept(self.tcp, self.tls, Arc::new(self.connections), self.reload_every, tx));
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|conn| (Ok(conn), rx)) })

@@ -18,7 +18,7 @@ static WARNINGS: LazyLock<Mutex<HashMap<&'static str, RateLimit>>> = LazyLock::n
 
 /// Records one refused call: DEBUG, the `idempost.calls.refused` counter, and the reason's WARN
 /// when a minute has passed since its last one. Only the reason: never the token.
-pub(crate) fn note_refusal(refused: AuthError) {
+pub fn note_refusal(refused: AuthError) {
     let reason = refused.reason();
     tracing::debug!(reason, "call refused");
     metrics().calls_refused.add(1, &[KeyValue::new("reason", reason)]);

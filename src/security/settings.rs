@@ -23,7 +23,7 @@ pub struct ListenerSettings {
     /// Serve without TLS on a non-loopback address (a warning says so at start-up). Without it
     /// such a listener refuses to start.
     #[arg(long, env = "IDEMPOST_ALLOW_PLAINTEXT")]
-    pub(crate) allow_plaintext: bool,
+    pub allow_plaintext: bool,
 
     /// Most calls one listener runs at once; past it a call is answered RESOURCE_EXHAUSTED at
     /// once instead of queueing for a database connection. A call holds no permit before its
@@ -52,7 +52,7 @@ pub struct ListenerSettings {
     /// of its open-file limit) a new connection is closed at once, except a few kept for health
     /// checks only, and `idempost.listener.connections_shed` counts it.
     #[arg(long, env = "IDEMPOST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub(crate) max_connections: u32,
+    pub max_connections: u32,
 
     /// Most TLS handshakes one listener runs at once; past it a new connection is closed at once
     /// (and counted). Each handshake must also finish within 10 s.
@@ -62,7 +62,7 @@ pub struct ListenerSettings {
     /// Most HTTP/2 streams a client may open at once on one connection (the
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` the server announces); health checks count too.
     #[arg(long, env = "IDEMPOST_MAX_CONCURRENT_STREAMS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub(crate) max_concurrent_streams: u32,
+    pub max_concurrent_streams: u32,
 
     /// Most `grpc.health.v1.Health/Watch` streams one listener serves at once; past it a Watch
     /// is answered RESOURCE_EXHAUSTED. A stream lives at most as long as its connection.
@@ -71,20 +71,20 @@ pub struct ListenerSettings {
 
     /// A connection with no call in flight for this long is closed.
     #[arg(long, env = "IDEMPOST_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub(crate) idle_timeout: Duration,
+    pub idle_timeout: Duration,
 
     /// A connection open this long is asked to go away (HTTP/2 GOAWAY: the client reconnects)
     /// and closed once its calls finish, or after one more `--call-timeout` at the latest.
     #[arg(long, env = "IDEMPOST_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
-    pub(crate) max_connection_age: Duration,
+    pub max_connection_age: Duration,
 
     /// How often an HTTP/2 PING checks that a connection's client is still there.
     #[arg(long, env = "IDEMPOST_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub(crate) keepalive_interval: Duration,
+    pub keepalive_interval: Duration,
 
     /// A connection whose client does not answer a PING within this is closed.
     #[arg(long, env = "IDEMPOST_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub(crate) keepalive_timeout: Duration,
+    pub keepalive_timeout: Duration,
 
     /// How often the certificate, key, client CA and JWKS files are checked for changes.
     #[arg(long, env = "IDEMPOST_RELOAD_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -93,7 +93,7 @@ pub struct ListenerSettings {
 
 impl ListenerSettings {
     /// These settings with `limit` as the concurrency limit unless one was set.
-    pub(crate) fn limited_by_default(&self, limit: u32) -> Self {
+    pub fn limited_by_default(&self, limit: u32) -> Self {
         Self { max_concurrent_calls: Some(self.max_concurrent_calls.unwrap_or(limit)), ..self.clone() }
     }
 }
@@ -188,7 +188,7 @@ fn parse_leeway(text: &str) -> Result<Duration, String> {
 
 impl AuthSettings {
     /// No authentication: for tests and embedding on loopback.
-    pub(crate) fn none() -> Self {
+    pub fn none() -> Self {
         Self {
             auth: AuthMode::None,
             auth_jwks: None,
@@ -213,7 +213,7 @@ impl AuthSettings {
     }
 
     /// Whether the listener at `addr` serves reflection.
-    pub(crate) fn reflection_on(&self, addr: SocketAddr) -> bool {
+    pub fn reflection_on(&self, addr: SocketAddr) -> bool {
         self.reflection.unwrap_or_else(|| addr.ip().is_loopback())
     }
 }
@@ -231,7 +231,7 @@ pub struct SecuritySettings {
 
 impl SecuritySettings {
     /// Plaintext and no authentication: only valid on loopback (tests, embedding).
-    pub(crate) fn loopback() -> Self {
+    pub fn loopback() -> Self {
         Self { listeners: ListenerSettings::default(), auth: AuthSettings::none() }
     }
 }

@@ -40,11 +40,11 @@ pub enum TlsError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TlsFiles {
     /// PEM certificate chain, leaf first.
-    pub(crate) cert: PathBuf,
+    pub cert: PathBuf,
     /// PEM private key.
-    pub(crate) key: PathBuf,
+    pub key: PathBuf,
     /// PEM CA bundle clients' certificates must chain to (mutual TLS), if any.
-    pub(crate) client_ca: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// The bytes a config was built from, to tell whether the files changed.

@@ -10,16 +10,16 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// A span context in W3C form, as stored in `outbox_event.traceparent` / `tracestate`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct TraceHeaders {
+pub struct TraceHeaders {
     /// The `traceparent` header; `None` when no trace is active.
-    pub(crate) traceparent: Option<String>,
+    pub traceparent: Option<String>,
     /// The `tracestate` header, when there is one.
-    pub(crate) tracestate: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl TraceHeaders {
     /// The context of `span`; empty when tracing export is off.
-    pub(crate) fn of(span: &Span) -> Self {
+    pub fn of(span: &Span) -> Self {
         let mut headers = HashMap::new();
         opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&span.context(), &mut headers));
         Self {
@@ -51,7 +51,7 @@ fn fit_tracestate(tracestate: &str, max: usize) -> Option<String> {
 }
 
 /// The context described by stored W3C headers; an empty context when there are none.
-pub(crate) fn context_from(traceparent: Option<&str>, tracestate: Option<&str>) -> Context {
+pub fn context_from(traceparent: Option<&str>, tracestate: Option<&str>) -> Context {
     let mut headers = HashMap::new();
     if let Some(traceparent) = traceparent {
         headers.insert("traceparent".to_owned(), traceparent.to_owned());
@@ -64,14 +64,14 @@ pub(crate) fn context_from(traceparent: Option<&str>, tracestate: Option<&str>) 
 
 /// The trace id of a stored `traceparent` (`<version>-<trace id>-<span id>-<flags>`) as 32
 /// lower-case hex digits; `None` when it holds none (malformed, or the all-zero invalid id).
-pub(crate) fn trace_id_of(traceparent: &str) -> Option<String> {
+pub fn trace_id_of(traceparent: &str) -> Option<String> {
     let trace = traceparent.split('-').nth(1).filter(|t| t.len() == 32)?;
     let id = opentelemetry::trace::TraceId::from_hex(trace).ok()?;
     (id != opentelemetry::trace::TraceId::INVALID).then(|| id.to_string())
 }
 
 /// Makes `span` continue `parent`, if `parent` holds a span context.
-pub(crate) fn follow(span: &Span, parent: Context) {
+pub fn follow(span: &Span, parent: Context) {
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }
@@ -79,7 +79,7 @@ pub(crate) fn follow(span: &Span, parent: Context) {
 }
 
 /// Writes `span`'s trace id into its `trace_id` field, so logs can be matched to traces.
-pub(crate) fn record_trace_id(span: &Span) {
+pub fn record_trace_id(span: &Span) {
     let context = span.context();
     let span_context = context.span().span_context().clone();
     if span_context.is_valid() {
@@ -88,7 +88,7 @@ pub(crate) fn record_trace_id(span: &Span) {
 }
 
 /// The context a gRPC caller sent in its request metadata.
-pub(crate) fn grpc_context(metadata: &tonic::metadata::MetadataMap) -> Context {
+pub fn grpc_context(metadata: &tonic::metadata::MetadataMap) -> Context {
     struct Metadata<'a>(&'a tonic::metadata::MetadataMap);
     impl Extractor for Metadata<'_> {
         fn get(&self, key: &str) -> Option<&str> {
@@ -108,7 +108,7 @@ pub(crate) fn grpc_context(metadata: &tonic::metadata::MetadataMap) -> Context {
 }
 
 /// Writes `span`'s context as W3C headers through `set(name, value)`.
-pub(crate) fn inject_into(span: &Span, mut set: impl FnMut(&str, String)) {
+pub fn inject_into(span: &Span, mut set: impl FnMut(&str, String)) {
     struct Setter<'a, F: FnMut(&str, String)>(&'a mut F);
     impl<F: FnMut(&str, String)> Injector for Setter<'_, F> {
         fn set(&mut self, key: &str, value: String) {

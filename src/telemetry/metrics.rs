@@ -6,64 +6,64 @@ use opentelemetry::metrics::{Counter, Gauge, Histogram};
 
 /// Every instrument Idempost records. Durations are in seconds.
 #[derive(Debug)]
-pub(crate) struct Metrics {
+pub struct Metrics {
     /// Outbox rows per status (attribute `idempost.outbox.status`).
-    pub(crate) outbox_backlog: Gauge<u64>,
+    pub outbox_backlog: Gauge<u64>,
     /// Age of the oldest PENDING or PUBLISHING outbox row.
-    pub(crate) outbox_oldest_pending_age: Gauge<f64>,
+    pub outbox_oldest_pending_age: Gauge<f64>,
     /// From the event's creation to the broker's confirm.
-    pub(crate) publish_latency: Histogram<f64>,
+    pub publish_latency: Histogram<f64>,
     /// Events confirmed and marked PUBLISHED.
-    pub(crate) published: Counter<u64>,
+    pub published: Counter<u64>,
     /// Marks and releases that found the lease taken over.
-    pub(crate) lease_losses: Counter<u64>,
+    pub lease_losses: Counter<u64>,
     /// Failed publishes released for a retry.
-    pub(crate) releases: Counter<u64>,
+    pub releases: Counter<u64>,
     /// Relay statements that lost a lock conflict and ran again (attribute `idempost.relay.phase`:
     /// `claim` or `record`); the relay's statements are meant never to wait on each other.
-    pub(crate) relay_lock_conflicts: Counter<u64>,
+    pub relay_lock_conflicts: Counter<u64>,
     /// Claims that waited the whole of the claim gate's wait and claimed without it
     /// (MariaDB/MySQL).
-    pub(crate) claim_gate_timeouts: Counter<u64>,
+    pub claim_gate_timeouts: Counter<u64>,
     /// Idle waits ended early by a wake-up from the order service.
-    pub(crate) wakeups: Counter<u64>,
+    pub wakeups: Counter<u64>,
     /// Events moved to FAILED.
-    pub(crate) failed: Counter<u64>,
+    pub failed: Counter<u64>,
     /// From receiving a record to committing its effect.
-    pub(crate) consume_latency: Histogram<f64>,
+    pub consume_latency: Histogram<f64>,
     /// Events whose effect committed.
-    pub(crate) consumed: Counter<u64>,
+    pub consumed: Counter<u64>,
     /// Deliveries of events already consumed.
-    pub(crate) duplicates: Counter<u64>,
+    pub duplicates: Counter<u64>,
     /// Records stored in the dead-letter table.
-    pub(crate) dead_letters: Counter<u64>,
+    pub dead_letters: Counter<u64>,
     /// Order transactions run again after a deadlock or lock-wait timeout (attribute `reason`).
-    pub(crate) order_lock_retries: Counter<u64>,
+    pub order_lock_retries: Counter<u64>,
     /// Orders per group-commit transaction.
-    pub(crate) order_batch_size: Histogram<u64>,
+    pub order_batch_size: Histogram<u64>,
     /// Set-based writes of a group-commit batch (attribute `outcome`: `written` or `fell_back`).
-    pub(crate) order_batch_set_writes: Counter<u64>,
+    pub order_batch_set_writes: Counter<u64>,
     /// Calls refused for their credentials or scope (attribute `reason`, the ErrorInfo reason).
-    pub(crate) calls_refused: Counter<u64>,
+    pub calls_refused: Counter<u64>,
     /// 1 while the service reports SERVING, 0 while NOT_SERVING (attribute `idempost.service`).
-    pub(crate) health_serving: Gauge<u64>,
+    pub health_serving: Gauge<u64>,
     /// 1 while a health check fails, 0 while it passes (attributes `idempost.service`,
     /// `idempost.health.check`).
-    pub(crate) health_failing: Gauge<u64>,
+    pub health_failing: Gauge<u64>,
     /// Kafka producers the relay replaced after a fatal error or a run of rejected batches.
-    pub(crate) producer_rebuilds: Counter<u64>,
+    pub producer_rebuilds: Counter<u64>,
     /// Kafka consumers the consumer replaced after a fatal error.
-    pub(crate) client_rebuilds: Counter<u64>,
+    pub client_rebuilds: Counter<u64>,
     /// 1 in a binary built with the test-only `failpoints` feature, else 0.
-    pub(crate) failpoints_compiled_in: Gauge<u64>,
+    pub failpoints_compiled_in: Gauge<u64>,
     /// New connections a listener did not serve in full (attributes `idempost.shed.reason`:
     /// `connections`, `descriptors` or `handshakes`; `idempost.shed.action`: `closed` or
     /// `health_only`).
-    pub(crate) connections_shed: Counter<u64>,
+    pub connections_shed: Counter<u64>,
     /// Signature keys in force for bearer tokens; 0 refuses every token.
-    pub(crate) auth_jwks_keys: Gauge<u64>,
+    pub auth_jwks_keys: Gauge<u64>,
     /// 1 while the JWKS file cannot be read or parsed and the keys read before stay in force.
-    pub(crate) auth_jwks_stale: Gauge<u64>,
+    pub auth_jwks_stale: Gauge<u64>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -184,6 +184,6 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 });
 
 /// The instruments; the first call binds them to the global meter provider.
-pub(crate) fn metrics() -> &'static Metrics {
+pub fn metrics() -> &'static Metrics {
     &METRICS
 }

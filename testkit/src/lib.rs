@@ -3,15 +3,27 @@
 //! broker per test, private database servers, certificates and tokens, an OTLP receiver, SQL
 //! placeholders per backend, topic names, and the port files the services write.
 //!
-//! It knows nothing of the `idempost` library (whose tests use it): everything here is generic.
+//! It also holds the harness every test of a service uses (`spawn_app` in the zero-to-production
+//! style: [`order::TestOrder`]), fresh databases per backend ([`db`]), the one bound tests wait
+//! with ([`wait::WAIT`]) and in-process failpoints. It knows the core library and the services;
+//! none of them knows it, except as a dev-dependency of their tests.
 //! Test support fails loudly: a set-up step that cannot happen panics with what went wrong.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod broker;
+pub mod db;
+#[cfg(feature = "failpoints")]
+pub mod failpoint;
+pub mod in_process;
+pub mod order;
 pub mod otlp;
+pub mod outbox;
 pub mod pki;
 pub mod ports;
 pub mod private_db;
 pub mod process;
+pub mod service;
 pub mod sql;
+pub mod status;
 pub mod topic;
+pub mod wait;

@@ -13,15 +13,15 @@ use tonic::transport::Channel;
 
 use crate::broker::TestBroker;
 use crate::helpers::{
-    Backend, InProcess, TestApp, TestDb, assert_eventually, on_every_backend, order, reason, service_binary,
-    violated_fields,
+    Backend, InProcess, TestDb, TestOrder, assert_eventually, on_every_backend, order, reason,
+    service_binary, violated_fields,
 };
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// Runs `sql`, written with `?` placeholders, on the order service's database.
-async fn exec(app: &TestApp, sql: &str, values: Vec<Value>) {
+async fn exec(app: &TestOrder, sql: &str, values: Vec<Value>) {
     exec_on(&app.conn, sql, values).await;
 }
 
@@ -44,14 +44,14 @@ impl ConsumerSide {
         database_url: &str,
         broker: &TestBroker,
         topic: &str,
-        adjust: impl FnOnce(&mut idempost::consumer::Settings),
+        adjust: impl FnOnce(&mut idempost_consumer::Settings),
     ) -> Self {
-        let mut settings = idempost::consumer::Settings::new(database_url, broker.address());
+        let mut settings = idempost_consumer::Settings::new(database_url, broker.address());
         settings.topic = topic.to_owned();
         settings.group_id = Some(format!("admin-{topic}"));
         settings.shutdown_grace = Duration::from_secs(5);
         adjust(&mut settings);
-        let consumer = idempost::consumer::Application::build(settings).await.unwrap();
+        let consumer = idempost_consumer::Application::build(settings).await.unwrap();
         let port = consumer.port();
         let service = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
         let admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
@@ -71,7 +71,7 @@ impl ConsumerSide {
     }
 
     /// `idempostctl` flags for the order service of `app` and this consumer.
-    fn ctl_urls(&self, app: &TestApp) -> [String; 2] {
+    fn ctl_urls(&self, app: &TestOrder) -> [String; 2] {
         [
             format!("--admin-url=http://127.0.0.1:{}", app.admin_port),
             format!("--consumer-admin-url=http://127.0.0.1:{}", self.port),
@@ -91,20 +91,20 @@ fn ago(age: Duration) -> chrono::DateTime<Utc> {
     Utc::now() - chrono::Duration::from_std(age).unwrap()
 }
 
-async fn timeline(app: &TestApp, event_id: &str) -> Result<pb::EventTimeline, tonic::Status> {
+async fn timeline(app: &TestOrder, event_id: &str) -> Result<pb::EventTimeline, tonic::Status> {
     let request = pb::GetEventTimelineRequest { event_id: event_id.to_owned() };
     app.admin.clone().get_event_timeline(request).await.map(|r| r.into_inner().timeline.unwrap())
 }
 
 async fn backlog(
-    app: &TestApp,
+    app: &TestOrder,
     request: pb::ListBacklogRequest,
 ) -> Result<pb::ListBacklogResponse, tonic::Status> {
     app.admin.clone().list_backlog(request).await.map(tonic::Response::into_inner)
 }
 
 async fn redrive(
-    app: &TestApp,
+    app: &TestOrder,
     event_id: &str,
     by: &str,
     why: &str,
@@ -117,7 +117,7 @@ async fn redrive(
     app.admin.clone().redrive(request).await.map(|r| r.into_inner().outbox.unwrap())
 }
 
-async fn purge(app: &TestApp, request: pb::PurgeRequest) -> Result<pb::PurgeResponse, tonic::Status> {
+async fn purge(app: &TestOrder, request: pb::PurgeRequest) -> Result<pb::PurgeResponse, tonic::Status> {
     app.admin.clone().purge(request).await.map(tonic::Response::into_inner)
 }
 
@@ -130,10 +130,10 @@ on_every_backend!(
 );
 
 async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let accepted = app.submit(order(11, "timeline-1")).await.unwrap();
     // A second version of the order: the timeline of either event lists both, each with its state.
-    let amend = crate::change_order::amend("timeline-amend-1", accepted.order_id, 1, 3);
+    let amend = idempost_testkit::order::amend("timeline-amend-1", accepted.order_id, 1, 3);
     let amended = app.amend(pb::AmendOrderRequest { tenant_id: 11, ..amend }).await.unwrap();
 
     // Before the relay runs: the order and a PENDING row, nothing consumed.
@@ -199,7 +199,7 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
     assert_eq!(json["notificationJob"]["orderId"], accepted.order_id);
     assert!(json["consumerSideUnavailable"].is_null());
     // Every version of the order, with its event's state on both sides.
-    let applied = format!("applied by {}", idempost::consumer::DEFAULT_CONSUMER_NAME);
+    let applied = format!("applied by {}", idempost_consumer::DEFAULT_CONSUMER_NAME);
     let versions: Vec<_> = json["orderEvents"]
         .as_array()
         .unwrap()
@@ -251,9 +251,9 @@ async fn the_timeline_follows_an_event_from_its_order_to_its_effect(backend: Bac
 /// backlog reads the two kinds of PENDING row as separate ranges of one index, and still lists
 /// and ages them as one, oldest first.
 async fn a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let accepted = app.submit(order(12, "held-accepted")).await.unwrap();
-    let amend = crate::change_order::amend("held-amend", accepted.order_id, 1, 3);
+    let amend = idempost_testkit::order::amend("held-amend", accepted.order_id, 1, 3);
     let amended = app.amend(pb::AmendOrderRequest { tenant_id: 12, ..amend }).await.unwrap();
     let other = app.submit(order(12, "held-other")).await.unwrap().event_id;
     let held = app
@@ -293,16 +293,16 @@ async fn a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending(ba
     app.stop().await;
 }
 
-async fn start_relay(app: &TestApp, broker: &TestBroker, topic: &str) -> InProcess {
-    let mut relay_settings = idempost::relay::Settings::new(&app.db.url, broker.address());
+async fn start_relay(app: &TestOrder, broker: &TestBroker, topic: &str) -> InProcess {
+    let mut relay_settings = idempost_relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.to_owned();
     relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = idempost::relay::Application::build(relay_settings).await.unwrap();
+    let relay = idempost_relay::Application::build(relay_settings).await.unwrap();
     InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown))
 }
 
 async fn the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_attention(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let mut ids = Vec::new();
     for i in 0..3 {
         ids.push(app.submit(order(12, &format!("backlog-{i}"))).await.unwrap().event_id);
@@ -348,7 +348,7 @@ async fn the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_att
 }
 
 async fn redrive_returns_only_a_failed_event_to_pending_and_records_who_and_why(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let failed = app.submit(order(13, "redrive-1")).await.unwrap().event_id;
     let leased = app.submit(order(13, "redrive-2")).await.unwrap().event_id;
     exec(
@@ -399,7 +399,7 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
     // Published rows kept 1 hour on the order side; on the consumer side (here on the same
     // database) a horizon of 14 days (broker retention plus replay window) and dedup rows kept 30
     // days. Two rows per batch on both sides, so each purge needs several batches.
-    let app = TestApp::spawn_with(backend, |s| {
+    let app = TestOrder::spawn_with(backend, |s| {
         s.outbox_retention = Duration::from_secs(3600);
         s.purge_batch_size = 2;
         s.purge_every = Duration::ZERO;
@@ -508,7 +508,7 @@ on_every_backend!(a_consumer_on_its_own_database_answers_for_its_tables_and_idem
 async fn a_consumer_on_its_own_database_answers_for_its_tables_and_idempostctl_joins_both_sides(
     backend: Backend,
 ) {
-    let app = TestApp::spawn_with(backend, |s| s.purge_every = Duration::ZERO).await;
+    let app = TestOrder::spawn_with(backend, |s| s.purge_every = Duration::ZERO).await;
     let own = TestDb::migrated(backend).await;
     assert_ne!(own.url, app.db.url);
     let broker = TestBroker::start().await;
@@ -550,7 +550,7 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_idempostctl_j
     assert_eq!(joined["eventId"], accepted.event_id.as_str());
     assert_eq!(joined["order"]["orderId"], accepted.order_id);
     assert_eq!(joined["outbox"]["status"], "PUBLISHED");
-    assert_eq!(joined["consumers"][0]["consumerName"], idempost::consumer::DEFAULT_CONSUMER_NAME);
+    assert_eq!(joined["consumers"][0]["consumerName"], idempost_consumer::DEFAULT_CONSUMER_NAME);
     assert_eq!(joined["notificationJobs"][0]["orderId"], accepted.order_id);
 
     // A dead letter exists only in the consumer's database, and still shows on its event.
@@ -593,10 +593,10 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_idempostctl_j
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_configured_to_forget_dedup_history_inside_the_horizon_does_not_start() {
     let db = TestDb::migrated(Backend::Sqlite).await;
-    let mut settings = idempost::consumer::Settings::new(&db.url, TestBroker::reserve().address());
+    let mut settings = idempost_consumer::Settings::new(&db.url, TestBroker::reserve().address());
     settings.consumed_retention = 7 * DAY;
     settings.redelivery_horizon = 14 * DAY;
-    let error = idempost::consumer::Application::build(settings).await.unwrap_err();
+    let error = idempost_consumer::Application::build(settings).await.unwrap_err();
     assert!(error.to_string().contains("shorter than the redelivery horizon"), "{error}");
 }
 

@@ -9,7 +9,7 @@ use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 
 use crate::helpers::{
-    Backend, ServiceProcess, TestApp, TestDb, assert_eventually, connect_order_service, metadata,
+    Backend, ServiceProcess, TestDb, TestOrder, assert_eventually, connect_order_service, metadata,
     on_every_backend, order, reason, violated_fields,
 };
 use crate::otlp::start_receiver;
@@ -23,7 +23,7 @@ on_every_backend!(
 );
 
 /// Renames `table` away, so that every query of it fails with the database's own words.
-async fn break_table(app: &TestApp, table: &str) {
+async fn break_table(app: &TestOrder, table: &str) {
     let sql = format!("ALTER TABLE {table} RENAME TO {table}_gone");
     app.conn.execute_raw(Statement::from_string(app.conn.get_database_backend(), sql)).await.unwrap();
 }
@@ -96,7 +96,7 @@ async fn a_tenant_sees_its_events_state_without_the_relays_lease_owner_or_error_
 }
 
 async fn out_of_range_windows_are_invalid_arguments_naming_the_field(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let mut admin = app.admin.clone();
     let huge = Some(prost_types::Duration { seconds: 10_000_000_000_000, nanos: 0 });
 

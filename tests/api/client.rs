@@ -3,10 +3,10 @@
 use idempost_client::{Confirmation, SafeSubmitError, SafeSubmitter, SubmitPolicy};
 use tonic::Code;
 
-use crate::change_order::{amend, cancel};
-use crate::helpers::{Backend, TestApp, on_every_backend, order};
+use crate::helpers::{Backend, TestOrder, on_every_backend, order};
+use idempost_testkit::order::{amend, cancel};
 
-fn submitter(app: &TestApp) -> SafeSubmitter {
+fn submitter(app: &TestOrder) -> SafeSubmitter {
     let policy =
         SubmitPolicy { initial_backoff: std::time::Duration::from_millis(5), ..SubmitPolicy::default() };
     SafeSubmitter::new(app.client.clone(), policy)
@@ -15,7 +15,7 @@ fn submitter(app: &TestApp) -> SafeSubmitter {
 on_every_backend!(the_safe_submitter_commits_once_and_reports_a_replay_the_second_time);
 
 async fn the_safe_submitter_commits_once_and_reports_a_replay_the_second_time(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let mut submitter = submitter(&app);
 
     let first = submitter.submit(order(7, "req-1")).await.unwrap();
@@ -30,7 +30,7 @@ async fn the_safe_submitter_commits_once_and_reports_a_replay_the_second_time(ba
 on_every_backend!(the_safe_submitter_amends_and_cancels_and_does_not_retry_a_version_conflict);
 
 async fn the_safe_submitter_amends_and_cancels_and_does_not_retry_a_version_conflict(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let mut submitter = submitter(&app);
     let order_id = submitter.submit(order(7, "req-1")).await.unwrap().order_id;
 
@@ -51,7 +51,7 @@ async fn the_safe_submitter_amends_and_cancels_and_does_not_retry_a_version_conf
 
 #[tokio::test]
 async fn the_safe_submitter_does_not_retry_a_rejected_order() {
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
 
     let error = submitter(&app).submit(order(0, "req-1")).await.unwrap_err();
 
@@ -69,8 +69,8 @@ mod faults {
     use idempost_proto::v1 as pb;
 
     use super::submitter;
-    use crate::change_order::cancel;
-    use crate::helpers::{Backend, TestApp, arm, on_every_backend, order};
+    use crate::helpers::{Backend, TestOrder, arm, on_every_backend, order};
+    use idempost_testkit::order::cancel;
 
     on_every_backend!(
         after_an_unknown_outcome_of_a_change_the_submitter_reconciles_and_finds_it,
@@ -80,7 +80,7 @@ mod faults {
     );
 
     async fn after_an_unknown_outcome_of_a_change_the_submitter_reconciles_and_finds_it(backend: Backend) {
-        let app = TestApp::spawn(backend).await;
+        let app = TestOrder::spawn(backend).await;
         let order_id = app.submit(order(7, "req-1")).await.unwrap().order_id;
         arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
         let event_id = uuid::Uuid::now_v7().to_string();
@@ -102,7 +102,7 @@ mod faults {
     async fn after_an_unknown_outcome_the_submitter_reconciles_and_finds_the_committed_order(
         backend: Backend,
     ) {
-        let app = TestApp::spawn(backend).await;
+        let app = TestOrder::spawn(backend).await;
         arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
         let event_id = uuid::Uuid::now_v7().to_string();
 
@@ -121,7 +121,7 @@ mod faults {
     async fn after_an_unknown_outcome_that_did_not_commit_the_submitter_resubmits_with_the_same_ids(
         backend: Backend,
     ) {
-        let app = TestApp::spawn(backend).await;
+        let app = TestOrder::spawn(backend).await;
         arm(COMMIT_FAILS_WITHOUT_COMMITTING, "1*return");
 
         let confirmed = submitter(&app).submit(order(7, "req-1")).await.unwrap();
@@ -135,7 +135,7 @@ mod faults {
     }
 
     async fn after_a_rollback_the_submitter_resubmits_with_the_same_ids(backend: Backend) {
-        let app = TestApp::spawn(backend).await;
+        let app = TestOrder::spawn(backend).await;
         arm(BEFORE_ORDER_TRANSACTION_COMMIT, "2*return");
         let event_id = uuid::Uuid::now_v7().to_string();
 

@@ -25,7 +25,7 @@ use crate::helpers::{
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki, token_from_unknown_key};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 const OPERATOR: &str = "alice@ops";
 const REASON: &str = "producer limit raised to 1 MB";
 
@@ -136,8 +136,8 @@ fn large_order(request_id: &str) -> pb::SubmitOrderRequest {
     pb::SubmitOrderRequest { line_items: (0..60).map(line).collect(), ..order(7, request_id) }
 }
 
-fn relay_settings(db: &TestDb, broker: &TestBroker, topic: &str) -> idempost::relay::Settings {
-    let mut settings = idempost::relay::Settings::new(&db.url, broker.address());
+fn relay_settings(db: &TestDb, broker: &TestBroker, topic: &str) -> idempost_relay::Settings {
+    let mut settings = idempost_relay::Settings::new(&db.url, broker.address());
     settings.topic = topic.to_owned();
     settings.max_idle_poll = Duration::from_millis(100);
     settings
@@ -192,29 +192,29 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     }
     let large = submit(large_order("console-large")).await;
     // The first order is amended and cancelled: its timeline shows three versions.
-    let amend = crate::change_order::amend("console-0-amend", accepted[0].order_id, 1, 3);
+    let amend = idempost_testkit::order::amend("console-0-amend", accepted[0].order_id, 1, 3);
     let mut amend = tonic::Request::new(amend);
     shop.apply(&mut amend);
     let amended = changes.amend_order(amend).await.unwrap().into_inner();
     let mut cancel =
-        tonic::Request::new(crate::change_order::cancel("console-0-cancel", accepted[0].order_id, 2));
+        tonic::Request::new(idempost_testkit::order::cancel("console-0-cancel", accepted[0].order_id, 2));
     shop.apply(&mut cancel);
     let cancelled = changes.cancel_order(cancel).await.unwrap().into_inner();
 
     // The consumer, on TLS with JWT too; a first relay whose producer refuses the large event.
-    let mut consumer = idempost::consumer::Settings::new(&db.url, broker.address());
+    let mut consumer = idempost_consumer::Settings::new(&db.url, broker.address());
     consumer.topic = topic.clone();
     consumer.group_id = Some(format!("console-{topic}"));
     consumer.security.tls_cert = Some(pki.cert.clone());
     consumer.security.tls_key = Some(pki.key.clone());
     consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
-    let consumer = idempost::consumer::Application::build(consumer).await.unwrap();
+    let consumer = idempost_consumer::Application::build(consumer).await.unwrap();
     let consumer_port = consumer.port();
     let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
     let mut refusing = relay_settings(&db, &broker, &topic);
     refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
     refusing.max_attempts = 2;
-    let relay = idempost::relay::Application::build(refusing).await.unwrap();
+    let relay = idempost_relay::Application::build(refusing).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     assert_eventually("the large event is FAILED and the others PUBLISHED", WAIT, || async {
         probe.state(&large.event_id).await.status == "FAILED"
@@ -267,7 +267,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     // waiting events, and the FAILED one once it is redriven.
     let start_relay = async || {
         let settings = relay_settings(&db, &broker, &topic);
-        let started = idempost::relay::Application::build(settings).await.unwrap();
+        let started = idempost_relay::Application::build(settings).await.unwrap();
         relay = Some(InProcess::spawn(|shutdown| started.run_until_stopped(shutdown)));
     };
     let steps = browse(
@@ -318,7 +318,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!(timeline["traceHref"], format!("http://localhost:16686/trace/{trace_id}"));
     assert_eq!(steps["find"]["eventId"], published.event_id.as_str(), "found by tenant and request id");
     // Every version of the order, by event id and by key, each with its event's state on both sides.
-    let applied = format!("applied by {}", idempost::consumer::DEFAULT_CONSUMER_NAME);
+    let applied = format!("applied by {}", idempost_consumer::DEFAULT_CONSUMER_NAME);
     let expected: Vec<Value> = [
         ("v1", "SUBMIT", &published.event_id),
         ("v2", "AMEND", &amended.event_id),
@@ -335,7 +335,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!(failed["failedRows"], 1, "{failed}");
     let letters = texts(&failed["deadLetters"]);
     assert!(
-        letters.contains(idempost::consumer::DEFAULT_CONSUMER_NAME)
+        letters.contains(idempost_consumer::DEFAULT_CONSUMER_NAME)
             && letters.contains(&format!("{topic}/0/")),
         "{letters}"
     );

@@ -15,14 +15,14 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use crate::broker::TestBroker;
 use crate::dependencies::assert_health;
 use crate::helpers::{
-    Backend, OutboxProbe, ServiceProcess, TestApp, TestDb, assert_eventually, connect_order_service, order,
+    Backend, OutboxProbe, ServiceProcess, TestDb, TestOrder, assert_eventually, connect_order_service, order,
     reason, service_binary,
 };
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki};
 use crate::python::run_python;
 
-const WAIT: Duration = Duration::from_secs(30);
+use idempost_testkit::wait::WAIT;
 
 /// Replaces `path` with `contents` by renaming a staged file into place, as deployment tools do.
 fn publish(path: &std::path::Path, contents: &[u8]) {
@@ -120,10 +120,10 @@ async fn idempostctl(args: &[String], token: &str) -> (bool, String) {
 }
 
 /// An order service on loopback plaintext that checks bearer tokens, and the keys to sign them.
-async fn authenticated(dir: &std::path::Path) -> (TestApp, Pki) {
+async fn authenticated(dir: &std::path::Path) -> (TestOrder, Pki) {
     let pki = Pki::make(dir).unwrap();
     let jwks = pki.jwks.clone();
-    let app = TestApp::spawn_with(Backend::Sqlite, |settings| {
+    let app = TestOrder::spawn_with(Backend::Sqlite, |settings| {
         settings.security.auth = AuthSettings::jwt(jwks, ISSUER, AUDIENCE);
     })
     .await;
@@ -321,7 +321,8 @@ async fn the_verifier_gives_its_services_the_database_url_through_the_environmen
     let broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
     let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
-    let run = tokio::spawn(async move { idempost_verify::run(&settings).await.map(|report| report.passed()) });
+    let run =
+        tokio::spawn(async move { idempost_verify::run(&settings).await.map(|report| report.passed()) });
     // Every child's command line, read while it runs.
     let mut seen: HashMap<i32, String> = HashMap::new();
     while !run.is_finished() {

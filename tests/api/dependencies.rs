@@ -5,19 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempost::consumer::{self, ConsumerStats};
-use idempost::relay::{self, KafkaPublisher, Outbox, Relay, RetryPolicy, Tuning};
+use idempost_consumer::{self as consumer, ConsumerStats};
+use idempost_relay::{self as relay, KafkaPublisher, Outbox, Relay, RetryPolicy, Tuning};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
 use crate::broker::{TestBroker, read_topic};
 use crate::consumer::{consumer_settings, event_record, produce};
-use crate::helpers::{Backend, InProcess, OutboxProbe, ServiceProcess, TestApp, assert_eventually};
+use crate::helpers::{Backend, InProcess, OutboxProbe, ServiceProcess, TestOrder, assert_eventually};
 use crate::otlp::start_receiver;
 use crate::relay::{relay_args, relay_settings};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 
 fn topic() -> String {
     idempost_testkit::topic::unique("idempost-test")
@@ -62,7 +62,7 @@ impl RunningConsumer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_serving_once_it_drains() {
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
@@ -95,7 +95,7 @@ async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_servi
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_health_gauge_of_a_relay_process_follows_its_status() {
     let (endpoint, received, _receiver) = start_receiver().await;
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     OutboxProbe { conn: &app.conn }.seed(3).await;
@@ -121,7 +121,7 @@ async fn the_health_gauge_of_a_relay_process_follows_its_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumer_health_is_not_serving_while_the_broker_is_down_and_serving_once_it_is_back() {
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let mut broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -141,7 +141,7 @@ async fn consumer_health_is_not_serving_while_the_broker_is_down_and_serving_onc
 async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_once_it_moves() {
     use idempost::failpoint::NON_TARGET_INTEGRITY_OR_DATA_ERROR_WHILE_CLAIMING;
 
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -178,7 +178,7 @@ async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_on
 async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes_everything() {
     use idempost::failpoint::RELAY_PRODUCER_FATAL;
 
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -227,7 +227,7 @@ async fn a_relay_whose_producer_turns_fatal_rebuilds_it_in_process_and_publishes
 /// idempotent producer times out (that would wedge Tansu 0.6 until a restart; see Tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_after_it_returns() {
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idempost_proto::v1::order_service_client::OrderServiceClient;
-use idempost_verify::process::Output;
+use idempost_testkit::order::order_process;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use tonic::codegen::{Bytes, http};
 use tonic::transport::Channel;
@@ -13,11 +13,11 @@ use tonic_health::pb::{
 };
 
 use crate::dependencies::health;
-use crate::helpers::{Backend, TestApp, TestDb, assert_eventually, order};
+use crate::helpers::{Backend, TestDb, TestOrder, assert_eventually, order};
 use crate::otlp::{Received, start_receiver};
 use crate::security::{authenticated, tenant, with_token};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 
 /// How long health would take to turn NOT_SERVING if its ping queued behind the callers' pool:
 /// the ping's 2 s timeout after a 1 s check interval, three times over.
@@ -25,7 +25,7 @@ const HEALTH_WOULD_FAIL_WITHIN: Duration = Duration::from_secs(9);
 
 /// Locks the `orders` table from a session of the test's own, so that every Reconcile blocks
 /// while holding one of the service's pooled connections; SQL to undo it.
-async fn lock_orders(app: &TestApp) -> (sea_orm::DatabaseTransaction, &'static str) {
+async fn lock_orders(app: &TestOrder) -> (sea_orm::DatabaseTransaction, &'static str) {
     let lock = app.conn.begin().await.unwrap();
     match app.conn.get_database_backend() {
         sea_orm::DbBackend::Postgres => {
@@ -40,7 +40,7 @@ async fn lock_orders(app: &TestApp) -> (sea_orm::DatabaseTransaction, &'static s
 }
 
 /// Sessions of this database waiting for the lock.
-async fn waiting_for_the_lock(app: &TestApp) -> i64 {
+async fn waiting_for_the_lock(app: &TestOrder) -> i64 {
     let sql = match app.conn.get_database_backend() {
         sea_orm::DbBackend::Postgres => {
             "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
@@ -54,7 +54,7 @@ async fn waiting_for_the_lock(app: &TestApp) -> i64 {
 }
 
 async fn health_stays_serving_while_callers_hold_every_pooled_connection(backend: Backend) {
-    let app = TestApp::spawn_with(backend, |settings| settings.db_max_connections = 2).await;
+    let app = TestOrder::spawn_with(backend, |settings| settings.db_max_connections = 2).await;
     let (lock, unlock) = lock_orders(&app).await;
     let calls: Vec<_> = (0..8)
         .map(|i| {
@@ -254,7 +254,7 @@ async fn one_connection_cannot_take_every_call_of_its_listener() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_watch_streams_are_bounded_per_listener() {
-    let app = TestApp::spawn_with(Backend::Sqlite, |settings| {
+    let app = TestOrder::spawn_with(Backend::Sqlite, |settings| {
         settings.security.listeners.max_watch_streams = 2;
     })
     .await;
@@ -275,44 +275,6 @@ async fn health_watch_streams_are_bounded_per_listener() {
         async move { health.watch(watch()).await.is_ok() }
     })
     .await;
-}
-
-/// An order-service process on `db` with `args`, exporting metrics to `endpoint`, started under
-/// `prlimit` when `open_files` is given; its public port.
-pub async fn order_process(
-    db: &TestDb,
-    endpoint: String,
-    args: &[&str],
-    open_files: Option<u64>,
-) -> (idempost_verify::process::ServiceProcess, u16) {
-    let binary = crate::helpers::service_binary("idempost-order");
-    let mut all = vec![
-        format!("--database-url={}", db.url),
-        "--listen=127.0.0.1:0".to_owned(),
-        "--admin-listen=127.0.0.1:0".to_owned(),
-    ];
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    let program = match open_files {
-        Some(limit) => {
-            all.splice(0..0, [format!("--nofile={limit}:{limit}"), binary.display().to_string()]);
-            std::path::PathBuf::from("prlimit")
-        }
-        None => binary,
-    };
-    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
-    let ports = tempfile::tempdir().unwrap();
-    let mut process = idempost_verify::process::ServiceProcess::start_with_port_file(
-        &program,
-        "idempost-order",
-        &all,
-        &env,
-        output,
-        &ports.path().join("ports"),
-    )
-    .unwrap();
-    let bound = process.listening(Duration::from_secs(60)).await.unwrap();
-    (process, bound.port("listen"))
 }
 
 /// How many connections the service shed for `reason` with `action`, as last exported.

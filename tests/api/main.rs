@@ -11,7 +11,6 @@ use idempost_testkit::{otlp, pki};
 
 mod admin;
 mod callers;
-mod change_order;
 #[cfg(feature = "failpoints")]
 mod chaos;
 mod classify;
@@ -21,21 +20,16 @@ mod consumer;
 mod credentials;
 mod dependencies;
 mod deploy;
-mod exact_key;
-mod group_commit;
 mod limits;
 mod membership;
 mod ordering;
 mod outage;
 mod parking;
 mod python;
-mod reconcile;
 mod relay;
 mod rollback;
 mod security;
-mod service;
 mod stopping;
-mod submit_order;
 mod traces;
 mod typescript;
 #[cfg(feature = "failpoints")]

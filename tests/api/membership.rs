@@ -6,16 +6,14 @@
 //! is handed the first one's member id), so what stops the second instance here is the
 //! consumer's own instance lock in its database, not the broker.
 
-use std::time::Duration;
-
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::broker::{TestBroker, free_port};
 use crate::consumer::{event_record, produce};
 use crate::dependencies::assert_health;
-use crate::helpers::{Backend, ServiceProcess, TestApp, assert_eventually, service_binary};
+use crate::helpers::{Backend, ServiceProcess, TestOrder, assert_eventually, service_binary};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 
 /// Runs the consumer binary with `args` to its end: (exit status, stderr).
 async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
@@ -34,7 +32,7 @@ async fn run_to_exit(args: &[String]) -> (std::process::ExitStatus, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_consumer_under_an_instance_name_in_use_stops_naming_it_and_the_first_keeps_consuming() {
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 1).await;

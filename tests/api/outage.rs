@@ -7,14 +7,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempost::relay;
+use idempost_relay as relay;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::broker::{TestBroker, read_topic};
 use crate::consumer::{consumer_settings, produce};
 use crate::dependencies::{RunningConsumer, assert_health};
-use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually, metadata, order, reason};
+use crate::helpers::{
+    Backend, InProcess, OutboxProbe, TestOrder, assert_eventually, metadata, order, reason,
+};
 use crate::private_db::PrivateServer;
 use crate::relay::relay_settings;
 
@@ -39,7 +41,7 @@ type Answer = (String, Code, String);
 
 async fn a_database_outage_during_load_is_survived_by_every_service(backend: Backend) {
     let mut server = PrivateServer::start(backend).await;
-    let app = TestApp::spawn_on(server.migrated_database().await, |_| {}).await;
+    let app = TestOrder::spawn_on(server.migrated_database().await, |_| {}).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 2).await;

@@ -12,10 +12,10 @@ use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
 use tonic::transport::Channel;
 
 use crate::broker::TestBroker;
-use crate::helpers::{Backend, InProcess, TestApp, assert_eventually, on_every_backend};
+use crate::helpers::{Backend, InProcess, TestOrder, assert_eventually, on_every_backend};
 use crate::ordering::{change_payload, expected, read_model};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 
 /// A consumer in this process and a client of its ConsumerAdminService.
 struct Consumer {
@@ -25,11 +25,11 @@ struct Consumer {
 }
 
 impl Consumer {
-    async fn start(app: &TestApp, broker: &TestBroker, topic: &str) -> Self {
+    async fn start(app: &TestOrder, broker: &TestBroker, topic: &str) -> Self {
         let group = format!("parking-{}", uuid::Uuid::new_v4().simple());
         let settings = crate::consumer::consumer_settings(app, &broker.address(), topic, &group);
         let name = settings.consumer_name.clone();
-        let consumer = idempost::consumer::Application::build(settings).await.unwrap();
+        let consumer = idempost_consumer::Application::build(settings).await.unwrap();
         let port = consumer.port();
         let service = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
         let admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();
@@ -80,7 +80,7 @@ fn producer(broker: &TestBroker) -> FutureProducer {
     ClientConfig::new().set("bootstrap.servers", broker.address()).create().unwrap()
 }
 
-async fn count(app: &TestApp, sql: &str) -> i64 {
+async fn count(app: &TestOrder, sql: &str) -> i64 {
     app.scalar_i64(sql).await
 }
 
@@ -95,7 +95,7 @@ on_every_backend!(
 async fn a_dead_lettered_event_parks_the_later_events_of_its_order_only_and_a_release_applies_them_in_order(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 2).await;
@@ -147,7 +147,7 @@ async fn a_dead_lettered_event_parks_the_later_events_of_its_order_only_and_a_re
 async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the_consumer_now_knows_is_applied(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 1).await;

@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
 use crate::broker::{TestBroker, free_port};
-use crate::helpers::{Backend, InProcess, OutboxProbe, TestApp, assert_eventually};
+use crate::helpers::{Backend, InProcess, OutboxProbe, TestOrder, assert_eventually};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 
 /// The interpreter with clients/python's requirements installed.
 fn python() -> String {
@@ -142,13 +142,13 @@ async fn submit_to(target: &str, extra: &[&str], orders: &[Value]) -> PythonRun 
     run_python("submit.py", &args, &stdin).await
 }
 
-async fn submit(app: &TestApp, orders: &[Value]) -> PythonRun {
+async fn submit(app: &TestOrder, orders: &[Value]) -> PythonRun {
     submit_to(&format!("127.0.0.1:{}", app.port), &[], orders).await
 }
 
 /// `submit.py amend` or `submit.py cancel` against `app` with each change on a line of its
 /// standard input.
-async fn change(app: &TestApp, command: &str, changes: &[Value]) -> PythonRun {
+async fn change(app: &TestOrder, command: &str, changes: &[Value]) -> PythonRun {
     let args = [
         format!("--target=127.0.0.1:{}", app.port),
         "--initial-backoff=0.005".to_owned(),
@@ -186,7 +186,7 @@ fn cancel_json(request_id: &str, order_id: i64, expected_version: i64) -> Value 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_client_amends_and_cancels_replays_a_change_and_stops_at_a_version_conflict() {
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let submitted = submit(&app, &[order_json("req-py-1", None)]).await;
     let order_id = submitted.result()["order_id"].as_i64().unwrap();
     let event_id = uuid::Uuid::now_v7().to_string();
@@ -225,7 +225,7 @@ async fn the_python_client_amends_and_cancels_replays_a_change_and_stops_at_a_ve
     assert_eq!(app.count("outbox_event").await, 3);
 }
 
-async fn reconcile(app: &TestApp, request_id: &str) -> PythonRun {
+async fn reconcile(app: &TestOrder, request_id: &str) -> PythonRun {
     let args = [
         format!("--target=127.0.0.1:{}", app.port),
         "reconcile".to_owned(),
@@ -236,7 +236,7 @@ async fn reconcile(app: &TestApp, request_id: &str) -> PythonRun {
 }
 
 /// Orders committed under `request_id` with `event_id` as their acceptance event.
-async fn orders_with(app: &TestApp, request_id: &str, event_id: &str) -> i64 {
+async fn orders_with(app: &TestOrder, request_id: &str, event_id: &str) -> i64 {
     app.scalar_i64(&format!(
         "SELECT COUNT(*) FROM orders WHERE tenant_id = 7 AND request_id = '{request_id}' \
          AND acceptance_event_id = '{event_id}'"
@@ -246,7 +246,7 @@ async fn orders_with(app: &TestApp, request_id: &str, event_id: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_submitter_commits_once_replays_with_the_same_event_id_and_reconciles() {
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let event_id = uuid::Uuid::now_v7().to_string();
 
     let first = submit(&app, &[order_json("req-py-1", Some(&event_id))]).await;
@@ -287,7 +287,7 @@ async fn the_python_submitter_commits_once_replays_with_the_same_event_id_and_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_submitter_stops_at_a_refusal_after_one_call_and_writes_nothing() {
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let mut invalid = order_json("req-py-invalid", None);
     invalid["tenant_id"] = 0.into();
     let mut other_content = order_json("req-py-1", None);
@@ -349,12 +349,12 @@ mod faults {
     use std::collections::BTreeSet;
 
     use super::{PythonRun, amend_json, change, order_json, orders_with, submit, text};
-    use crate::helpers::{Backend, TestApp, arm};
+    use crate::helpers::{Backend, TestOrder, arm};
 
     /// Submits one order with a fixed event id after arming `point`, and checks that the order
     /// committed once under that event id, whatever happened on the way.
     async fn submit_through(point: &str, actions: &str) -> PythonRun {
-        let app = TestApp::spawn(Backend::MariaDb).await;
+        let app = TestOrder::spawn(Backend::MariaDb).await;
         arm(point, actions);
         let event_id = uuid::Uuid::now_v7().to_string();
 
@@ -379,7 +379,7 @@ mod faults {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn after_an_unknown_outcome_of_an_amendment_the_python_client_reconciles_and_finds_the_change() {
-        let app = TestApp::spawn(Backend::MariaDb).await;
+        let app = TestOrder::spawn(Backend::MariaDb).await;
         let order_id = app.submit(crate::helpers::order(7, "req-py-1")).await.unwrap().order_id;
         arm(COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION, "1*return");
         let event_id = uuid::Uuid::now_v7().to_string();
@@ -437,14 +437,14 @@ async fn consume(broker: &TestBroker, topic: &str, group: &str, extra: &[&str]) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits_its_offsets() {
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 3).await;
-    let mut relay_settings = idempost::relay::Settings::new(&app.db.url, broker.address());
+    let mut relay_settings = idempost_relay::Settings::new(&app.db.url, broker.address());
     relay_settings.topic = topic.clone();
     relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = idempost::relay::Application::build(relay_settings).await.unwrap();
+    let relay = idempost_relay::Application::build(relay_settings).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
     let probe = OutboxProbe { conn: &app.conn };
 

@@ -4,16 +4,18 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use idempost::relay::{self, Blame, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId};
-use idempost::relay::{KafkaPublisher, Relay, RetryPolicy};
+use idempost_relay::{
+    self as relay, Blame, ClaimedEvent, Fenced, Outbox, Released, StepOutcome, Tuning, WorkerId,
+};
+use idempost_relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
 use crate::helpers::{
-    Backend, InProcess, OutboxProbe, ServiceProcess, TestApp, assert_eventually, eventually,
+    Backend, InProcess, OutboxProbe, ServiceProcess, TestOrder, assert_eventually, eventually,
     on_every_backend, order,
 };
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 const SETTLE: Duration = Duration::from_millis(1500);
 
 fn topic() -> String {
@@ -21,7 +23,7 @@ fn topic() -> String {
 }
 
 /// Short, test-sized timings that still satisfy the relay's start-up check.
-pub(crate) fn relay_settings(app: &TestApp, brokers: &str, topic: &str) -> relay::Settings {
+pub(crate) fn relay_settings(app: &TestOrder, brokers: &str, topic: &str) -> relay::Settings {
     let mut settings = relay::Settings::new(&app.db.url, brokers);
     settings.topic = topic.to_owned();
     settings.lease = Duration::from_secs(5);
@@ -54,7 +56,7 @@ pub(crate) fn relay_args(settings: &relay::Settings) -> Vec<String> {
 /// Flags for a relay process with the default lease timings: on two shared cores a step may take
 /// seconds, and a lease lost to a slow machine would be a duplicate, which the tests that use
 /// these count as a failure.
-fn ordinary_relay_args(app: &TestApp, brokers: &str, topic: &str) -> Vec<String> {
+fn ordinary_relay_args(app: &TestOrder, brokers: &str, topic: &str) -> Vec<String> {
     let mut settings = relay_settings(app, brokers, topic);
     settings.lease = Duration::from_secs(30);
     settings.delivery_timeout = Duration::from_secs(10);
@@ -76,21 +78,26 @@ on_every_backend!(
     orders_reach_the_topic_with_key_value_and_headers_and_end_published,
     two_relay_processes_drain_a_backlog_of_a_thousand_events,
     a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing,
-    a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing,
-    a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing,
-    a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
     while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent,
-    a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
     an_event_that_keeps_failing_ends_failed_and_redrive_returns_it,
     two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing,
-    a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again,
-    a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
     callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no_rolled_back_and_no_deadlock,
     one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values,
     a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its_size_each_counted_and_leased,
     a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_claimed_and_leaves_no_lease,
     two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
     four_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock,
+);
+
+// What only a failpoint can stage: not compiled without them, so no test passes untested.
+#[cfg(feature = "failpoints")]
+on_every_backend!(
+    a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again,
+    a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again,
+    a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing,
+    a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing,
+    a_relay_killed_after_claiming_leaves_its_events_to_another_relay,
+    a_relay_that_died_between_confirm_and_mark_publishes_the_event_again,
 );
 
 async fn two_relays_draining_one_backlog_publish_every_event_mark_each_once_and_log_no_deadlock(
@@ -108,7 +115,7 @@ async fn four_relays_draining_one_backlog_publish_every_event_mark_each_once_and
 /// `relays` relay processes (two loops each, adaptive batches) drain one 2,000-event backlog.
 async fn relays_drain_one_backlog(backend: Backend, relays: usize) {
     const EVENTS: usize = 2_000;
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 4).await;
@@ -145,7 +152,7 @@ async fn relays_drain_one_backlog(backend: Backend, relays: usize) {
 async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_them_each_with_its_own_values(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(6).await;
     let outbox = Outbox::new(app.db.connect().await);
@@ -165,8 +172,8 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
         futures::future::join_all(ids[3..].iter().map(|id| probe.state(id))).await;
 
     // A marks all six in one call, the lost ones interleaved with the held ones.
-    let deliveries: Vec<idempost::relay::Delivery> = (0..6)
-        .map(|i| idempost::relay::Delivery { topic: "t".into(), partition: i % 3, offset: 100 + i64::from(i) })
+    let deliveries: Vec<idempost_relay::Delivery> = (0..6)
+        .map(|i| idempost_relay::Delivery { topic: "t".into(), partition: i % 3, offset: 100 + i64::from(i) })
         .collect();
     let mine = [&held[0], &lost[0], &held[1], &lost[1], &held[2], &lost[2]];
     let marks: Vec<_> = mine
@@ -213,7 +220,7 @@ async fn one_statement_marks_and_releases_only_the_rows_whose_claim_still_holds_
 async fn a_claim_takes_expired_leases_first_then_the_oldest_due_events_up_to_its_size_each_counted_and_leased(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let probe = OutboxProbe { conn: &app.conn };
     let mut ids = probe.seed(3).await;
     let outbox = Outbox::new(app.db.connect().await);
@@ -261,7 +268,7 @@ async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_cla
     backend: Backend,
 ) {
     const EVENTS: usize = 400;
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -327,7 +334,7 @@ impl MeteredRelay {
         let (endpoint, received, receiver) = crate::otlp::start_receiver().await;
         let env = [
             // Warnings and errors, and each event's claim and mark.
-            ("RUST_LOG", "warn,idempost::relay::worker=info".to_owned()),
+            ("RUST_LOG", "warn,idempost_relay::worker=info".to_owned()),
             ("NO_COLOR", "1".to_owned()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
             ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
@@ -372,7 +379,7 @@ async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no
 ) {
     use futures::StreamExt as _;
 
-    let app = TestApp::spawn_with(backend, |settings| settings.db_max_connections = 32).await;
+    let app = TestOrder::spawn_with(backend, |settings| settings.db_max_connections = 32).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 4).await;
@@ -424,7 +431,7 @@ async fn callers_submitting_at_8_16_and_64_at_once_while_two_relays_drain_see_no
 }
 
 async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 3).await;
@@ -458,7 +465,7 @@ async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(bac
 }
 
 async fn two_relay_processes_drain_a_backlog_of_a_thousand_events(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 4).await;
@@ -488,7 +495,7 @@ async fn two_relay_processes_drain_a_backlog_of_a_thousand_events(backend: Backe
 }
 
 async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_changes_nothing(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -524,7 +531,7 @@ async fn a_relay_stalled_past_its_lease_loses_the_event_and_its_late_mark_change
     assert_eq!(after_new.status, "PUBLISHED");
 
     // The old owner now confirms late: its owner-fenced mark must change nothing.
-    let delivery = idempost::relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
+    let delivery = idempost_relay::Delivery { topic: topic.clone(), partition: 0, offset: 999 };
     let stale = &claimed[0].lease_token;
     assert_eq!(outbox.mark_published(event_id, stale, &delivery).await.unwrap(), Fenced::LeaseLost);
     assert_eq!(probe.state(event_id).await, after_new, "the new owner's result is intact");
@@ -567,7 +574,7 @@ async fn claim_once_expired(outbox: &Outbox, worker: &WorkerId) -> Vec<ClaimedEv
 /// would still have been its own, and its mark or release would rightly have taken.
 #[cfg(feature = "failpoints")]
 async fn another_loop_takes_over(
-    app: &TestApp,
+    app: &TestOrder,
     publisher: impl FnOnce() -> KafkaPublisher + Send + 'static,
     tuning: Tuning,
     outbox: &Outbox,
@@ -589,14 +596,18 @@ async fn another_loop_takes_over(
 /// relay left it.
 #[cfg(feature = "failpoints")]
 async fn overtaken_while_held(
-    app: &TestApp,
+    app: &TestOrder,
     probe: &OutboxProbe<'_>,
     outbox: &Outbox,
     publisher: impl Fn() -> KafkaPublisher + Send + 'static,
     fast_tuning: Tuning,
     slow_tuning: Tuning,
     event_id: &str,
-) -> (crate::helpers::Held, tokio::sync::oneshot::Receiver<StepOutcome>, crate::helpers::OutboxState) {
+) -> (
+    idempost_testkit::failpoint::Held,
+    tokio::sync::oneshot::Receiver<StepOutcome>,
+    crate::helpers::OutboxState,
+) {
     let mut held = crate::helpers::hold(idempost::failpoint::DURING_CONCURRENT_CLAIM);
     let fast = Relay::new(outbox.clone(), publisher(), fast_tuning);
     let (slow_owner, slow_step) = step_apart(app, publisher, slow_tuning).await;
@@ -620,7 +631,7 @@ async fn overtaken_while_held(
 /// time out until the relay went on.
 #[cfg(feature = "failpoints")]
 async fn step_apart(
-    app: &TestApp,
+    app: &TestOrder,
     publisher: impl FnOnce() -> KafkaPublisher + Send + 'static,
     tuning: Tuning,
 ) -> (WorkerId, tokio::sync::oneshot::Receiver<StepOutcome>) {
@@ -650,7 +661,7 @@ fn quick_retry(max_attempts: i32) -> RetryPolicy {
 async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_release_change_nothing(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(2).await;
     let outbox = Outbox::new(app.db.connect().await);
@@ -669,7 +680,7 @@ async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_re
 
     // Loop A's late outcomes: the first event failed for its last allowed time, the second was
     // confirmed. Neither may touch what loop B holds.
-    let late = idempost::relay::Delivery { topic: "t".into(), partition: 0, offset: 999 };
+    let late = idempost_relay::Delivery { topic: "t".into(), partition: 0, offset: 999 };
     assert_eq!(outbox.release(&loop_a[0], "late failure", &retry).await.unwrap(), Fenced::LeaseLost);
     let late_marks = outbox
         .mark_all_published(&[(loop_a[1].event_id.as_str(), &loop_a[1].lease_token, &late)])
@@ -683,7 +694,7 @@ async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_re
     );
 
     // Loop B's own outcomes still land.
-    let delivery = idempost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
+    let delivery = idempost_relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
     assert_eq!(
         outbox.mark_published(&loop_b[1].event_id, &loop_b[1].lease_token, &delivery).await.unwrap(),
         Fenced::Done(())
@@ -700,7 +711,7 @@ async fn two_claims_by_one_worker_are_fenced_apart_so_the_stale_ones_mark_and_re
 async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     // Nothing listens there: every publish fails, after the delivery timeout.
     let broker = TestBroker::reserve();
     let probe = OutboxProbe { conn: &app.conn };
@@ -728,7 +739,7 @@ async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_
 
 #[cfg(feature = "failpoints")]
 async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 2).await;
@@ -772,7 +783,7 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
 }
 
 async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_spent(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
@@ -817,7 +828,7 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_
 
 #[cfg(feature = "failpoints")]
 async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -845,7 +856,7 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
 
 async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend: Backend) {
     use sea_orm::ConnectionTrait as _;
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let mut broker = TestBroker::reserve();
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
@@ -906,7 +917,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
 
 #[cfg(feature = "failpoints")]
 async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -952,7 +963,7 @@ async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_n
 async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -988,7 +999,7 @@ async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_pu
 async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
@@ -1015,34 +1026,10 @@ async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop
     let records = read_topic(&broker.address(), &topic, 1, WAIT, Duration::ZERO).await;
     assert_eq!(records[0].header("event_id"), ids[0], "loop A's publish did reach the broker");
     let delivery =
-        idempost::relay::Delivery { topic, partition: records[0].partition, offset: records[0].offset };
+        idempost_relay::Delivery { topic, partition: records[0].partition, offset: records[0].offset };
     let marked = outbox.mark_published(&ids[0], &loop_b[0].lease_token, &delivery).await.unwrap();
     assert_eq!(marked, Fenced::Done(()), "loop B's lease was intact");
 }
-
-#[cfg(not(feature = "failpoints"))]
-async fn a_late_loop_whose_publish_was_confirmed_does_not_mark_what_another_loop_of_its_relay_claimed_again(
-    _: Backend,
-) {
-}
-
-#[cfg(not(feature = "failpoints"))]
-async fn a_late_loop_whose_publish_failed_does_not_release_what_another_loop_of_its_relay_claimed_again(
-    _: Backend,
-) {
-}
-
-#[cfg(not(feature = "failpoints"))]
-async fn a_relay_delayed_past_its_lease_by_a_failpoint_confirms_late_and_marks_nothing(_: Backend) {}
-
-#[cfg(not(feature = "failpoints"))]
-async fn a_relay_stalled_between_claim_and_publish_past_its_publishing_budget_publishes_nothing(_: Backend) {}
-
-#[cfg(not(feature = "failpoints"))]
-async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(_: Backend) {}
-
-#[cfg(not(feature = "failpoints"))]
-async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(_: Backend) {}
 
 /// A claim prepared while the outbox was nearly empty must not keep that plan (a sequential scan
 /// of the whole table behind a hash join) once the outbox has grown: PostgreSQL caches a generic
@@ -1051,7 +1038,7 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(_:
 async fn the_relays_postgresql_connections_plan_every_claim_for_the_outbox_as_it_is_now() {
     use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
 
-    let app = TestApp::spawn(Backend::Postgres).await;
+    let app = TestOrder::spawn(Backend::Postgres).await;
     // One connection: the claims, the flushes and the counters below are all its own.
     let outbox = relay::open_outbox(&app.db.url, 1).await.unwrap();
     let db = outbox.connection();
@@ -1095,7 +1082,7 @@ async fn the_relays_postgresql_connections_plan_every_claim_for_the_outbox_as_it
 async fn the_relays_mariadb_connections_run_at_read_committed_and_claim_and_mark_on_them() {
     use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
 
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let outbox = relay::open_outbox(&app.db.url, 1).await.unwrap();
     let shown = outbox
         .connection()
@@ -1109,7 +1096,7 @@ async fn the_relays_mariadb_connections_run_at_read_committed_and_claim_and_mark
     let ids = probe.seed(3).await;
     let claimed = outbox.claim(&WorkerId::generate(), Duration::from_secs(30), 2).await.unwrap();
     assert_eq!(claimed.iter().map(|e| &e.event_id).collect::<Vec<_>>(), ids[..2].iter().collect::<Vec<_>>());
-    let delivery = idempost::relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
+    let delivery = idempost_relay::Delivery { topic: "t".into(), partition: 1, offset: 7 };
     let marks: Vec<_> = claimed.iter().map(|e| (e.event_id.as_str(), &e.lease_token, &delivery)).collect();
     assert_eq!(outbox.mark_all_published(&marks).await.unwrap(), [Fenced::Done(()); 2]);
     assert_eq!(probe.state(&ids[0]).await.status, "PUBLISHED");
@@ -1123,7 +1110,7 @@ async fn the_relays_mariadb_connections_run_at_read_committed_and_claim_and_mark
 #[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn a_mariadb_claim_in_progress_does_not_hold_up_the_mark_of_an_event_in_flight() {
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let outbox = relay::open_outbox(&app.db.url, 4).await.unwrap();
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(2).await;
@@ -1142,7 +1129,7 @@ async fn a_mariadb_claim_in_progress_does_not_hold_up_the_mark_of_an_event_in_fl
         });
     });
     held.reached("the second claim holds its rows", WAIT).await;
-    let delivery = idempost::relay::Delivery { topic: "t".into(), partition: 0, offset: 1 };
+    let delivery = idempost_relay::Delivery { topic: "t".into(), partition: 0, offset: 1 };
     let marks = [(ids[0].as_str(), &in_flight[0].lease_token, &delivery)];
     // Far longer than a mark takes, far shorter than InnoDB's lock wait timeout (50 s).
     let marked = tokio::time::timeout(Duration::from_secs(15), outbox.mark_all_published(&marks)).await;
@@ -1168,7 +1155,7 @@ async fn a_mariadb_relay_that_cannot_get_the_claim_gate_claims_without_it_and_co
     use sea_orm::sqlx::{self, Connection as _};
 
     const EVENTS: usize = 20;
-    let app = TestApp::spawn(Backend::MariaDb).await;
+    let app = TestOrder::spawn(Backend::MariaDb).await;
     let mut holder = sqlx::MySqlConnection::connect(&app.db.url).await.unwrap();
     let taken: i64 =
         sqlx::query_scalar("SELECT GET_LOCK(CONCAT('idempost.relay.claim.', MD5(DATABASE())), 0)")
@@ -1196,7 +1183,7 @@ async fn a_mariadb_relay_that_cannot_get_the_claim_gate_claims_without_it_and_co
 
 #[tokio::test]
 async fn a_lease_not_longer_than_the_delivery_timeout_is_refused_at_start() {
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let app = TestOrder::spawn(Backend::Sqlite).await;
     let args = [
         format!("--database-url={}", app.db.url),
         "--lease=5s".to_owned(),

@@ -6,20 +6,21 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::broker::{TestBroker, read_topic};
-use idempost::consumer;
+use idempost_consumer as consumer;
 
 use crate::helpers::{
-    Backend, InProcess, OutboxProbe, ServiceProcess, TestApp, assert_eventually, on_every_backend, order,
+    Backend, InProcess, OutboxProbe, ServiceProcess, TestOrder, assert_eventually, on_every_backend, order,
 };
 
-const WAIT: Duration = Duration::from_secs(90);
+/// Longer than the harness's `WAIT`: a drain after a broker outage, with backoff, on a loaded machine.
+const SLOW_WAIT: Duration = Duration::from_secs(90);
 
 on_every_backend!(
     a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publishes_the_rest,
     a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_effect,
 );
 
-fn relay_args(app: &TestApp, brokers: &str, topic: &str) -> Vec<String> {
+fn relay_args(app: &TestOrder, brokers: &str, topic: &str) -> Vec<String> {
     vec![
         format!("--database-url={}", app.db.url),
         format!("--brokers={brokers}"),
@@ -30,7 +31,7 @@ fn relay_args(app: &TestApp, brokers: &str, topic: &str) -> Vec<String> {
     ]
 }
 
-fn consumer_args(app: &TestApp, brokers: &str, topic: &str, group: &str) -> Vec<String> {
+fn consumer_args(app: &TestOrder, brokers: &str, topic: &str, group: &str) -> Vec<String> {
     vec![
         format!("--database-url={}", app.db.url),
         format!("--brokers={brokers}"),
@@ -46,7 +47,7 @@ fn consumer_args(app: &TestApp, brokers: &str, topic: &str, group: &str) -> Vec<
 async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publishes_the_rest(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-rollback");
     broker.create_topic(&topic, 2).await;
@@ -55,7 +56,7 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
 
     let args = relay_args(&app, &broker.address(), &topic);
     let mut current = ServiceProcess::spawn("idempost-relay", &args, &[]);
-    assert_eventually("the relay is under way", WAIT, || async {
+    assert_eventually("the relay is under way", SLOW_WAIT, || async {
         probe.count_with_status("PUBLISHED").await >= 20
     })
     .await;
@@ -69,30 +70,31 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
 
     // The previous version (here: the same binary) continues from the table.
     let mut previous = ServiceProcess::spawn("idempost-relay", &args, &[]);
-    assert_eventually("the rest is published", WAIT, || async {
+    assert_eventually("the rest is published", SLOW_WAIT, || async {
         probe.count_with_status("PUBLISHED").await == 600
     })
     .await;
     previous.signal("TERM").await;
     assert!(previous.wait(Duration::from_secs(30)).await.success());
-    let records = read_topic(&broker.address(), &topic, 600, WAIT, Duration::from_millis(1500)).await;
+    let records = read_topic(&broker.address(), &topic, 600, SLOW_WAIT, Duration::from_millis(1500)).await;
     let seen: HashSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
     assert!(ids.iter().all(|id| seen.contains(id.as_str())), "every event reached the topic");
     app.stop().await;
 }
 
 async fn a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_effect(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-rollback");
     broker.create_topic(&topic, 2).await;
     for i in 0..20 {
         app.submit(order(21, &format!("rollback-{i}"))).await.unwrap();
     }
-    let mut relay = ServiceProcess::spawn("idempost-relay", &relay_args(&app, &broker.address(), &topic), &[]);
+    let mut relay =
+        ServiceProcess::spawn("idempost-relay", &relay_args(&app, &broker.address(), &topic), &[]);
     let args = consumer_args(&app, &broker.address(), &topic, &format!("g-{topic}"));
     let mut current = ServiceProcess::spawn("idempost-consumer", &args, &[]);
-    assert_eventually("every order has its job", WAIT, || async {
+    assert_eventually("every order has its job", SLOW_WAIT, || async {
         app.count("notification_job").await == 20
     })
     .await;
@@ -114,7 +116,8 @@ async fn a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_e
     let previous = consumer::Application::build(replay).await.unwrap();
     let stats = previous.stats();
     let previous = InProcess::spawn(|shutdown| previous.run_until_stopped(shutdown));
-    assert_eventually("the replay is absorbed", WAIT, || async { stats.snapshot().duplicates >= 20 }).await;
+    assert_eventually("the replay is absorbed", SLOW_WAIT, || async { stats.snapshot().duplicates >= 20 })
+        .await;
     previous.stop().await;
     assert_eq!(stats.snapshot().consumed, 0, "{:?}", stats.snapshot());
     assert_eq!(app.count("notification_job").await, 20, "no second effect");

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use idempost::order::{Application, Settings};
 use idempost::security::AuthSettings;
 use idempost_client::{BearerToken, ClientTls};
+use idempost_order::{Application, Settings};
 use idempost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient,
     consumer_admin_service_client::ConsumerAdminServiceClient, order_service_client::OrderServiceClient,
@@ -18,23 +18,23 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    Backend, InProcess, ServiceProcess, TestApp, TestDb, assert_eventually, metadata, on_every_backend,
+    Backend, InProcess, ServiceProcess, TestDb, TestOrder, assert_eventually, metadata, on_every_backend,
     order, reason,
 };
 use crate::pki::{self, AUDIENCE, ISSUER, Pki};
 
-const WAIT: Duration = Duration::from_secs(30);
+use idempost_testkit::wait::WAIT;
 const ADMIN: &str = "idempost:admin";
 
 /// An order service with JWT authentication on plaintext loopback, and the keys to sign for it.
 pub(crate) async fn authenticated(
     backend: Backend,
     adjust: impl FnOnce(&mut Settings),
-) -> (TestApp, Pki, tempfile::TempDir) {
+) -> (TestOrder, Pki, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let jwks = pki.jwks.clone();
-    let app = TestApp::spawn_with(backend, |settings| {
+    let app = TestOrder::spawn_with(backend, |settings| {
         settings.security.auth = AuthSettings::jwt(jwks, ISSUER, AUDIENCE);
         adjust(settings);
     })
@@ -68,7 +68,7 @@ pub(crate) fn refusal<T: std::fmt::Debug>(
     (status.code(), reason(&status))
 }
 
-async fn nothing_written(app: &TestApp) {
+async fn nothing_written(app: &TestOrder) {
     assert_eq!(app.count("orders").await, 0, "a refused call wrote an order");
     assert_eq!(app.count("outbox_event").await, 0, "a refused call wrote an event");
 }
@@ -199,7 +199,7 @@ on_every_backend!(tenants_see_only_their_own_orders_and_operators_see_all);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_change_acts_only_for_the_tokens_tenant_and_an_operator_token_changes_nothing() {
-    use crate::change_order::{amend, cancel};
+    use idempost_testkit::order::{amend, cancel};
     let (app, pki, _dir) = authenticated(Backend::Sqlite, |_| {}).await;
     let mut orders = app.client.clone();
     let (seven, eight, ops) = (tenant(&pki, 7), tenant(&pki, 8), operator(&pki, "alice"));
@@ -380,7 +380,7 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn past_the_concurrency_limit_callers_are_refused_at_once_and_the_others_still_answered() {
-    let app = TestApp::spawn_with(Backend::Postgres, |settings| {
+    let app = TestOrder::spawn_with(Backend::Postgres, |settings| {
         settings.security.listeners.max_concurrent_calls = Some(2);
         // Both held calls share the test's one connection.
         settings.security.listeners.max_calls_per_connection = Some(2);
@@ -476,19 +476,19 @@ async fn every_service_refuses_plaintext_other_hosts_can_reach_before_connecting
     let brokers = format!("127.0.0.1:{port}");
     let everywhere: std::net::SocketAddr = "0.0.0.0:0".parse().unwrap();
 
-    let mut relay = idempost::relay::Settings::new(&database_url, &brokers);
+    let mut relay = idempost_relay::Settings::new(&database_url, &brokers);
     relay.listen = everywhere;
-    let error = idempost::relay::Application::build(relay).await.unwrap_err().to_string();
+    let error = idempost_relay::Application::build(relay).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
     // The consumer serves its admin service on that listener too, so it needs real callers
     // (--auth none is refused off loopback before this check, which is not what this test shows).
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
-    let mut consumer = idempost::consumer::Settings::new(&database_url, &brokers);
+    let mut consumer = idempost_consumer::Settings::new(&database_url, &brokers);
     consumer.listen = everywhere;
     consumer.auth = AuthSettings::jwt(&pki.jwks, ISSUER, AUDIENCE);
-    let error = idempost::consumer::Application::build(consumer).await.unwrap_err().to_string();
+    let error = idempost_consumer::Application::build(consumer).await.unwrap_err().to_string();
     assert!(error.contains("is not a loopback address and no --tls-cert/--tls-key is set"), "{error}");
 
     let mut order = Settings::for_database(&database_url);
@@ -580,7 +580,7 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_past_the_server_deadline_ends_deadline_exceeded_and_commits_nothing() {
-    let app = TestApp::spawn_with(Backend::Postgres, |settings| {
+    let app = TestOrder::spawn_with(Backend::Postgres, |settings| {
         settings.security.listeners.call_timeout = Duration::from_millis(500);
     })
     .await;
@@ -667,7 +667,7 @@ async fn reflection_switched_off_is_off_on_the_admin_listener_too_and_on_by_defa
     };
     for (reflection, expected) in [(Some(false), Code::Unimplemented), (None, Code::Ok)] {
         let app =
-            TestApp::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = reflection)
+            TestOrder::spawn_with(Backend::Sqlite, |settings| settings.security.auth.reflection = reflection)
                 .await;
         assert_eq!(reflect(app.port).await, Some(expected), "public listener, --reflection {reflection:?}");
         assert_eq!(
@@ -685,11 +685,11 @@ async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_an
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let broker = crate::broker::TestBroker::start().await;
-    let mut settings = idempost::consumer::Settings::new(&db.url, broker.address());
+    let mut settings = idempost_consumer::Settings::new(&db.url, broker.address());
     settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
     settings.shutdown_grace = Duration::from_secs(5);
     settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
-    let consumer = idempost::consumer::Application::build(settings).await.unwrap();
+    let consumer = idempost_consumer::Application::build(settings).await.unwrap();
     let port = consumer.port();
     let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
     let mut admin = ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{port}")).await.unwrap();

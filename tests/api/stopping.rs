@@ -2,13 +2,11 @@
 //! to a database that accepts the connection and never answers) exits 0 instead of dying by the
 //! signal.
 
-use std::time::Duration;
-
 use tokio::net::TcpListener;
 
 use crate::helpers::ServiceProcess;
 
-const WAIT: Duration = Duration::from_secs(30);
+use idempost_testkit::wait::WAIT;
 
 /// A "database" that accepts connections and never says a word: a service connecting to it is
 /// stuck in start-up until its connect timeout.

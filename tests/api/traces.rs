@@ -13,7 +13,7 @@ use crate::broker::{TestBroker, read_topic};
 use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, connect_order_service, order};
 use crate::otlp::{ReceivedSpan, start_receiver};
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 const SERVER: i32 = 2;
 const PRODUCER: i32 = 4;
 const CONSUMER: i32 = 5;

@@ -9,7 +9,7 @@ use crate::helpers::{
 };
 use crate::otlp::start_receiver;
 
-const WAIT: Duration = Duration::from_secs(60);
+use idempost_testkit::wait::WAIT;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {

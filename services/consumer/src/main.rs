@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
-use idempost::consumer::{Application, Settings};
 use idempost::{failpoint, shutdown, startup, telemetry};
+use idempost_consumer::{Application, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {

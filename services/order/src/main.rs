@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use idempost::order::{Application, Settings};
 use idempost::{failpoint, shutdown, startup, telemetry};
+use idempost_order::{Application, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use idempost::backlog::{Redrive, RedriveAudit};
-use idempost::relay::{self, Application, Command, Settings};
 use idempost::{failpoint, shutdown, startup, telemetry};
+use idempost_relay::{self as relay, Application, Command, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {

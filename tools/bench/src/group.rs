@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use clap::Parser as _;
-use idempost::order::{Application, GroupCommitMode, Settings};
+use idempost_order::{Application, GroupCommitMode, Settings};
 use sea_orm::DatabaseConnection;
 use serde_json::{Value, json};
 

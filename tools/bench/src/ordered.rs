@@ -76,7 +76,10 @@ pub(crate) async fn prefill(db: &DatabaseConnection, shape: Shape) -> Result<(),
             let version = i64::try_from(version).unwrap_or(i64::MAX);
             let request_id = format!("bench-{event_id}");
             let (event_type, payload) = if version == 1 {
-                (idempost::contract::EVENT_TYPE, payload::order_accepted(&event_id, order_id, &request_id, at))
+                (
+                    idempost::contract::EVENT_TYPE,
+                    payload::order_accepted(&event_id, order_id, &request_id, at),
+                )
             } else {
                 let amended = payload::order_amended(&event_id, order_id, version, &request_id, at);
                 (idempost::contract::ORDER_AMENDED_EVENT_TYPE, amended)

@@ -11,7 +11,7 @@ use crate::measure::{Latencies, Percentiles};
 /// The environment that makes a relay log one JSON line per batch with its phase times (and its
 /// warnings), which [`RelayPhases::from_logs`] reads.
 pub(crate) const RELAY_STEP_LOG: [(&str, &str); 2] =
-    [("RUST_LOG", "warn,idempost::relay::step=debug"), ("IDEMPOST_LOG_FORMAT", "json")];
+    [("RUST_LOG", "warn,idempost_relay::step=debug"), ("IDEMPOST_LOG_FORMAT", "json")];
 
 /// The relays' batches during one drain.
 #[derive(Debug, Clone, Default)]
@@ -65,7 +65,7 @@ impl RelayPhases {
                     phases.lock_conflicts += 1;
                 }
                 let Ok(entry) = serde_json::from_str::<Value>(line) else { continue };
-                if entry.get("target").and_then(Value::as_str) != Some("idempost::relay::step") {
+                if entry.get("target").and_then(Value::as_str) != Some("idempost_relay::step") {
                     continue;
                 }
                 let fields = entry.get("fields").unwrap_or(&entry);

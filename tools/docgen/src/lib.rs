@@ -39,9 +39,9 @@ pub fn configuration_page_path() -> PathBuf {
 pub fn configuration_page() -> String {
     let mut page = String::from(PREAMBLE);
     for command in [
-        idempost::order::Settings::command(),
-        idempost::relay::Settings::command(),
-        idempost::consumer::Settings::command(),
+        idempost_order::Settings::command(),
+        idempost_relay::Settings::command(),
+        idempost_consumer::Settings::command(),
     ] {
         render_command(&mut page, &command, "##", "");
     }
@@ -152,9 +152,9 @@ mod tests {
     fn every_setting_of_every_service_is_on_the_page_with_its_environment_variable() {
         let page = configuration_page();
         for command in [
-            idempost::order::Settings::command(),
-            idempost::relay::Settings::command(),
-            idempost::consumer::Settings::command(),
+            idempost_order::Settings::command(),
+            idempost_relay::Settings::command(),
+            idempost_consumer::Settings::command(),
         ] {
             for arg in command.get_arguments().filter(|arg| documented(arg)) {
                 let row = format!("| {} | {} |", flag(arg), environment(arg));

@@ -181,7 +181,8 @@ mod tests {
     }
 
     fn request(method: Method, headers: &[(&str, &str)]) -> Request {
-        let mut request = axum::http::Request::builder().method(method).uri("/idempost.v1.AdminService/Purge");
+        let mut request =
+            axum::http::Request::builder().method(method).uri("/idempost.v1.AdminService/Purge");
         for (name, value) in headers {
             request = request.header(*name, *value);
         }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use rand::Rng;
 use sea_orm::{ConnectionTrait, Statement};
 
-use idempost::consumer::DEFAULT_CONSUMER_NAME;
 use idempost_client::{SafeSubmitter, SubmitPolicy};
+use idempost_consumer::DEFAULT_CONSUMER_NAME;
 use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
 use crate::error::VerifyError;

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use idempost::relay::Delivery;
+use idempost_relay::Delivery;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};

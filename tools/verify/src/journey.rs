@@ -9,7 +9,7 @@ use idempost::failpoint as fp;
 use idempost_proto::EventId;
 use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 
-use idempost::consumer::DEFAULT_CONSUMER_NAME;
+use idempost_consumer::DEFAULT_CONSUMER_NAME;
 
 use crate::error::VerifyError;
 use crate::evidence::{self, OutboxRow, Record};

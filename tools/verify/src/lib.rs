@@ -20,7 +20,8 @@ mod error;
 mod evidence;
 mod journey;
 mod ordering;
-pub mod process;
+/// Service processes: the test kit's process control, under the name the verifier's callers use.
+pub use idempost_testkit::service as process;
 mod report;
 mod settings;
 

@@ -132,7 +132,7 @@ pub async fn check_orders(
 
 #[cfg(test)]
 mod tests {
-    use idempost::relay::Delivery;
+    use idempost_relay::Delivery;
 
     use super::*;
 

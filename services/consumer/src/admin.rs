@@ -1,0 +1,308 @@
+//! The consumer's operators' edge, served as the gRPC `ConsumerAdminService` on its health
+//! listener: what its own database holds for an event, its dead letters, its parked events and
+//! the release of an order's gap, and the purge of its dedup history. Every call needs the
+//! operator scope: these tables do not know tenants.
+
+use std::collections::HashMap;
+
+use idempost_proto::v1::{
+    self as pb,
+    consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
+};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use tonic::{Code, Request, Response, Status};
+
+use super::gap::{self, Audit};
+use super::retention::{DedupRetention, RetentionError};
+use idempost::domain::{FieldViolation, InvalidInput};
+use idempost::edge::{self, CallError, error_status, parse_event_id, timestamp};
+use idempost::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
+use idempost::security::{Authenticator, Caller};
+
+const SERVICE: &str = "idempost.v1.ConsumerAdminService";
+
+/// The `ConsumerAdminService` implementation.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsumerAdminGrpc {
+    db: DatabaseConnection,
+    /// The consumer name whose read model and parked events this listener serves.
+    consumer_name: String,
+    retention: DedupRetention,
+    auth: Authenticator,
+}
+
+impl ConsumerAdminGrpc {
+    pub(crate) fn server(
+        db: DatabaseConnection,
+        consumer_name: String,
+        retention: DedupRetention,
+        auth: Authenticator,
+    ) -> ConsumerAdminServiceServer<Self> {
+        ConsumerAdminServiceServer::new(Self { db, consumer_name, retention, auth })
+    }
+
+    /// Authenticates the caller, requires the operator scope, and runs one call inside its
+    /// server span, recording its status there.
+    async fn operator<R, T, F: Future<Output = Result<T, ConsumerAdminError>>>(
+        &self,
+        method: &'static str,
+        request: &Request<R>,
+        event_id: Option<&str>,
+        call: impl FnOnce(Caller) -> F,
+    ) -> Result<Response<T>, Status> {
+        let call = |caller: Caller| async move {
+            caller.require_operator()?;
+            call(caller).await
+        };
+        edge::authenticated(
+            SERVICE,
+            method,
+            &self.auth,
+            request,
+            event_id,
+            call,
+            ConsumerAdminError::into_status,
+        )
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl ConsumerAdminService for ConsumerAdminGrpc {
+    async fn get_consumer_timeline(
+        &self,
+        request: Request<pb::GetConsumerTimelineRequest>,
+    ) -> Result<Response<pb::GetConsumerTimelineResponse>, Status> {
+        let event_id = request.get_ref().event_id.clone();
+        self.operator("GetConsumerTimeline", &request, Some(&event_id.clone()), |_| async move {
+            let event_id = parse_event_id(&event_id)?;
+            let timeline = timeline(&self.db, event_id).await?;
+            Ok(pb::GetConsumerTimelineResponse { timeline: Some(timeline) })
+        })
+        .await
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.operator("ListDeadLetters", &request, None, |_| async move {
+            let mut violations = Vec::new();
+            let limit = edge::limit(ask.limit, &mut violations);
+            InvalidInput::check(violations)?;
+            let mut query = dead_letter::Entity::find();
+            if !ask.consumer_name.is_empty() {
+                query = query.filter(dead_letter::Column::ConsumerName.eq(ask.consumer_name));
+            }
+            let rows =
+                query.order_by_asc(dead_letter::Column::Id).limit(u64::from(limit)).all(&self.db).await?;
+            Ok(pb::ListDeadLettersResponse { dead_letters: rows.into_iter().map(Into::into).collect() })
+        })
+        .await
+    }
+
+    async fn purge_consumed(
+        &self,
+        request: Request<pb::PurgeConsumedRequest>,
+    ) -> Result<Response<pb::PurgeConsumedResponse>, Status> {
+        let ask = *request.get_ref();
+        self.operator("PurgeConsumed", &request, None, |caller| async move {
+            let mut violations = Vec::new();
+            let consumed = edge::window(
+                "consumed_older_than",
+                ask.consumed_older_than,
+                self.retention.consumed,
+                &mut violations,
+            );
+            InvalidInput::check(violations)?;
+            let retention = DedupRetention { consumed, ..self.retention.clone() };
+            let report = retention.purge(&self.db, ask.dry_run).await?;
+            tracing::info!(
+                requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),
+                consumed_rows = report.consumed_rows,
+                dry_run = ask.dry_run,
+                "purge of consumed_event"
+            );
+            Ok(pb::PurgeConsumedResponse {
+                consumed_rows: report.consumed_rows,
+                consumed_cutoff: Some(timestamp(report.consumed_cutoff)),
+                redelivery_horizon: prost_types::Duration::try_from(retention.redelivery_horizon).ok(),
+            })
+        })
+        .await
+    }
+
+    async fn list_parked_events(
+        &self,
+        request: Request<pb::ListParkedEventsRequest>,
+    ) -> Result<Response<pb::ListParkedEventsResponse>, Status> {
+        let ask = *request.get_ref();
+        self.operator("ListParkedEvents", &request, None, |_| async move {
+            let mut violations = Vec::new();
+            let limit = edge::limit(ask.limit, &mut violations);
+            InvalidInput::check(violations)?;
+            let parked_events = parked(&self.db, &self.consumer_name, ask.order_id, limit).await?;
+            Ok(pb::ListParkedEventsResponse { parked_events })
+        })
+        .await
+    }
+
+    async fn release_parked_gap(
+        &self,
+        request: Request<pb::ReleaseParkedGapRequest>,
+    ) -> Result<Response<pb::ReleaseParkedGapResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.operator("ReleaseParkedGap", &request, None, |caller| async move {
+            let mut violations = Vec::new();
+            if ask.order_id <= 0 {
+                violations.push(FieldViolation::new("order_id", "must be positive"));
+            }
+            if ask.reason.trim().is_empty() {
+                violations.push(FieldViolation::new("reason", "is required: a release is audited"));
+            } else if ask.reason.chars().count() > 512 {
+                violations.push(FieldViolation::new("reason", "must be at most 512 characters"));
+            }
+            InvalidInput::check(violations)?;
+            let released_by = caller.subject.as_deref().unwrap_or("unauthenticated");
+            let audit = Audit { released_by, reason: &ask.reason };
+            let released = gap::release(&self.db, &self.consumer_name, ask.order_id, &audit)
+                .await?
+                .ok_or(ConsumerAdminError::NothingParked(ask.order_id))?;
+            tracing::warn!(
+                released_by,
+                reason = %ask.reason,
+                order_id = ask.order_id,
+                from_version = released.from,
+                to_version = released.to,
+                applied = ?released.applied,
+                "gap released in the read model"
+            );
+            Ok(pb::ReleaseParkedGapResponse {
+                released_from_version: released.from,
+                released_to_version: released.to,
+                applied_versions: released.applied,
+                read_model_version: released.version,
+                still_parked: u32::try_from(released.still_parked).unwrap_or(u32::MAX),
+            })
+        })
+        .await
+    }
+}
+
+/// `consumer`'s parked events (of `order_id`, or of every order for 0), by order and version,
+/// each with the version its order's read model is at.
+async fn parked(
+    db: &DatabaseConnection,
+    consumer: &str,
+    order_id: i64,
+    limit: u32,
+) -> Result<Vec<pb::ParkedEventRecord>, DbErr> {
+    let mut query = parked_event::Entity::find().filter(parked_event::Column::ConsumerName.eq(consumer));
+    if order_id != 0 {
+        query = query.filter(parked_event::Column::OrderId.eq(order_id));
+    }
+    let rows = query
+        .order_by_asc(parked_event::Column::OrderId)
+        .order_by_asc(parked_event::Column::Version)
+        .limit(u64::from(limit))
+        .all(db)
+        .await?;
+    let orders: Vec<i64> = rows.iter().map(|row| row.order_id).collect();
+    let versions: HashMap<i64, i64> = order_view::Entity::find()
+        .filter(order_view::Column::ConsumerName.eq(consumer))
+        .filter(order_view::Column::OrderId.is_in(orders))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|view| (view.order_id, view.version))
+        .collect();
+    Ok(rows
+        .into_iter()
+        .map(|row| pb::ParkedEventRecord {
+            read_model_version: versions.get(&row.order_id).copied().unwrap_or(0),
+            consumer_name: row.consumer_name,
+            event_id: row.event_id,
+            order_id: row.order_id,
+            event_version: row.version,
+            event_type: row.event_type,
+            reason: row.reason,
+            parked_at: Some(timestamp(row.parked_at)),
+        })
+        .collect())
+}
+
+/// Everything the database holds for `event_id`, oldest first.
+async fn timeline(db: &DatabaseConnection, event_id: String) -> Result<pb::ConsumerTimeline, DbErr> {
+    let consumers = consumed_event::Entity::find()
+        .filter(consumed_event::Column::EventId.eq(&event_id))
+        .order_by_asc(consumed_event::Column::ConsumedAt)
+        .all(db)
+        .await?;
+    let jobs = notification_job::Entity::find()
+        .filter(notification_job::Column::EventId.eq(&event_id))
+        .order_by_asc(notification_job::Column::CreatedAt)
+        .order_by_asc(notification_job::Column::ConsumerName)
+        .all(db)
+        .await?;
+    let dead_letters = dead_letter::Entity::find()
+        .filter(dead_letter::Column::EventId.eq(&event_id))
+        .order_by_asc(dead_letter::Column::Id)
+        .all(db)
+        .await?;
+    Ok(pb::ConsumerTimeline {
+        event_id,
+        consumers: consumers.into_iter().map(Into::into).collect(),
+        notification_jobs: jobs.into_iter().map(Into::into).collect(),
+        dead_letters: dead_letters.into_iter().map(Into::into).collect(),
+    })
+}
+
+/// Everything the consumer's admin API can answer besides OK.
+#[derive(Debug, thiserror::Error)]
+enum ConsumerAdminError {
+    #[error(transparent)]
+    Call(CallError),
+    #[error(transparent)]
+    BelowHorizon(RetentionError),
+    #[error("order {0} has no parked event in this consumer's read model")]
+    NothingParked(i64),
+}
+
+idempost::from_call_error!(ConsumerAdminError);
+
+impl From<RetentionError> for ConsumerAdminError {
+    fn from(e: RetentionError) -> Self {
+        match e {
+            RetentionError::Database(e) => e.into(),
+            refused => Self::BelowHorizon(refused),
+        }
+    }
+}
+
+impl ConsumerAdminError {
+    /// The one place these failures become gRPC statuses; the table in
+    /// `consumer_admin_service.proto` documents it.
+    fn into_status(self) -> Status {
+        match self {
+            Self::Call(e) => e.into_status(),
+            nothing @ Self::NothingParked(_) => error_status(
+                Code::FailedPrecondition,
+                "NOTHING_PARKED",
+                nothing.to_string(),
+                HashMap::new(),
+                None,
+            ),
+            refused @ Self::BelowHorizon(_) => {
+                let message = refused.to_string();
+                error_status(
+                    Code::FailedPrecondition,
+                    "RETENTION_BELOW_HORIZON",
+                    message,
+                    HashMap::new(),
+                    None,
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! From a Kafka record to the facts the consumer acts on, or a reason it cannot.
+
+use idempost_proto::EventId;
+use idempost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
+use prost::Message as _;
+
+use idempost::contract::{AGGREGATE_TYPE, EVENT_TYPE};
+
+/// `event_type` of OrderAmended events.
+pub(crate) const ORDER_AMENDED: &str = "idempost.v1.OrderAmended";
+/// `event_type` of OrderCancelled events.
+pub(crate) const ORDER_CANCELLED: &str = "idempost.v1.OrderCancelled";
+
+/// What the consumer needs of one event of an order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderEvent {
+    /// The event's stable id, from the payload (or, for a type this consumer does not know, the
+    /// `event_id` header): never a broker offset or message id.
+    pub(crate) event_id: EventId,
+    /// The order.
+    pub(crate) order_id: i64,
+    /// The version of the order's facts the event describes.
+    pub(crate) version: i64,
+    /// The protobuf message name of the payload.
+    pub(crate) event_type: String,
+    /// What the event makes of the order, or `None` for a type this consumer does not know: such
+    /// an event is parked, not applied, so that a consumer that knows it applies it later.
+    pub(crate) change: Option<OrderState>,
+    /// The record's value, kept for parking.
+    pub(crate) payload: Vec<u8>,
+}
+
+/// An order as its read model shows it after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OrderState {
+    /// The tenant that owns the order.
+    pub(crate) tenant_id: i64,
+    /// `ACCEPTED` or `CANCELLED`.
+    pub(crate) status: &'static str,
+    /// The order's total after the event, in minor units.
+    pub(crate) total_minor: i64,
+}
+
+/// A record that cannot be acted on, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Poison {
+    /// What is wrong with the record.
+    pub(crate) reason: String,
+    /// The event id from the `event_id` header, when there is one, so the dead letter can still
+    /// be found by it.
+    pub(crate) event_id: Option<String>,
+}
+
+/// Decodes a record's value by its `event_type` header (OrderAccepted when there is none),
+/// checking it against the `event_id` header when there is one. A type this consumer does not
+/// know is not poison when the headers name its event, order and version: it comes back with no
+/// [`OrderEvent::change`], to be parked.
+pub fn decode(payload: Option<&[u8]>, header: impl Fn(&str) -> Option<String>) -> Result<OrderEvent, Poison> {
+    let header_event_id = header("event_id");
+    let poison = |reason: String| Poison { reason, event_id: header_event_id.clone() };
+    let payload = payload.ok_or_else(|| poison("the record has no value".to_owned()))?;
+    let event_type = header("event_type").unwrap_or_else(|| EVENT_TYPE.to_owned());
+    let known = decode_known(&event_type, payload).map_err(poison)?;
+    let event = match known {
+        Some((event_id, order_id, version, change)) => {
+            if header_event_id.as_deref().is_some_and(|h| h != event_id) {
+                return Err(poison(format!("the event_id header differs from the payload's {event_id}")));
+            }
+            OrderEvent {
+                event_id: parse_event_id(&event_id).map_err(poison)?,
+                order_id,
+                version,
+                event_type,
+                change: Some(change),
+                payload: payload.to_vec(),
+            }
+        }
+        None => unknown(event_type, payload, &header).map_err(poison)?,
+    };
+    if event.order_id <= 0 || event.version <= 0 {
+        return Err(poison(format!(
+            "order_id {} and event_version {} must be positive",
+            event.order_id, event.version
+        )));
+    }
+    Ok(event)
+}
+
+/// The event id, order, version and resulting state of a payload of a type this consumer knows;
+/// `Ok(None)` for any other type; `Err` for a payload that is not the message its type names.
+pub(crate) fn decode_known(
+    event_type: &str,
+    payload: &[u8],
+) -> Result<Option<(String, i64, i64, OrderState)>, String> {
+    let not_a = |e: prost::DecodeError| format!("not an {event_type}: {e}");
+    Ok(Some(match event_type {
+        EVENT_TYPE => {
+            let e = OrderAccepted::decode(payload).map_err(not_a)?;
+            let state = OrderState { tenant_id: e.tenant_id, status: ACCEPTED, total_minor: e.total_minor };
+            (e.event_id, e.order_id, e.event_version, state)
+        }
+        ORDER_AMENDED => {
+            let e = OrderAmended::decode(payload).map_err(not_a)?;
+            let state = OrderState { tenant_id: e.tenant_id, status: ACCEPTED, total_minor: e.total_minor };
+            (e.event_id, e.order_id, e.event_version, state)
+        }
+        ORDER_CANCELLED => {
+            let e = OrderCancelled::decode(payload).map_err(not_a)?;
+            let state = OrderState { tenant_id: e.tenant_id, status: CANCELLED, total_minor: e.total_minor };
+            (e.event_id, e.order_id, e.event_version, state)
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// The read model's status of an order not cancelled.
+pub(crate) const ACCEPTED: &str = "ACCEPTED";
+/// The read model's status of a cancelled order.
+pub(crate) const CANCELLED: &str = "CANCELLED";
+
+fn parse_event_id(text: &str) -> Result<EventId, String> {
+    EventId::parse(text).map_err(|e| format!("event_id `{text}` {e}"))
+}
+
+/// An event of a type this consumer does not know, identified by its headers alone.
+fn unknown(
+    event_type: String,
+    payload: &[u8],
+    header: &impl Fn(&str) -> Option<String>,
+) -> Result<OrderEvent, String> {
+    let unsupported = |what: &str| format!("unsupported event_type `{event_type}` {what}");
+    if header("aggregate_type").as_deref() != Some(AGGREGATE_TYPE) {
+        return Err(unsupported("of no order aggregate"));
+    }
+    let event_id = header("event_id").ok_or_else(|| unsupported("without an event_id header"))?;
+    let number = |name: &str| header(name).and_then(|value| value.parse::<i64>().ok());
+    let order_id = number("aggregate_id").ok_or_else(|| unsupported("without an order id"))?;
+    let version = number("event_version").ok_or_else(|| unsupported("without an event_version"))?;
+    Ok(OrderEvent {
+        event_id: parse_event_id(&event_id)?,
+        order_id,
+        version,
+        event_type,
+        change: None,
+        payload: payload.to_vec(),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> =
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn an_amendment_and_a_cancellation_decode_to_the_state_they_leave() {
+        let id = EventId::new().to_string();
+        let amended = OrderAmended {
+            event_id: id.clone(),
+            event_version: 2,
+            order_id: 9,
+            tenant_id: 3,
+            total_minor: 50,
+            ..Default::default()
+        };
+        let event = decode(
+            Some(&amended.encode_to_vec()),
+            headers(&[("event_type", ORDER_AMENDED), ("event_id", &id)]),
+        )
+        .unwrap();
+        assert_eq!((event.order_id, event.version), (9, 2));
+        assert_eq!(event.change, Some(OrderState { tenant_id: 3, status: ACCEPTED, total_minor: 50 }));
+        let cancelled = OrderCancelled {
+            event_id: id,
+            event_version: 3,
+            order_id: 9,
+            tenant_id: 3,
+            total_minor: 50,
+            ..Default::default()
+        };
+        let event =
+            decode(Some(&cancelled.encode_to_vec()), headers(&[("event_type", ORDER_CANCELLED)])).unwrap();
+        assert_eq!(event.change.map(|c| c.status), Some(CANCELLED));
+    }
+
+    #[test]
+    fn an_unknown_type_with_its_headers_is_an_event_to_park_and_without_them_is_poison() {
+        let id = EventId::new().to_string();
+        let full = [
+            ("event_type", "idempost.v1.OrderShipped"),
+            ("event_id", id.as_str()),
+            ("aggregate_type", "order"),
+            ("aggregate_id", "12"),
+            ("event_version", "4"),
+        ];
+        let event = decode(Some(b"future bytes"), headers(&full)).unwrap();
+        assert_eq!((event.order_id, event.version, event.change), (12, 4, None));
+        assert_eq!(event.event_type, "idempost.v1.OrderShipped");
+        let without_version = &full[..4];
+        assert!(decode(Some(b"future bytes"), headers(without_version)).is_err());
+    }
+}

@@ -1,0 +1,373 @@
+//! The gRPC edge of the admin API: requests to queries on the way in, rows to messages and
+//! failures to statuses on the way out.
+
+use std::time::Duration;
+
+use idempost_proto::v1::{
+    self as pb,
+    admin_service_server::{AdminService, AdminServiceServer},
+};
+use tonic::{Code, Request, Response, Status};
+
+use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
+use super::retention::{OutboxPurgeReport, OutboxRetention};
+use idempost::backlog::{self, Redrive, RedriveAudit};
+use idempost::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
+use idempost::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
+use idempost::edge::{self, CallError, error_status, parse_event_id, timestamp};
+use idempost::security::{Authenticator, Caller};
+
+const SERVICE: &str = "idempost.v1.AdminService";
+
+/// The `AdminService` implementation.
+#[derive(Debug, Clone)]
+pub(crate) struct AdminGrpc {
+    inspector: Inspector,
+    retention: OutboxRetention,
+    auth: Authenticator,
+}
+
+impl AdminGrpc {
+    pub(crate) fn server(
+        db: sea_orm::DatabaseConnection,
+        retention: OutboxRetention,
+        auth: Authenticator,
+    ) -> AdminServiceServer<Self> {
+        AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth })
+    }
+
+    /// Authenticates the caller and runs one call inside its server span, recording its status
+    /// there; a refused caller reaches no query.
+    async fn traced<R, T, F: Future<Output = Result<T, AdminError>>>(
+        &self,
+        method: &'static str,
+        request: &Request<R>,
+        event_id: Option<&str>,
+        call: impl FnOnce(Caller) -> F,
+    ) -> Result<Response<T>, Status> {
+        edge::authenticated(SERVICE, method, &self.auth, request, event_id, call, AdminError::into_status)
+            .await
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminGrpc {
+    async fn get_event_timeline(
+        &self,
+        request: Request<pb::GetEventTimelineRequest>,
+    ) -> Result<Response<pb::GetEventTimelineResponse>, Status> {
+        let event_id = request.get_ref().event_id.clone();
+        self.traced("GetEventTimeline", &request, Some(&request.get_ref().event_id), |caller| async move {
+            let event_id = parse_event_id(&event_id)?;
+            let timeline = self.inspector.timeline(&event_id).await?;
+            // Another tenant's event is answered exactly like an unknown one.
+            let visible =
+                caller.operator || timeline.order.as_ref().is_some_and(|o| caller.may_read(o.tenant_id));
+            if timeline.is_empty() || !visible {
+                return Err(AdminError::EventNotFound(event_id));
+            }
+            Ok(pb::GetEventTimelineResponse { timeline: Some(seen_by(timeline.into(), &caller)) })
+        })
+        .await
+    }
+
+    async fn find_by_business_key(
+        &self,
+        request: Request<pb::FindByBusinessKeyRequest>,
+    ) -> Result<Response<pb::FindByBusinessKeyResponse>, Status> {
+        let key = request.get_ref().clone();
+        self.traced("FindByBusinessKey", &request, None, |caller| async move {
+            let tenant_id = caller.tenant_for_read(key.tenant_id)?;
+            let (tenant_id, request_id) = parse_key(tenant_id, key.request_id)?;
+            match self.inspector.find(tenant_id.get(), request_id.as_str()).await? {
+                Some(timeline) => {
+                    tracing::Span::current().record("idempost.event_id", timeline.event_id.as_str());
+                    Ok(pb::FindByBusinessKeyResponse { timeline: Some(seen_by(timeline.into(), &caller)) })
+                }
+                None => Err(AdminError::OrderNotFound {
+                    tenant_id: tenant_id.get(),
+                    request_id: request_id.as_str().to_owned(),
+                }),
+            }
+        })
+        .await
+    }
+
+    async fn list_backlog(
+        &self,
+        request: Request<pb::ListBacklogRequest>,
+    ) -> Result<Response<pb::ListBacklogResponse>, Status> {
+        let query = request.get_ref().clone();
+        self.traced("ListBacklog", &request, None, |caller| async move {
+            // The backlog spans every tenant: operators only.
+            caller.require_operator()?;
+            let (status, older_than, limit) = parse_backlog(query)?;
+            let backlog = self.inspector.backlog(status, older_than, u64::from(limit)).await?;
+            Ok(backlog.into())
+        })
+        .await
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<pb::RedriveRequest>,
+    ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.traced("Redrive", &request, Some(&ask.event_id.clone()), |caller| async move {
+            caller.require_operator()?;
+            let (event_id, audit) = parse_redrive(ask, &caller)?;
+            match backlog::redrive(self.inspector.db(), &event_id, &audit).await? {
+                Redrive::Redriven => {
+                    tracing::info!(
+                        idempost.event_id = %event_id,
+                        requested_by = %audit.requested_by,
+                        reason = %audit.reason,
+                        "redriven: FAILED -> PENDING"
+                    );
+                    let row = self.inspector.timeline(&event_id).await?.outbox;
+                    Ok(pb::RedriveResponse { outbox: row.map(Into::into) })
+                }
+                Redrive::NotFailed(status) => Err(AdminError::NotFailed { event_id, status }),
+                Redrive::NotFound => Err(AdminError::EventNotFound(event_id)),
+            }
+        })
+        .await
+    }
+
+    async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
+        #[allow(deprecated)]
+        let pb::PurgeRequest { outbox_older_than, consumed_older_than, dry_run } = *request.get_ref();
+        self.traced("Purge", &request, None, |caller| async move {
+            caller.require_operator()?;
+            let retention = self.retention_for(outbox_older_than, consumed_older_than.is_some())?;
+            let report = retention.purge(self.inspector.db(), dry_run).await?;
+            tracing::info!(
+                requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),
+                outbox_rows = report.outbox_rows,
+                dry_run,
+                "purge"
+            );
+            Ok(purge_response(&report))
+        })
+        .await
+    }
+}
+
+impl AdminGrpc {
+    /// The configured retention with the request's window in place of the default. A
+    /// consumed_event window is refused: those rows are the consumer's to purge.
+    fn retention_for(
+        &self,
+        outbox_older_than: Option<prost_types::Duration>,
+        asks_for_consumed: bool,
+    ) -> Result<OutboxRetention, AdminError> {
+        let mut violations = Vec::new();
+        let outbox =
+            edge::window("outbox_older_than", outbox_older_than, self.retention.outbox, &mut violations);
+        if asks_for_consumed {
+            violations.push(FieldViolation::new(
+                "consumed_older_than",
+                "consumed_event rows are the consumer's: use ConsumerAdminService.PurgeConsumed on the consumer",
+            ));
+        }
+        InvalidInput::check(violations)?;
+        Ok(OutboxRetention { outbox, ..self.retention.clone() })
+    }
+}
+
+fn parse_key(tenant_id: i64, request_id: String) -> Result<(TenantId, RequestId), AdminError> {
+    let mut violations = Vec::new();
+    let tenant =
+        TenantId::new(tenant_id).map_err(|e| violations.push(FieldViolation::new("tenant_id", e))).ok();
+    let request =
+        RequestId::parse(request_id).map_err(|e| violations.push(FieldViolation::new("request_id", e))).ok();
+    InvalidInput::check(violations)?;
+    tenant.zip(request).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
+}
+
+fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<Duration>, u32), AdminError> {
+    let mut violations = Vec::new();
+    let status = if query.status.is_empty() {
+        Some(OutboxStatus::Pending)
+    } else {
+        OutboxStatus::from_stored(&query.status.to_ascii_uppercase()).or_else(|| {
+            violations
+                .push(FieldViolation::new("status", "must be PENDING, PUBLISHING, PUBLISHED or FAILED"));
+            None
+        })
+    };
+    let older_than = edge::optional_window("older_than", query.older_than, &mut violations);
+    let limit = edge::limit(query.limit, &mut violations);
+    InvalidInput::check(violations)?;
+    Ok((status.unwrap_or(OutboxStatus::Pending), older_than, limit))
+}
+
+/// The event and the audit record. With a token, the token's subject is who did it and the
+/// request's free-text `requested_by` is kept only as a note in the reason; without
+/// authentication (`--auth none`, loopback) `requested_by` is required and recorded as given.
+fn parse_redrive(ask: pb::RedriveRequest, caller: &Caller) -> Result<(String, RedriveAudit), AdminError> {
+    let mut violations = Vec::new();
+    let event_id = parse_event_id(&ask.event_id).map_err(|e| violations.extend(e.violations)).ok();
+    let required = |field: &str, value: &str, violations: &mut Vec<FieldViolation>| {
+        if value.trim().is_empty() {
+            violations.push(FieldViolation::new(field, "is required: a redrive is audited on the row"));
+        }
+    };
+    if caller.subject.is_none() {
+        required("requested_by", &ask.requested_by, &mut violations);
+    }
+    required("reason", &ask.reason, &mut violations);
+    InvalidInput::check(violations)?;
+    let audit = match &caller.subject {
+        None => RedriveAudit { requested_by: ask.requested_by, reason: ask.reason },
+        Some(subject) => {
+            let note = ask.requested_by.trim();
+            let reason = if note.is_empty() || note == subject {
+                ask.reason
+            } else {
+                format!("{} (requested_by note: {note})", ask.reason)
+            };
+            RedriveAudit { requested_by: subject.clone(), reason }
+        }
+    };
+    event_id.map(|id| (id, audit)).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
+}
+
+/// Everything the admin API can answer besides OK.
+#[derive(Debug, thiserror::Error)]
+enum AdminError {
+    #[error(transparent)]
+    Call(CallError),
+    #[error("no order or outbox row has event {0}")]
+    EventNotFound(String),
+    #[error("no operation committed under tenant_id {tenant_id} and request_id {request_id}")]
+    OrderNotFound { tenant_id: i64, request_id: String },
+    #[error("event {event_id} is {}, not FAILED: only FAILED events are redriven", status.as_str())]
+    NotFailed { event_id: String, status: OutboxStatus },
+}
+
+idempost::from_call_error!(AdminError);
+
+impl AdminError {
+    /// The one place admin failures become gRPC statuses; the table in `admin_service.proto`
+    /// documents it.
+    fn into_status(self) -> Status {
+        let message = self.to_string();
+        let text =
+            |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let (code, reason, metadata) = match self {
+            Self::Call(e) => return e.into_status(),
+            Self::EventNotFound(event_id) => {
+                (Code::NotFound, "EVENT_NOT_FOUND", text(&[("event_id", &event_id)]))
+            }
+            Self::OrderNotFound { tenant_id, request_id } => (
+                Code::NotFound,
+                "ORDER_NOT_FOUND",
+                text(&[("tenant_id", &tenant_id.to_string()), ("request_id", &request_id)]),
+            ),
+            Self::NotFailed { event_id, status } => (
+                Code::FailedPrecondition,
+                "NOT_FAILED",
+                text(&[("event_id", &event_id), ("status", status.as_str())]),
+            ),
+        };
+        error_status(code, reason, message, metadata, None)
+    }
+}
+
+/// What the operators' side of an outbox row says (which relay holds the lease, the broker's
+/// error text, who redrove it and why) is for operators: a tenant reading its own event sees
+/// the row's state without it. A publish error stays visible as the fact that one happened.
+fn seen_by(mut timeline: pb::EventTimeline, caller: &Caller) -> pb::EventTimeline {
+    if caller.operator {
+        return timeline;
+    }
+    if let Some(outbox) = timeline.outbox.as_mut() {
+        outbox.lease_owner.clear();
+        outbox.last_redriven_by.clear();
+        outbox.last_redrive_reason.clear();
+        if !outbox.last_error.is_empty() {
+            outbox.last_error = TENANT_PUBLISH_ERROR.to_owned();
+        }
+    }
+    timeline
+}
+
+/// `last_error` as a tenant sees it when the relay recorded one.
+const TENANT_PUBLISH_ERROR: &str =
+    "publishing failed and will be retried or redriven; an operator can see why";
+
+impl From<Timeline> for pb::EventTimeline {
+    /// The order side only: the consumer's parts stay empty (ConsumerAdminService has them).
+    fn from(t: Timeline) -> Self {
+        Self {
+            event_id: t.event_id,
+            order: t.order.map(Into::into),
+            outbox: t.outbox.map(Into::into),
+            order_events: t.order_events.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+}
+
+impl From<OrderEvent> for pb::OrderEventRecord {
+    fn from(e: OrderEvent) -> Self {
+        let v = e.version;
+        // A purged row's type still follows from the operation that made it.
+        let (event_type, outbox_status) =
+            e.outbox.unwrap_or_else(|| (event_type(&v.operation).to_owned(), String::new()));
+        Self {
+            event_id: v.event_id,
+            version: v.version,
+            event_type,
+            operation: v.operation,
+            request_id: v.request_id,
+            committed_at: Some(timestamp(v.committed_at)),
+            outbox_status,
+        }
+    }
+}
+
+/// The event type a stored operation commits.
+fn event_type(operation: &str) -> &'static str {
+    match Operation::from_stored(operation) {
+        Some(Operation::Submit) => EVENT_TYPE,
+        Some(Operation::Amend) => ORDER_AMENDED_EVENT_TYPE,
+        Some(Operation::Cancel) => ORDER_CANCELLED_EVENT_TYPE,
+        None => "",
+    }
+}
+
+impl From<Backlog> for pb::ListBacklogResponse {
+    fn from(b: Backlog) -> Self {
+        let stats = pb::BacklogStats {
+            pending: b.stats.count(OutboxStatus::Pending),
+            publishing: b.stats.count(OutboxStatus::Publishing),
+            failed: b.stats.count(OutboxStatus::Failed),
+            oldest_pending_age: b
+                .stats
+                .oldest_pending
+                .map(|oldest| (b.now - oldest).to_std().unwrap_or_default())
+                .and_then(|age| prost_types::Duration::try_from(age).ok()),
+            ..Default::default()
+        };
+        let entries = b
+            .entries
+            .into_iter()
+            .map(|row| pb::BacklogEntry {
+                event_id: row.event_id.clone(),
+                aggregate_id: row.aggregate_id.clone(),
+                outbox: Some(row.into()),
+            })
+            .collect();
+        Self { entries, stats: Some(stats) }
+    }
+}
+
+fn purge_response(report: &OutboxPurgeReport) -> pb::PurgeResponse {
+    pb::PurgeResponse {
+        outbox_rows: report.outbox_rows,
+        outbox_cutoff: Some(timestamp(report.outbox_cutoff)),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,55 @@
+//! The outbox's retention: PUBLISHED rows do not stay forever. PENDING, PUBLISHING and FAILED
+//! rows are never deleted. (The dedup history is the consumer's, and so is its retention.)
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ColumnTrait, Condition, DatabaseConnection, DbErr};
+
+use idempost::db::{self, purge};
+use idempost::domain::OutboxStatus;
+use idempost::entity::outbox_event::{self, Column};
+
+/// How long PUBLISHED outbox rows are kept after the broker confirmed them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OutboxRetention {
+    /// PUBLISHED outbox rows are kept this long after the broker confirmed them.
+    pub(crate) outbox: Duration,
+    /// Rows deleted per statement: each batch is its own short transaction.
+    pub(crate) batch_size: u64,
+}
+
+/// What a purge deleted (or, in a dry run, would delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OutboxPurgeReport {
+    /// PUBLISHED outbox rows.
+    pub(crate) outbox_rows: u64,
+    /// Outbox rows published before this (database clock) were eligible.
+    pub(crate) outbox_cutoff: DateTime<Utc>,
+}
+
+impl OutboxRetention {
+    /// Deletes the PUBLISHED rows the window allows, oldest first, in batches of `batch_size`
+    /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them. The cut-off comes from
+    /// the database clock.
+    pub(crate) async fn purge(
+        &self,
+        db: &DatabaseConnection,
+        dry_run: bool,
+    ) -> Result<OutboxPurgeReport, DbErr> {
+        let outbox_cutoff = purge::before(db::now(db).await?, self.outbox)?;
+        let published = Condition::all()
+            .add(Column::Status.eq(OutboxStatus::Published.as_str()))
+            .add(Column::PublishedAt.lt(outbox_cutoff));
+        let outbox_rows = purge::delete_in_batches::<outbox_event::Entity, String>(
+            db,
+            published,
+            Column::EventId,
+            Column::PublishedAt,
+            self.batch_size,
+            dry_run,
+        )
+        .await?;
+        Ok(OutboxPurgeReport { outbox_rows, outbox_cutoff })
+    }
+}

@@ -1,0 +1,241 @@
+//! Builds the relay from its settings and runs it until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::budget::StepBudget;
+use super::health::{Vitals, publish_verdict};
+use super::outbox::{Outbox, RetryPolicy};
+use super::publisher::{KafkaPublisher, ProducerConfigError};
+use super::settings::Settings;
+use super::worker::{PublisherFailed, Relay, Tuning};
+use idempost::backlog::{Redrive, RedriveAudit};
+use idempost::db;
+use idempost::security::Listener;
+use idempost::service::{self, Health, HealthEndpoint, ReadyError};
+use idempost::telemetry::metrics;
+use idempost::wake::WakeListener;
+
+/// The relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The settings contradict each other or miss something.
+    #[error("invalid settings: {0}")]
+    Settings(String),
+    /// The database or the health endpoint could not get ready.
+    #[error(transparent)]
+    Ready(#[from] ReadyError),
+    /// The Kafka producer could not be configured.
+    #[error(transparent)]
+    Producer(#[from] ProducerConfigError),
+    /// The health server failed.
+    #[error("health server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// The producer failed for good while relaying.
+    #[error(transparent)]
+    Publisher(#[from] PublisherFailed),
+}
+
+/// A built relay with its health endpoint bound.
+#[derive(Debug)]
+pub struct Application {
+    relay: Relay<KafkaPublisher>,
+    listener: Listener,
+    port: u16,
+    wake: Option<WakeListener>,
+    settings: Settings,
+}
+
+impl Application {
+    /// Checks the settings (the listener's plaintext policy included) before anything else,
+    /// connects to the database (which must be migrated), creates the
+    /// producer and binds the health endpoint. Publishing starts in
+    /// [`Application::run_until_stopped`].
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let settings = settings.with_secrets_read().map_err(ReadyError::from)?;
+        check(&settings)?;
+        Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
+        let outbox = open_outbox(&settings.database_url, settings.db_max_connections).await?;
+        let publisher = KafkaPublisher::new(
+            &settings.brokers,
+            settings.topic.clone(),
+            settings.delivery_timeout,
+            &settings.kafka_options,
+        )?;
+        let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
+        let port = listener.port();
+        let wake = match settings.wake_listen {
+            Some(addr) => {
+                Some(WakeListener::bind(addr).await.map_err(|source| ReadyError::Listen { addr, source })?)
+            }
+            None => None,
+        };
+        let mut bound = vec![("listen", SocketAddr::new(settings.listen.ip(), port))];
+        if let (Some(addr), Some(wake)) = (settings.wake_listen, &wake) {
+            bound.push(("wake-listen", SocketAddr::new(addr.ip(), wake.port())));
+        }
+        service::write_port_file(settings.port_file.as_deref(), &bound)?;
+        let relay = Relay::new(outbox, publisher, tuning(&settings));
+        Ok(Self { relay, listener, port, wake, settings })
+    }
+
+    /// The health endpoint's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Relays until `shutdown` completes, then drains: no new claims, the batch in flight is
+    /// published and marked (bounded by the lease), and the process may exit. Nothing is deleted.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), StartupError> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let health = HealthEndpoint::serve(self.listener, "idempost-relay", stop_rx.clone()).await;
+        let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
+        let watcher = tokio::spawn(watch_health(
+            self.relay.vitals(),
+            self.relay.outbox().clone(),
+            health.health(),
+            self.settings.publish_stall,
+            stop_rx.clone(),
+        ));
+        if let Some(wake) = self.wake {
+            tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
+        }
+
+        // Several step loops over one worker: their claims are disjoint, and every mark or
+        // release is fenced by its own claim's lease token, so they need nothing from each other
+        // and a late loop cannot touch a row another loop claimed again.
+        let loops = (0..self.settings.workers.max(1)).map(|_| self.relay.run(stop_rx.clone()));
+        let relay = futures::future::try_join_all(loops);
+        tokio::pin!(relay);
+        let outcome = tokio::select! {
+            outcome = &mut relay => outcome.map(|_| ()),
+            () = shutdown => {
+                tracing::info!("shutdown requested; finishing the batch in flight");
+                health.draining().await;
+                let _ = stop_tx.send(true);
+                tokio::time::timeout(self.settings.lease, &mut relay).await.map_or_else(
+                    |_| {
+                        tracing::warn!("drain took longer than the lease; its events will be claimed again");
+                        Ok(())
+                    },
+                    |outcome| outcome.map(|_| ()),
+                )
+            }
+        };
+        let _ = stop_tx.send(true);
+        let _ = backlog.await;
+        let _ = watcher.await;
+        health.stopped().await?;
+        outcome?;
+        tracing::info!("relay stopped");
+        Ok(())
+    }
+}
+
+/// The outbox at `url` (which must be migrated) as the relay uses it, on a pool set up for it
+/// ([`db::Pool::Relay`]): on PostgreSQL each claim and mark is planned for the outbox as it is
+/// now, so a plan made while the table was nearly empty never scans the grown table; on
+/// MariaDB/MySQL the sessions run at READ COMMITTED from the start.
+pub async fn open_outbox(url: &str, max_connections: u32) -> Result<Outbox, ReadyError> {
+    Ok(Outbox::on_relay_pool(service::open_database_for(url, max_connections, db::Pool::Relay).await?))
+}
+
+/// The operator's redrive: returns a FAILED event to PENDING.
+pub async fn redrive(
+    settings: &Settings,
+    event_id: &str,
+    audit: &RedriveAudit,
+) -> Result<Redrive, StartupError> {
+    let url = idempost::secret::database_url(&settings.database_url, settings.database_url_file.as_deref())
+        .map_err(ReadyError::from)?;
+    let db = service::open_database(&url, 1).await?;
+    Outbox::new(db).redrive(event_id, audit).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
+}
+
+/// Keeps health NOT_SERVING while the relay cannot claim, or while nothing was published for
+/// longer than `stall` although an event has waited that long, until `stop`.
+async fn watch_health(
+    vitals: Arc<Vitals>,
+    outbox: Outbox,
+    health: Health,
+    stall: std::time::Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    while !*stop.borrow() {
+        let since_publish = vitals.since_last_publish();
+        // The backlog is read only while publishing looks stalled, so a healthy relay adds no
+        // query; an unreadable backlog leaves the claim check to speak.
+        let publishing = if since_publish > stall {
+            match outbox.backlog().await {
+                Ok(backlog) => publish_verdict(since_publish, backlog.oldest_pending, stall),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        health.update(&[("claim", vitals.claim_verdict()), ("publishing", publishing)]).await;
+        tokio::select! {
+            () = tokio::time::sleep(service::HEALTH_INTERVAL) => {}
+            changed = stop.changed() => if changed.is_err() { break },
+        }
+    }
+}
+
+/// How often the backlog gauges are refreshed.
+const BACKLOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Records the backlog size per status and the oldest waiting event's age until `stop`.
+async fn report_backlog(outbox: Outbox, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        match outbox.backlog().await {
+            Ok(backlog) => {
+                for (status, count) in &backlog.by_status {
+                    let status = opentelemetry::KeyValue::new("idempost.outbox.status", status.as_str());
+                    metrics().outbox_backlog.record(*count, &[status]);
+                }
+                let age = backlog.oldest_pending.map_or(0.0, |oldest| {
+                    (chrono::Utc::now() - oldest).to_std().unwrap_or_default().as_secs_f64()
+                });
+                metrics().outbox_oldest_pending_age.record(age, &[]);
+            }
+            Err(e) => tracing::debug!(error = %e, "backlog query failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(BACKLOG_INTERVAL) => {}
+            changed = stop.changed() => if changed.is_err() { break },
+        }
+    }
+}
+
+fn check(settings: &Settings) -> Result<(), StartupError> {
+    // A step still acting on its events when their lease ends races the relay that claims them
+    // next. The lease must cover the slowest publish (queue wait included), the marks and
+    // releases, and the margin.
+    StepBudget::new(settings.lease, settings.delivery_timeout, settings.lease_margin)
+        .map_err(StartupError::Settings)?;
+    if settings.backoff_base > settings.backoff_max {
+        return Err(StartupError::Settings("--backoff-base must not exceed --backoff-max".into()));
+    }
+    Ok(())
+}
+
+fn tuning(settings: &Settings) -> Tuning {
+    Tuning {
+        batch_size: settings.batch_size,
+        lease: settings.lease,
+        delivery_timeout: settings.delivery_timeout,
+        lease_margin: settings.lease_margin,
+        retry: RetryPolicy {
+            max_attempts: settings.max_attempts,
+            backoff_base: settings.backoff_base,
+            backoff_max: settings.backoff_max,
+        },
+        max_idle_poll: settings.max_idle_poll,
+    }
+}

@@ -1,0 +1,196 @@
+//! MariaDB/MySQL's claim.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait as _, DatabaseTransaction, DbBackend, DbErr, EntityTrait,
+    FromQueryResult as _, QueryFilter, QueryResult, Statement, TransactionTrait, Value,
+};
+
+use super::{CLAIM_INDEX, READY_INDEX, claimed, first_unpublished, gate, lease_to};
+use crate::lease::LeaseToken;
+use crate::outbox::event::ClaimedEvent;
+use crate::outbox::table::{Outbox, lease_end};
+use idempost::domain::OutboxStatus;
+use idempost::entity::outbox_event::{self, Column};
+use idempost::failpoint;
+
+impl Outbox {
+    /// MariaDB/MySQL's claim: one transaction of the claim gate, a plain read of the expired
+    /// leases, one locking read, one lease update and the gate's release, so seven round trips
+    /// (a clock read and a locking query per kind of candidate made two more); under a loaded
+    /// two-core machine each round trip waits for the server thread to be scheduled.
+    ///
+    /// The locking read is a `UNION ALL` of the expired leases found (locked by primary key, the
+    /// expiry checked again) and the due events not held back (`idx_outbox_ready` in its order,
+    /// forced, up to `batch_size`), both `FOR UPDATE SKIP LOCKED`, and returns the server's clock
+    /// (`UTC_TIMESTAMP(6)`, one value per statement) with every row; the leases end `lease`
+    /// after it. Expired leases come first (each row says its part, since a union's order is not
+    /// promised), and due events beyond the batch stay locked only until the commit, unleased.
+    ///
+    /// Why the expired leases are found by a plain read first: a locking read of
+    /// `idx_outbox_claim (status, lease_until, created_at)` stops at the first lease still
+    /// running, and InnoDB keeps that row's entry locked until the claim commits, even at READ
+    /// COMMITTED. That row is another loop's event in flight, so its mark waited for this claim:
+    /// 160-190 lock waits totalling 4 s in 30 s of the bench at 1,516 orders/s, marks of 90
+    /// events taking 47 ms (p50). A plain read locks nothing; only the rows it found expired are
+    /// then locked, by key.
+    ///
+    /// Why the due part is pinned to its index (`FORCE INDEX`): InnoDB locks the index entries a
+    /// locking read scans, also those of rows it then skips as locked, and keeps them until the
+    /// transaction ends. Left to itself, MariaDB sometimes read the due events through
+    /// `idx_outbox_claim` and sorted them: that claim locked every due event's
+    /// `idx_outbox_claim` entry, while a concurrent claim through the due index (then
+    /// `idx_outbox_due`) held that index's entries of its own rows, and their lease updates,
+    /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between
+    /// two claims (the bench's end-to-end run showed it, two claims of 22 and 80 rows holding
+    /// 1,019 and 1,020 row locks). On its own index, in the index's order, it stops at its
+    /// `LIMIT` and locks only what it takes and what it skips.
+    ///
+    /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
+    /// one at a time, and releases it before the commit.
+    pub(super) async fn claim_locking(
+        &self,
+        token: &LeaseToken,
+        lease: Duration,
+        batch_size: u64,
+    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let txn = self.db.begin_with_config(self.isolation, None).await?;
+        let gate = gate::enter(&txn).await?;
+        let leased = async {
+            let candidates = lock_candidates(&txn, batch_size).await?;
+            lease_found(&txn, candidates, token, lease, batch_size).await
+        }
+        .await;
+        // Before the commit: the next claim may read while this one commits, and skips its rows.
+        gate.leave(&txn).await;
+        // On an error the transaction is dropped, which rolls it back.
+        let leased = leased?;
+        txn.commit().await?;
+        Ok(leased)
+    }
+}
+
+/// The claim's locking read in `txn`: expired leases and due events, each row with its part
+/// and the server's clock, locked `FOR UPDATE SKIP LOCKED`.
+async fn lock_candidates(txn: &DatabaseTransaction, batch_size: u64) -> Result<Vec<QueryResult>, DbErr> {
+    let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+    let (publishing, pending) = (OutboxStatus::Publishing.as_str(), OutboxStatus::Pending.as_str());
+    let expired: Vec<Value> = txn
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::MySql,
+            format!(
+                "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
+                     WHERE status = '{publishing}' AND lease_until < UTC_TIMESTAMP(6) \
+                     ORDER BY lease_until, created_at LIMIT ?"
+            ),
+            [limit.into()],
+        ))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
+        .collect::<Result<_, _>>()?;
+    let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
+    let first = first_unpublished(DbBackend::MySql, "o");
+    let due = format!(
+        "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
+              WHERE o.status = '{pending}' AND o.held_back = FALSE \
+              AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
+              AND {first} ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
+    );
+    let statement = if expired.is_empty() {
+        Statement::from_sql_and_values(DbBackend::MySql, due, [limit.into()])
+    } else {
+        let keys = vec!["?"; expired.len()].join(", ");
+        let sql = format!(
+            "(SELECT {columns}, 0 AS claim_part FROM outbox_event AS o \
+                  WHERE o.event_id IN ({keys}) AND o.status = '{publishing}' AND o.lease_until < UTC_TIMESTAMP(6) \
+                  FOR UPDATE SKIP LOCKED) UNION ALL {due}"
+        );
+        let values = expired.into_iter().chain([limit.into()]);
+        Statement::from_sql_and_values(DbBackend::MySql, sql, values)
+    };
+    txn.query_all_raw(statement).await
+}
+
+/// Leases what `lock_candidates` found in `txn` (not committed): up to `batch_size`, those not
+/// behind an unpublished earlier version of their aggregate.
+async fn lease_found(
+    txn: &DatabaseTransaction,
+    result: Vec<QueryResult>,
+    token: &LeaseToken,
+    lease: Duration,
+    batch_size: u64,
+) -> Result<Vec<ClaimedEvent>, DbErr> {
+    // One clock value per statement: the first row's is every row's.
+    let Some(first) = result.first() else {
+        return Ok(Vec::new());
+    };
+    let lease_until = lease_end(first.try_get::<NaiveDateTime>("", "claim_now")?.and_utc(), lease)?;
+    let mut found = Vec::with_capacity(result.len());
+    for row in &result {
+        found.push((row.try_get::<i64>("", "claim_part")?, outbox_event::Model::from_query_result(row, "")?));
+    }
+    let mut rows = taken(found, batch_size);
+    let held = still_behind_an_unpublished_version(txn, &rows).await?;
+    rows.retain(|row| !held.contains(&row.event_id));
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // At most `batch_size` placeholders, and never an empty `IN ()`.
+    let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
+    lease_to(outbox_event::Entity::update_many(), token, lease_until)
+        .filter(Column::EventId.is_in(ids))
+        .exec(txn)
+        .await?;
+    failpoint::hit(failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT).map_err(|e| DbErr::Custom(e.to_string()))?;
+    Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect())
+}
+
+/// What a claim takes of the rows its union found (each with its part: 0 for an expired lease,
+/// 1 for a due event): expired leases first, longest expired first, then due events, oldest
+/// first, up to `batch_size`; answered in creation order.
+fn taken(mut found: Vec<(i64, outbox_event::Model)>, batch_size: u64) -> Vec<outbox_event::Model> {
+    // Expired leases first, longest expired first; then due events, oldest first.
+    found.sort_by(|(part_a, a), (part_b, b)| {
+        let key = |part: i64, row: &outbox_event::Model| {
+            if part == 0 { (part, row.lease_until, row.created_at) } else { (part, None, row.created_at) }
+        };
+        key(*part_a, a).cmp(&key(*part_b, b)).then_with(|| a.event_id.cmp(&b.event_id))
+    });
+    found.truncate(usize::try_from(batch_size).unwrap_or(usize::MAX));
+    let mut rows: Vec<outbox_event::Model> = found.into_iter().map(|(_, row)| row).collect();
+    rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+    rows
+}
+
+/// Which of `rows` (locked by this claim) have an earlier version of their aggregate not yet
+/// PUBLISHED, by a read that starts after their locks were taken.
+///
+/// On MariaDB/MySQL the claim's locking read sees the newest committed rows, while its `NOT
+/// EXISTS` probe reads the snapshot taken when the statement began: versions n and n + 1 both
+/// committed during the statement would show n + 1 and hide n. This plain read is a new
+/// statement, so (at READ COMMITTED) a new snapshot, which holds n whenever the claim saw n + 1
+/// (n committed first). What it finds PUBLISHED stays so, so an event it clears stays clear.
+/// PostgreSQL's claim reads one snapshot throughout and SQLite has one writer: neither needs it.
+async fn still_behind_an_unpublished_version(
+    txn: &DatabaseTransaction,
+    rows: &[outbox_event::Model],
+) -> Result<HashSet<String>, DbErr> {
+    if rows.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let keys = vec!["?"; rows.len()].join(", ");
+    let sql = format!(
+        "SELECT o.event_id FROM outbox_event AS o WHERE o.event_id IN ({keys}) AND NOT {}",
+        first_unpublished(DbBackend::MySql, "o")
+    );
+    let values = rows.iter().map(|row| Value::from(row.event_id.as_str()));
+    txn.query_all_raw(Statement::from_sql_and_values(DbBackend::MySql, sql, values))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0))
+        .collect()
+}

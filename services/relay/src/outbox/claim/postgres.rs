@@ -1,0 +1,70 @@
+//! PostgreSQL's claim.
+
+use std::time::Duration;
+
+use sea_orm::{DbBackend, DbErr, EntityTrait, Statement};
+
+use super::{claimed, first_unpublished};
+use crate::lease::LeaseToken;
+use crate::outbox::event::ClaimedEvent;
+use crate::outbox::table::Outbox;
+use idempost::domain::OutboxStatus;
+use idempost::entity::outbox_event;
+
+impl Outbox {
+    /// PostgreSQL's claim: the clock read, both candidate queries (each on its own index, in its
+    /// order, `FOR UPDATE SKIP LOCKED`) and the lease update in one statement, so one round trip
+    /// and one implicit transaction instead of six round trips (begin, clock, two selects, the
+    /// update, commit). Under a loaded two-core machine each round trip waits for the server
+    /// process to be scheduled, and that wait, not the statements, was most of a 57 ms claim.
+    ///
+    /// The lease ends `lease` after the database clock (`clock_timestamp()`, read once in a
+    /// materialized CTE): PostgreSQL stores a `timestamptz`, so a clock function writes the same
+    /// value a bound timestamp would (only SQLite needs every timestamp bound as text). The due
+    /// query takes only what the expired one left of `batch_size`, as the two queries of the
+    /// transaction did.
+    pub(super) async fn claim_in_one_statement(
+        &self,
+        token: &LeaseToken,
+        lease: Duration,
+        batch_size: u64,
+    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        let lease_micros = i64::try_from(lease.as_micros())
+            .map_err(|_| DbErr::Custom(format!("a lease of {lease:?} is out of range")))?;
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let sql = format!(
+            "WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now), \
+             expired AS MATERIALIZED (SELECT event_id FROM outbox_event \
+               WHERE status = '{publishing}' AND lease_until < (SELECT now FROM clock) \
+               ORDER BY lease_until, created_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             due AS MATERIALIZED (SELECT o.event_id FROM outbox_event AS o \
+               WHERE o.status = '{pending}' AND o.held_back = FALSE \
+               AND (o.lease_until IS NULL OR o.lease_until <= (SELECT now FROM clock)) \
+               AND {first} \
+               ORDER BY o.created_at, o.event_id LIMIT $2 - (SELECT count(*) FROM expired) FOR UPDATE OF o SKIP LOCKED) \
+             UPDATE outbox_event AS o SET status = '{publishing}', lease_owner = $1, \
+               lease_until = (SELECT now FROM clock) + $3 * interval '1 microsecond', attempts = o.attempts + 1 \
+             WHERE o.event_id IN (SELECT event_id FROM expired UNION ALL SELECT event_id FROM due) \
+             RETURNING o.*",
+            publishing = OutboxStatus::Publishing.as_str(),
+            pending = OutboxStatus::Pending.as_str(),
+            first = first_unpublished(DbBackend::Postgres, "o"),
+        );
+        let statement = Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            [token.as_str().into(), limit.into(), lease_micros.into()],
+        );
+        let mut rows = outbox_event::Entity::find().from_raw_sql(statement).all(&self.db).await?;
+        rows.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
+        rows.into_iter()
+            .map(|row| {
+                let lease_until = row.lease_until.ok_or_else(|| {
+                    DbErr::Custom(format!("claimed event {} came back without a lease", row.event_id))
+                })?;
+                // RETURNING shows the row after the update: its attempts already count this claim.
+                Ok(claimed(row, 0, lease_until, token))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,348 @@
+//! Publishing to a Kafka-protocol broker, and the contract every publisher keeps.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+
+use tracing::Instrument as _;
+
+use self::producer::{ConfirmingProducer, Placed};
+use super::outbox::{ClaimedEvent, Delivery};
+use idempost::{failpoint, telemetry};
+
+use idempost::contract::CONTENT_TYPE;
+
+mod producer;
+
+/// Publishes one outbox event.
+///
+/// Contract: `publish` returns `Ok` only after the broker accepted the record at the configured
+/// acknowledgement level. Any rejection, timeout or unknown result is an `Err`, and the caller
+/// must then not mark the event PUBLISHED.
+pub trait Publisher: Send + Sync {
+    /// Publishes `event` and waits for the broker's verdict.
+    fn publish(&self, event: &ClaimedEvent) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
+
+    /// A reason this publisher can never publish again, if it has one (librdkafka's idempotent
+    /// producer raises such fatal errors).
+    fn fatal_error(&self) -> Option<String> {
+        None
+    }
+
+    /// Replaces a client that can never publish again (a fatal error), or, when `rejecting`,
+    /// one whose every publish since its last confirm the broker answered with an error.
+    /// `Ok(Some(why))` when it replaced the client, `Ok(None)` when nothing needed replacing,
+    /// `Err` when a client is unusable and cannot be replaced: the relay then stops. Callers
+    /// call it between batches, after every failed publish of the old client was released.
+    fn recover(&self, rejecting: bool) -> Result<Option<String>, String> {
+        let _ = rejecting;
+        self.fatal_error().map_or(Ok(None), Err)
+    }
+}
+
+/// The broker did not confirm a record.
+#[derive(Debug, thiserror::Error)]
+#[error("publish of {event_id} not confirmed: {source}")]
+pub struct PublishError {
+    /// The event.
+    pub(crate) event_id: String,
+    /// What the client reported.
+    #[source]
+    pub(crate) source: KafkaError,
+}
+
+impl PublishError {
+    /// Whether the broker as a whole, not this record, is to blame: nothing reached a broker that
+    /// could take it (unreachable, timed out, no leader, too few replicas, the local queue full).
+    /// Such a failure says nothing about the event, so it must not spend the event's attempts;
+    /// a record the broker refused (too large, invalid, not authorized, ...) does.
+    pub(crate) fn broker_unavailable(&self) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        let code = match &self.source {
+            KafkaError::MessageProduction(code) => *code,
+            _ => return false,
+        };
+        matches!(
+            code,
+            Code::MessageTimedOut
+                | Code::AllBrokersDown
+                | Code::BrokerTransportFailure
+                | Code::BrokerDestroy
+                | Code::Resolve
+                | Code::OperationTimedOut
+                | Code::QueueFull
+                | Code::PurgeQueue
+                | Code::PurgeInflight
+                | Code::LeaderNotAvailable
+                | Code::NotLeaderForPartition
+                | Code::PreferredLeaderNotAvailable
+                | Code::RequestTimedOut
+                | Code::BrokerNotAvailable
+                | Code::NetworkException
+                | Code::NotEnoughReplicas
+                | Code::NotEnoughReplicasAfterAppend
+                | Code::KafkaStorageError
+        )
+    }
+}
+
+/// The producer's settings could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerConfigError {
+    /// A setting would weaken the delivery guarantee.
+    #[error("kafka option `{key}={value}` is not allowed: {why}")]
+    Weakens {
+        /// The option.
+        key: String,
+        /// Its value.
+        value: String,
+        /// Why it is refused.
+        why: &'static str,
+    },
+    /// librdkafka refused the configuration.
+    #[error("invalid kafka producer configuration: {0}")]
+    Client(#[from] KafkaError),
+}
+
+/// A confirmed publisher over librdkafka's idempotent producer with `acks=all`, which replaces
+/// its producer inside the process when it turns fatal or only gets errors (see
+/// [`Publisher::recover`]).
+pub struct KafkaPublisher {
+    config: ClientConfig,
+    producer: RwLock<Arc<ProducerSlot>>,
+    topic: String,
+    delivery_timeout: Duration,
+    /// Publishes the broker answered with an error since the last confirm.
+    rejected_in_a_row: AtomicU64,
+}
+
+/// One librdkafka producer; `poisoned` stands in for a fatal error a test injects.
+struct ProducerSlot {
+    client: ConfirmingProducer,
+    poisoned: AtomicBool,
+}
+
+impl ProducerSlot {
+    fn fatal_error(&self) -> Option<String> {
+        if self.poisoned.load(Ordering::Relaxed) {
+            return Some(format!(
+                "{:?}: injected at {}",
+                RDKafkaErrorCode::Fatal,
+                failpoint::RELAY_PRODUCER_FATAL
+            ));
+        }
+        self.client.fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisher").field("topic", &self.topic).finish_non_exhaustive()
+    }
+}
+
+impl KafkaPublisher {
+    /// A producer for `topic` at `brokers`.
+    ///
+    /// `options` pass through to librdkafka (SASL, TLS, batching, ...), except that none may turn
+    /// off idempotence or lower `acks` below `all`. `delivery_timeout` bounds each publish,
+    /// retries included (`delivery.timeout.ms`).
+    pub fn new(
+        brokers: &str,
+        topic: impl Into<String>,
+        delivery_timeout: Duration,
+        options: &[(String, String)],
+    ) -> Result<Self, ProducerConfigError> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("delivery.timeout.ms", delivery_timeout.as_millis().to_string())
+            .set("linger.ms", "5");
+        for (key, value) in options {
+            let refused = match key.as_str() {
+                "enable.idempotence" if value != "true" => Some("idempotence keeps retries from duplicating"),
+                "acks" | "request.required.acks" if value != "all" && value != "-1" => {
+                    Some("only acks=all makes a confirm mean the record is replicated")
+                }
+                "delivery.timeout.ms" | "message.timeout.ms" => Some("set it with --delivery-timeout"),
+                _ => None,
+            };
+            if let Some(why) = refused {
+                return Err(ProducerConfigError::Weakens { key: key.clone(), value: value.clone(), why });
+            }
+            config.set(key, value);
+        }
+        let producer = Self::create(&config)?;
+        Ok(Self {
+            config,
+            producer: RwLock::new(producer),
+            topic: topic.into(),
+            delivery_timeout,
+            rejected_in_a_row: AtomicU64::new(0),
+        })
+    }
+
+    fn create(config: &ClientConfig) -> Result<Arc<ProducerSlot>, KafkaError> {
+        Ok(Arc::new(ProducerSlot {
+            client: ConfirmingProducer::new(config)?,
+            poisoned: AtomicBool::new(false),
+        }))
+    }
+
+    /// The producer in use now; a publish keeps it alive until its verdict, even if another
+    /// task replaces it meanwhile.
+    fn current(&self) -> Arc<ProducerSlot> {
+        Arc::clone(&self.producer.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// What a send's outcome means for the caller, recorded on its span.
+    fn verdict(
+        &self,
+        sent: Result<Placed, KafkaError>,
+        span: &tracing::Span,
+        event_id: String,
+    ) -> Result<Delivery, PublishError> {
+        match sent {
+            Ok(delivery) => {
+                self.rejected_in_a_row.store(0, Ordering::Relaxed);
+                span.record("messaging.destination.partition.id", delivery.partition);
+                span.record("messaging.kafka.offset", delivery.offset);
+                span.in_scope(|| {
+                    tracing::info!(
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        "broker confirmed"
+                    );
+                });
+                Ok(Delivery {
+                    topic: self.topic.clone(),
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                })
+            }
+            Err(source) => {
+                if answered_by_broker(&source) {
+                    self.rejected_in_a_row.fetch_add(1, Ordering::Relaxed);
+                }
+                span.record("otel.status_code", "ERROR");
+                span.in_scope(|| tracing::warn!(error = %source, "publish not confirmed"));
+                Err(PublishError { event_id, source })
+            }
+        }
+    }
+}
+
+/// Whether the broker itself answered with `error` (as opposed to a local timeout, a lost
+/// connection or a queue limit, which librdkafka reports with codes from -199 to -100).
+fn answered_by_broker(error: &KafkaError) -> bool {
+    error.rdkafka_error_code().is_some_and(|code| code as i32 > -100)
+}
+
+impl Publisher for KafkaPublisher {
+    /// Builds the record (span, headers) at once and enqueues it on the returned future's first
+    /// poll: a step that calls `publish` for its whole batch before polling any of them hands
+    /// librdkafka the batch in one burst, well inside `linger.ms`, so no record of it waits in
+    /// the producer's queue for the next produce request (see [`super::worker`]).
+    fn publish<'s, 'e>(
+        &'s self,
+        event: &'e ClaimedEvent,
+    ) -> impl Future<Output = Result<Delivery, PublishError>> + Send + use<'s, 'e> {
+        // A producer span in the event's own trace; its context travels in `traceparent`, so the
+        // consumer continues the same trace.
+        let span = tracing::info_span!(
+            "send",
+            otel.name = format!("send {}", self.topic),
+            otel.kind = "producer",
+            otel.status_code = tracing::field::Empty,
+            messaging.system = "kafka",
+            messaging.operation.type = "send",
+            messaging.operation.name = "send",
+            messaging.destination.name = %self.topic,
+            messaging.message.id = %event.event_id,
+            messaging.kafka.message.key = %event.aggregate_id,
+            messaging.destination.partition.id = tracing::field::Empty,
+            messaging.kafka.offset = tracing::field::Empty,
+            idempost.event_id = %event.event_id,
+            trace_id = tracing::field::Empty,
+        );
+        telemetry::record_trace_id(&span);
+        let mut trace_headers = Vec::new();
+        telemetry::inject_into(&span, |key, value| trace_headers.push((key.to_owned(), value)));
+
+        let version = event.event_version.to_string();
+        let mut headers = OwnedHeaders::new_with_capacity(6 + trace_headers.len())
+            .insert(header("event_id", &event.event_id))
+            .insert(header("event_type", &event.event_type))
+            .insert(header("event_version", &version))
+            .insert(header("aggregate_type", &event.aggregate_type))
+            .insert(header("aggregate_id", &event.aggregate_id))
+            .insert(header("content-type", CONTENT_TYPE));
+        for (key, value) in &trace_headers {
+            headers = headers.insert(header(key, value));
+        }
+        let producer = self.current();
+        if failpoint::hit(failpoint::RELAY_PRODUCER_FATAL).is_err() {
+            producer.poisoned.store(true, Ordering::Relaxed);
+        }
+        let refused = failpoint::argument(failpoint::RELAY_PUBLISH_REJECTED_FOR_AGGREGATE)
+            .is_some_and(|aggregate| aggregate == event.aggregate_id);
+        let event_id = event.event_id.clone();
+        async move {
+            // The delivery report, not the enqueue, is the confirmation: `send` resolves only
+            // when librdkafka has the broker's answer for this record, or gave up on it.
+            let sent = if producer.poisoned.load(Ordering::Relaxed) {
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))
+            } else if refused {
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::InvalidRecord))
+            } else {
+                producer
+                    .client
+                    .send(
+                        &self.topic,
+                        event.aggregate_id.as_bytes(),
+                        &event.payload,
+                        headers,
+                        self.delivery_timeout,
+                    )
+                    .instrument(span.clone())
+                    .await
+            };
+            self.verdict(sent, &span, event_id)
+        }
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        self.current().fatal_error()
+    }
+
+    fn recover(&self, rejecting: bool) -> Result<Option<String>, String> {
+        let mut producer = self.producer.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Checked under the write lock: when several step loops share this publisher, only the
+        // first to see the bad producer replaces it.
+        let rejected = self.rejected_in_a_row.load(Ordering::Relaxed);
+        let why = match producer.fatal_error() {
+            Some(fatal) => format!("fatal error: {fatal}"),
+            None if rejecting && rejected > 0 => {
+                format!("the broker answered the last {rejected} publishes with errors and confirmed none")
+            }
+            None => return Ok(None),
+        };
+        let fresh = Self::create(&self.config).map_err(|e| format!("{why}; a new producer failed: {e}"))?;
+        // The old client is destroyed on its own reports thread (which joins librdkafka's
+        // threads), not here on a runtime worker.
+        *producer = fresh;
+        self.rejected_in_a_row.store(0, Ordering::Relaxed);
+        Ok(Some(why))
+    }
+}
+
+fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header { key, value: Some(value) }
+}

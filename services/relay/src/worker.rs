@@ -1,0 +1,521 @@
+//! One relay step (claim, publish, mark or release) and the polling loop around it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::future::join_all;
+use opentelemetry::KeyValue;
+use sea_orm::DbErr;
+use tokio::sync::{Notify, Semaphore, watch};
+use tracing::{Instrument as _, Span};
+
+use super::budget::{AdaptiveBatch, StepBudget};
+use super::health::Vitals;
+use super::lease::WorkerId;
+use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
+use super::publisher::Publisher;
+use super::step::{StepOutcome, StepReport};
+use idempost::db;
+use idempost::failpoint;
+use idempost::telemetry::{self, metrics};
+
+/// How a relay claims.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Most events one claim takes; [`Relay::run`] adapts its claims up to this size.
+    pub batch_size: u64,
+    /// How long a claim is leased.
+    pub lease: Duration,
+    /// Longest the publishing of a batch may take, queue wait included.
+    pub delivery_timeout: Duration,
+    /// Time the lease keeps to spare after a step has ended.
+    pub lease_margin: Duration,
+    /// Retry timing after failed publishes.
+    pub retry: RetryPolicy,
+    /// Longest wait between polls of an empty outbox.
+    pub max_idle_poll: Duration,
+}
+
+/// A relay worker: one worker id, one publisher; every claim gets its own lease token, so any
+/// number of loops may step one `Relay` at once.
+#[derive(Debug)]
+pub struct Relay<P> {
+    outbox: Outbox,
+    publisher: P,
+    owner: WorkerId,
+    tuning: Tuning,
+    wake: Arc<Notify>,
+    vitals: Arc<Vitals>,
+    /// The producer holds one batch at a time: the loops of this worker claim and mark in
+    /// parallel, but hand the producer a batch only once the previous one is confirmed (see
+    /// [`BATCHES_IN_THE_PRODUCER`]).
+    producer_turn: Semaphore,
+}
+
+/// Batches one worker's producer holds at once. librdkafka's idempotent producer sends one
+/// produce request per partition at a time (it counts in-flight *messages* against its limit of
+/// five requests), and while a request is out its broker thread wakes without sleeping for every
+/// queued record whose `linger.ms` has passed: records handed over early only wait, and the
+/// waiting spins a core for as long as the broker takes to answer. Profiled with four relays on
+/// one broker, that spinning was most of the relays' CPU, taken from the broker.
+const BATCHES_IN_THE_PRODUCER: usize = 1;
+
+/// Batches in a row whose every publish failed, with the broker answering errors, after which
+/// the producer is replaced (Tansu 0.6, for one, answers UNKNOWN_SERVER_ERROR to every produce
+/// of a producer whose epoch a timed-out send bumped).
+const REBUILD_AFTER_FAILED_BATCHES: u32 = 3;
+
+impl<P: Publisher> Relay<P> {
+    /// A worker with a fresh worker id.
+    pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
+        Self {
+            outbox,
+            publisher,
+            owner: WorkerId::generate(),
+            tuning,
+            wake: Arc::new(Notify::new()),
+            vitals: Arc::default(),
+            producer_turn: Semaphore::new(BATCHES_IN_THE_PRODUCER),
+        }
+    }
+
+    /// Progress of this worker's step loops, for its health check.
+    pub(crate) fn vitals(&self) -> Arc<Vitals> {
+        Arc::clone(&self.vitals)
+    }
+
+    /// Producers replaced inside this process since the worker started.
+    pub fn producer_rebuilds(&self) -> u64 {
+        self.vitals.rebuilds()
+    }
+
+    /// Notifying this ends an idle wait early (see the `wake` module); it never skips a poll.
+    pub(crate) fn wake_handle(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
+    }
+
+    /// This worker's id: the prefix of every lease token its claims write.
+    pub fn owner(&self) -> &WorkerId {
+        &self.owner
+    }
+
+    /// The outbox this worker relays.
+    pub(crate) fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// Claims a batch, publishes it outside any transaction, and records each outcome under the
+    /// claim's fence. Errs only when the claim itself fails.
+    ///
+    /// The whole step stays inside the lease minus the margin ([`StepBudget`]): a record not
+    /// confirmed when the publishing time is up counts as failed, and marks and releases not
+    /// done by the end are left unrecorded (their leases expire; the events are published again).
+    pub async fn step(&self) -> Result<StepOutcome, DbErr> {
+        self.step_of(self.tuning.batch_size).await
+    }
+
+    /// [`Relay::step`] claiming at most `batch_size` events.
+    async fn step_of(&self, batch_size: u64) -> Result<StepOutcome, DbErr> {
+        if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
+            return Ok(StepOutcome::Idle);
+        }
+        let tuning = &self.tuning;
+        let budget = StepBudget::lenient(tuning.lease, tuning.delivery_timeout, tuning.lease_margin);
+        // Before the claim, so that the database's lease starts no earlier than this.
+        let started = tokio::time::Instant::now();
+        let claimed = self.outbox.claim(&self.owner, self.tuning.lease, batch_size).await?;
+        let claim_took = started.elapsed();
+        if claimed.is_empty() {
+            return Ok(StepOutcome::Idle);
+        }
+        // One span per event, continuing the trace of the SubmitOrder that wrote it: a batch
+        // claim serves many traces, so each event gets its own record of it.
+        let spans: Vec<Span> = claimed.iter().map(|event| self.event_span(event)).collect();
+        let mut report = StepReport { claimed: claimed.len(), ..StepReport::default() };
+        if failpoint::hit(failpoint::DURING_CONCURRENT_CLAIM).is_err() {
+            // As if the worker died here: the leases run out and another worker takes over.
+            return Ok(StepOutcome::Worked(report));
+        }
+        // Counted from before the claim, so that a step stalled after its claim (a paused
+        // process, a starved thread) finds its budget spent and publishes nothing: a late copy
+        // of an event that another relay has published since, with the order's later versions
+        // after it, would put an old version on the topic after newer ones.
+        let publish_by = started + budget.publish;
+        let sends = self.sends(&claimed, &spans, publish_by, budget.publish);
+        let publishing = tokio::time::Instant::now();
+        let results = self.in_the_producers_turn(sends, publish_by, budget.publish).await;
+        report.claim_time = claim_took;
+        report.publish_time = publishing.elapsed();
+        let mut confirmed = Vec::with_capacity(claimed.len());
+        let mut failed = Vec::new();
+        for ((event, result), span) in claimed.iter().zip(results).zip(&spans) {
+            match result {
+                Ok(delivery) => {
+                    let latency = (Utc::now() - event.created_at).to_std().unwrap_or_default();
+                    metrics().publish_latency.record(latency.as_secs_f64(), &[]);
+                    if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
+                        report.unrecorded += 1;
+                        continue;
+                    }
+                    confirmed.push((event, delivery, span));
+                }
+                Err((error, blame)) => failed.push((event, error, blame, span)),
+            }
+        }
+        let recording = tokio::time::Instant::now();
+        let record_by = recording + budget.whole.saturating_sub(budget.publish);
+        self.release_failed(&failed, record_by, &mut report).await;
+        self.mark_confirmed(&confirmed, record_by, &mut report).await;
+        report.record_time = recording.elapsed();
+        Ok(StepOutcome::Worked(report))
+    }
+
+    /// One send per event, each bounded by `publish_by`, not yet started. Sends are queued in
+    /// claim order, so one key's records keep their order on the partition; the confirmations
+    /// are awaited together. Every record is built here, before the producer's turn, so that the
+    /// turn hands librdkafka the whole batch in one burst.
+    fn sends<'a>(
+        &'a self,
+        claimed: &'a [ClaimedEvent],
+        spans: &'a [Span],
+        publish_by: tokio::time::Instant,
+        publish_budget: Duration,
+    ) -> Vec<impl Future<Output = Sent> + 'a> {
+        claimed
+            .iter()
+            .zip(spans)
+            .map(|(event, span)| {
+                let publish = span.in_scope(|| self.publisher.publish(event)).instrument(span.clone());
+                async move {
+                    match tokio::time::timeout_at(publish_by, publish).await {
+                        Ok(sent) => sent.map_err(|e| {
+                            let blame = if e.broker_unavailable() { Blame::Broker } else { Blame::Event };
+                            (e.to_string(), blame)
+                        }),
+                        // Nothing came back in time: the broker, not this record, is slow or away.
+                        Err(_) => Err(not_confirmed(publish_budget)),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `sends` together once this worker's producer is free (see
+    /// [`BATCHES_IN_THE_PRODUCER`]). Waiting for the producer's turn is queue wait: inside the
+    /// publishing budget. The semaphore is never closed, so an error cannot happen; a missed
+    /// deadline fails the batch as a timed-out send would.
+    async fn in_the_producers_turn(
+        &self,
+        sends: Vec<impl Future<Output = Sent>>,
+        publish_by: tokio::time::Instant,
+        publish_budget: Duration,
+    ) -> Vec<Sent> {
+        match tokio::time::timeout_at(publish_by, self.producer_turn.acquire()).await {
+            // Checked here, not left to the sends' timeouts: those poll each send once, which
+            // hands its record to librdkafka, before they look at the clock.
+            Ok(turn) if tokio::time::Instant::now() < publish_by => {
+                let results = join_all(sends).await;
+                drop(turn);
+                results
+            }
+            _ => sends.iter().map(|_| Err(not_confirmed(publish_budget))).collect(),
+        }
+    }
+
+    /// Failed events go back in one statement, each row under its own claim fence.
+    async fn release_failed(
+        &self,
+        failed: &[(&ClaimedEvent, String, Blame, &Span)],
+        record_by: tokio::time::Instant,
+        report: &mut StepReport,
+    ) {
+        let failures: Vec<(&ClaimedEvent, &str, Blame)> =
+            failed.iter().map(|(event, error, blame, _)| (*event, error.as_str(), *blame)).collect();
+        match record(record_by, || self.outbox.release_all(&failures, &self.tuning.retry)).await {
+            Ok(outcomes) => {
+                for ((event, error, blame, span), outcome) in failed.iter().zip(outcomes) {
+                    span.in_scope(|| self.released(event, error, *blame, outcome, report));
+                }
+            }
+            Err(e) => {
+                for (event, _, _, span) in failed {
+                    span.in_scope(|| self.unrecorded(event, report, &e));
+                }
+            }
+        }
+    }
+
+    /// Every confirmed event of the batch is marked in one statement, each row under its own
+    /// claim fence.
+    async fn mark_confirmed(
+        &self,
+        confirmed: &[(&ClaimedEvent, Delivery, &Span)],
+        record_by: tokio::time::Instant,
+        report: &mut StepReport,
+    ) {
+        let marks: Vec<_> = confirmed
+            .iter()
+            .map(|(event, delivery, _)| (event.event_id.as_str(), &event.lease_token, delivery))
+            .collect();
+        match record(record_by, || self.outbox.mark_all_published(&marks)).await {
+            Ok(outcomes) => {
+                for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
+                    span.in_scope(|| self.marked(event, delivery, outcome, report));
+                }
+            }
+            Err(e) => {
+                for (event, _, span) in confirmed {
+                    span.in_scope(|| self.unrecorded(event, report, &e));
+                }
+            }
+        }
+    }
+
+    fn event_span(&self, event: &ClaimedEvent) -> Span {
+        let span = tracing::info_span!(
+            "outbox relay",
+            idempost.event_id = %event.event_id,
+            lease_owner = %event.lease_token,
+            attempts = event.attempts,
+            trace_id = tracing::field::Empty,
+        );
+        telemetry::follow(
+            &span,
+            telemetry::context_from(event.traceparent.as_deref(), event.tracestate.as_deref()),
+        );
+        span.in_scope(|| {
+            tracing::info!(
+                lease_owner = %event.lease_token,
+                lease_until = %event.lease_until,
+                attempts = event.attempts,
+                "claimed; PUBLISHING"
+            );
+        });
+        span
+    }
+
+    /// Records one fenced mark's outcome.
+    fn marked(
+        &self,
+        event: &ClaimedEvent,
+        delivery: &Delivery,
+        outcome: Fenced<()>,
+        report: &mut StepReport,
+    ) {
+        match outcome {
+            Fenced::Done(()) => {
+                report.published += 1;
+                metrics().published.add(1, &[]);
+                tracing::info!(
+                    idempost.event_id = %event.event_id,
+                    messaging.destination.name = %delivery.topic,
+                    messaging.destination.partition.id = delivery.partition,
+                    messaging.kafka.offset = delivery.offset,
+                    "marked PUBLISHED"
+                );
+            }
+            Fenced::LeaseLost => self.lease_lost(event, report, "after the broker confirmed"),
+        }
+    }
+
+    /// Records one fenced release's outcome.
+    fn released(
+        &self,
+        event: &ClaimedEvent,
+        error: &str,
+        blame: Blame,
+        outcome: Fenced<Released>,
+        report: &mut StepReport,
+    ) {
+        match outcome {
+            Fenced::Done(Released::RetryAt(at)) if blame == Blame::Broker => {
+                report.released += 1;
+                metrics().releases.add(1, &[]);
+                tracing::warn!(
+                    idempost.event_id = %event.event_id,
+                    retry_at = %at,
+                    error,
+                    "broker unavailable; released to PENDING with backoff, the attempt not counted"
+                );
+            }
+            Fenced::Done(Released::RetryAt(at)) => {
+                report.released += 1;
+                metrics().releases.add(1, &[]);
+                tracing::warn!(
+                    idempost.event_id = %event.event_id,
+                    attempts = event.attempts,
+                    retry_at = %at,
+                    error,
+                    "publish failed; released to PENDING with backoff"
+                );
+            }
+            Fenced::Done(Released::Failed) => {
+                report.failed += 1;
+                metrics().failed.add(1, &[]);
+                tracing::error!(
+                    idempost.event_id = %event.event_id,
+                    attempts = event.attempts,
+                    error,
+                    "publish failed for the last allowed time; FAILED until redriven"
+                );
+            }
+            Fenced::LeaseLost => self.lease_lost(event, report, "after the publish failed"),
+        }
+    }
+
+    fn lease_lost(&self, event: &ClaimedEvent, report: &mut StepReport, when: &str) {
+        report.lease_lost += 1;
+        metrics().lease_losses.add(1, &[]);
+        tracing::warn!(
+            idempost.event_id = %event.event_id,
+            lease_owner = %event.lease_token,
+            "lease lost {when}; another claim owns the event now, so it is left alone"
+        );
+    }
+
+    fn unrecorded(&self, event: &ClaimedEvent, report: &mut StepReport, error: &DbErr) {
+        report.unrecorded += 1;
+        tracing::error!(
+            idempost.event_id = %event.event_id,
+            %error,
+            "could not record the outcome; the lease will expire and the event be published again"
+        );
+    }
+
+    /// Steps until `stop` turns true: at once again after a batch, backing off up to
+    /// `max_idle_poll` while the outbox is empty or the database fails, unless a wake-up ends
+    /// the wait early (at most one poll per 10 ms however many arrive). A step in progress
+    /// always finishes, so a stop never abandons a confirmed publish before its mark.
+    ///
+    /// A publisher that turned fatal, or whose every publish the broker answered with an error
+    /// for [`REBUILD_AFTER_FAILED_BATCHES`] batches in a row, is replaced between steps (its
+    /// failed publishes were already released, as any failed publish is). Ends early with an
+    /// error only when no replacement can be made.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
+        let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
+        let mut idle = shortest;
+        let mut batch = AdaptiveBatch::new(self.tuning.batch_size);
+        tracing::info!(lease_owner = %self.owner, "relay started");
+        while !*stop.borrow() {
+            let polled_at = tokio::time::Instant::now();
+            let step = self.step_of(batch.size()).await;
+            let claimed = match &step {
+                Ok(StepOutcome::Worked(report)) => report.claimed as u64,
+                _ => 0,
+            };
+            batch.after(claimed, polled_at.elapsed(), self.tuning.delivery_timeout);
+            let failed_batches = self.vitals.stepped(&step);
+            match self.publisher.recover(failed_batches >= REBUILD_AFTER_FAILED_BATCHES) {
+                Ok(None) => {}
+                Ok(Some(reason)) => {
+                    self.vitals.rebuilt();
+                    metrics().producer_rebuilds.add(1, &[]);
+                    tracing::warn!(
+                        %reason,
+                        "Kafka producer rebuilt; the events it failed were released and are retried with the new one"
+                    );
+                }
+                Err(reason) => {
+                    tracing::error!(%reason, "the publisher failed for good; stopping so a fresh relay can take over");
+                    return Err(PublisherFailed(reason));
+                }
+            }
+            let wait = match step {
+                Ok(StepOutcome::Worked(report)) => {
+                    // One line per batch under its own target, so the phases of a drain can be
+                    // measured (`RUST_LOG=idempost_relay::step=debug`) without per-event logs.
+                    tracing::debug!(
+                        target: "idempost_relay::step",
+                        claimed = report.claimed,
+                        published = report.published,
+                        lease_lost = report.lease_lost,
+                        claim_ms = report.claim_time.as_secs_f64() * 1e3,
+                        publish_ms = report.publish_time.as_secs_f64() * 1e3,
+                        record_ms = report.record_time.as_secs_f64() * 1e3,
+                        "relay step"
+                    );
+                    idle = shortest;
+                    continue;
+                }
+                Ok(StepOutcome::Idle) => idle,
+                // A lock conflict was undone by the server and says nothing about the outbox:
+                // claim again after a short jittered wait, not after the idle back-off, which
+                // may have grown to `max_idle_poll` and would hold the waiting events that long.
+                Err(e) if db::lock_conflict(&e).is_some() => {
+                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("idempost.relay.phase", "claim")]);
+                    tracing::warn!(error = %e, "claim met a lock conflict; claiming again shortly");
+                    tokio::time::sleep(db::LockConflict::backoff(1)).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; backing off");
+                    idle
+                }
+            };
+            idle = (idle * 2).min(self.tuning.max_idle_poll);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.wake.notified() => {
+                    metrics().wakeups.add(1, &[]);
+                    tokio::time::sleep_until(polled_at + shortest).await;
+                }
+                changed = stop.changed() => if changed.is_err() { break },
+            }
+        }
+        tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
+        Ok(())
+    }
+}
+
+/// A send's answer: where the broker put the record, or why not and whom that is blamed on.
+type Sent = Result<Delivery, (String, Blame)>;
+
+/// A publish that got no verdict within the step's publishing budget: the broker, not the
+/// record, is slow or away.
+fn not_confirmed(budget: Duration) -> (String, Blame) {
+    (format!("not confirmed within the delivery timeout ({budget:?}, queue wait included)"), Blame::Broker)
+}
+
+/// `write` unless `deadline` passes first: a step never acts on its events after its budget.
+///
+/// A write that lost a lock conflict (a deadlock, a lock-wait timeout, SQLite's busy timeout) was
+/// undone by the server, so it runs again while the budget lasts: every row it changes is fenced
+/// by its claim's token, so running it again can only do what the first run would have done.
+/// Giving up at the first conflict would leave the leases to expire and the events to be
+/// published a second time.
+async fn record<T, W, F>(deadline: tokio::time::Instant, mut write: W) -> Result<T, DbErr>
+where
+    W: FnMut() -> F,
+    F: std::future::Future<Output = Result<T, DbErr>>,
+{
+    let attempts = async {
+        let mut retry = 0;
+        loop {
+            match write().await {
+                Err(e) if db::lock_conflict(&e).is_some() => {
+                    retry += 1;
+                    metrics().relay_lock_conflicts.add(1, &[KeyValue::new("idempost.relay.phase", "record")]);
+                    // A warning and a count (`idempost.relay.lock_conflicts`, which the tests
+                    // check): the relay's statements are meant never to wait on each other, so a
+                    // conflict here is worth seeing.
+                    tracing::warn!(error = %e, retry, "recording outcomes met a lock conflict; running it again");
+                    tokio::time::sleep(db::LockConflict::backoff(retry)).await;
+                }
+                done => return done,
+            }
+        }
+    };
+    tokio::time::timeout_at(deadline, attempts).await.unwrap_or_else(|_| {
+        Err(DbErr::Custom("the step's lease budget ran out before its outcomes were recorded".into()))
+    })
+}
+
+/// The publisher hit an unrecoverable error; its leases will expire and another relay (or this
+/// one, restarted) publishes the events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the Kafka producer failed for good: {0}")]
+pub struct PublisherFailed(pub(crate) String);
+
+#[cfg(test)]
+mod tests;
