@@ -1,16 +1,28 @@
-//! The configuration reference, rendered from the clap definitions the services parse, so the page
-//! cannot drift from the code: a test compares the committed page with a fresh rendering.
+//! The generated parts of the documentation, and its checks:
 //!
-//! The rendering is ours, not clap's help: clap wraps help to the terminal's width, and
-//! clap-markdown leaves out environment variables, which are how the services are deployed.
+//! - the configuration reference (`docs/configuration.md`), rendered from the clap definitions the
+//!   services parse, so the page cannot drift from the code: a test compares the committed page
+//!   with a fresh rendering. The rendering is ours, not clap's help: clap wraps help to the
+//!   terminal's width, and clap-markdown leaves out environment variables, which are how the
+//!   services are deployed;
+//! - the current benchmark figures ([`figures`]), one table rendered from the committed results
+//!   file into the README and the benchmarks page.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Arg, ArgAction, Command, CommandFactory as _};
 
-/// The command that rewrites the page.
+pub mod figures;
+
+/// The command that rewrites every generated page: the configuration page and the figure tables.
 pub const REGENERATE: &str = "cargo run -p idempost-docgen";
+
+/// The workspace root: two directories above this crate's (`tools/docgen`).
+pub fn workspace_root() -> PathBuf {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir.ancestors().nth(2).unwrap_or(crate_dir).to_path_buf()
+}
 
 const PREAMBLE: &str = "# Configuration
 
