@@ -6,7 +6,8 @@
 //!   terminal's width, and clap-markdown leaves out environment variables, which are how the
 //!   services are deployed;
 //! - the current benchmark figures ([`figures`]), one table rendered from the committed results
-//!   file into the README and the benchmarks page.
+//!   file into the README and the benchmarks page;
+//! - the docs index and the relative links ([`links`]), checked by the tests in `tests/`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::{Arg, ArgAction, Command, CommandFactory as _};
 
 pub mod figures;
+pub mod links;
 
 /// The command that rewrites every generated page: the configuration page and the figure tables.
 pub const REGENERATE: &str = "cargo run -p idempost-docgen";
