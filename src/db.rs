@@ -14,5 +14,7 @@ pub use classify::{LockConflict, lock_conflict};
 pub use connect::ensure_migrated;
 pub use connect::{Pool, SchemaError, connect, connect_for};
 pub use dialect::now;
+pub use dialect::{JoinedUpdate, ValueColumn};
+pub use dialect::{by_event_ids, has_update_returning, statement_time};
 pub use dialect::{has_skip_locked, relay_isolation, system_name};
 pub use failure::TxFailure;

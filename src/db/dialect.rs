@@ -1,7 +1,12 @@
 //! The few places where SQL differs per backend beyond what SeaORM's builder hides.
 
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, IsolationLevel, Statement};
+use sea_orm::sea_query::ArrayType;
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, IsolationLevel, Statement, Value};
+
+mod joined_update;
+
+pub use joined_update::{JoinedUpdate, ValueColumn};
 
 /// The database server's current time, to the microsecond.
 ///
@@ -32,6 +37,43 @@ pub async fn now(conn: &impl ConnectionTrait) -> Result<DateTime<Utc>, DbErr> {
         }
     };
     Ok(now.trunc_subsecs(6))
+}
+
+/// SQL for the database server's clock as of the statement's start, so that a statement stamps
+/// its rows without a round trip of its own to [`now`]; the column then holds what a value bound
+/// from [`now`] would (a `timestamptz` on PostgreSQL, a UTC `DATETIME(6)` on MariaDB/MySQL).
+/// `None` on SQLite, where every timestamp is bound, as text of one format.
+pub fn statement_time(conn: &impl ConnectionTrait) -> Option<&'static str> {
+    match conn.get_database_backend() {
+        DbBackend::Postgres => Some("statement_timestamp()"),
+        DbBackend::MySql => Some("UTC_TIMESTAMP(6)"),
+        _ => None,
+    }
+}
+
+/// Whether an `UPDATE` can return the rows it changed (`RETURNING`). MariaDB/MySQL cannot: it
+/// only counts them.
+pub fn has_update_returning(conn: &impl ConnectionTrait) -> bool {
+    conn.get_database_backend() != DbBackend::MySql
+}
+
+/// `{head} IN (…ids){tail}`, with one parameter per event id, or on PostgreSQL `{head} =
+/// ANY($1::char(36)[]){tail}`: one array, so one statement text however many ids.
+pub fn by_event_ids(backend: DbBackend, head: &str, tail: &str, ids: &[&str]) -> Statement {
+    if backend == DbBackend::Postgres {
+        let ids = ids.iter().map(|id| Value::from(*id)).collect();
+        return Statement::from_sql_and_values(
+            backend,
+            format!("{head} = ANY($1::char(36)[]){tail}"),
+            [Value::Array(ArrayType::String, Some(Box::new(ids)))],
+        );
+    }
+    let keys = vec!["?"; ids.len()].join(", ");
+    Statement::from_sql_and_values(
+        backend,
+        format!("{head} IN ({keys}){tail}"),
+        ids.iter().map(|id| Value::from(*id)),
+    )
 }
 
 /// Whether the backend can lock rows with `FOR UPDATE SKIP LOCKED`, letting concurrent workers

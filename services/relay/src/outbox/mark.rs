@@ -2,16 +2,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sea_orm::sea_query::ArrayType;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait as _, DatabaseTransaction, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QuerySelect, Statement, TransactionTrait as _, Value,
+    ColumnTrait, ConnectionTrait as _, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QuerySelect,
+    TransactionTrait as _, Value,
 };
 
 use super::event::{Delivery, Fenced};
-use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
+use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, in_call_order, in_lock_order};
 use super::table::Outbox;
 use crate::lease::LeaseToken;
+use idempost::db::ValueColumn;
 use idempost::domain::OutboxStatus;
 use idempost::entity::outbox_event::{self, Column};
 use idempost::{db, failpoint};
@@ -52,13 +52,10 @@ impl Outbox {
             ValueColumn { name: "v_offset", pg_type: "bigint" },
         ];
         // The server stamps `published_at` with its own clock in the mark statement itself: the
-        // clock read before it was a round trip of its own. The column holds what a bound value
-        // from [`db::now`] would (a `timestamptz` on PostgreSQL, a UTC `DATETIME(6)` on
-        // MariaDB/MySQL); only SQLite needs every timestamp bound, as text of one format.
-        let (published_at, now) = match self.db.get_database_backend() {
-            DbBackend::Postgres => ("statement_timestamp()", None),
-            DbBackend::MySql => ("UTC_TIMESTAMP(6)", None),
-            _ => ("v.v_published_at", Some(db::now(&self.db).await?)),
+        // clock read before it was a round trip of its own. Only SQLite needs the time bound.
+        let (published_at, now) = match db::statement_time(&self.db) {
+            Some(clock) => (clock, None),
+            None => ("v.v_published_at", Some(db::now(&self.db).await?)),
         };
         let columns: Vec<ValueColumn> =
             FENCE_COLUMNS.iter().copied().chain(now.map(|_| PUBLISHED_AT)).chain(DELIVERY).collect();
@@ -172,7 +169,7 @@ async fn release_next_versions(txn: &DatabaseTransaction, marked: &[&str]) -> Re
     }
     let backend = txn.get_database_backend();
     let held: Vec<String> = txn
-        .query_all_raw(by_ids(
+        .query_all_raw(db::by_event_ids(
             backend,
             "SELECT (SELECT s.event_id FROM outbox_event AS s WHERE s.aggregate_type = p.aggregate_type \
              AND s.aggregate_id = p.aggregate_id AND s.event_version = p.event_version + 1 AND s.held_back) \
@@ -192,24 +189,6 @@ async fn release_next_versions(txn: &DatabaseTransaction, marked: &[&str]) -> Re
     }
     let held: Vec<&str> = held.iter().map(String::as_str).collect();
     let update = "UPDATE outbox_event SET held_back = FALSE WHERE event_id";
-    txn.execute_raw(by_ids(backend, update, " AND held_back", &held)).await?;
+    txn.execute_raw(db::by_event_ids(backend, update, " AND held_back", &held)).await?;
     Ok(())
-}
-
-/// `{head} IN (…ids){tail}`, or `= ANY($1::char(36)[])` on PostgreSQL (one array, however many).
-fn by_ids(backend: DbBackend, head: &str, tail: &str, ids: &[&str]) -> Statement {
-    if backend == DbBackend::Postgres {
-        let ids = ids.iter().map(|id| Value::from(*id)).collect();
-        return Statement::from_sql_and_values(
-            backend,
-            format!("{head} = ANY($1::char(36)[]){tail}"),
-            [Value::Array(ArrayType::String, Some(Box::new(ids)))],
-        );
-    }
-    let keys = vec!["?"; ids.len()].join(", ");
-    Statement::from_sql_and_values(
-        backend,
-        format!("{head} IN ({keys}){tail}"),
-        ids.iter().map(|id| Value::from(*id)),
-    )
 }

@@ -6,9 +6,9 @@ use chrono::{DateTime, Utc};
 use sea_orm::{DbErr, Value};
 
 use super::event::{ClaimedEvent, Fenced};
-use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, ValueColumn, in_call_order, in_lock_order};
+use super::fenced_update::{FENCE_COLUMNS, FencedUpdate, in_call_order, in_lock_order};
 use super::table::{Outbox, lease_end};
-use idempost::db;
+use idempost::db::{self, ValueColumn};
 use idempost::domain::OutboxStatus;
 use idempost_client::Backoff;
 
