@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::ports::free_port;
 use crate::process::Guard;
@@ -210,4 +211,17 @@ fn read_topic_blocking(
             settle_until = Some(Instant::now() + settle);
         }
     }
+}
+
+/// Produces one OrderAccepted-typed record to `topic`, with an `event_id` header when given, as
+/// a relay (or anyone who can write to the topic) would.
+pub async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8], event_id: Option<&str>) {
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let mut headers =
+        OwnedHeaders::new().insert(Header { key: "event_type", value: Some("idempost.v1.OrderAccepted") });
+    if let Some(event_id) = event_id {
+        headers = headers.insert(Header { key: "event_id", value: Some(event_id) });
+    }
+    let record = FutureRecord::to(topic).key(key).payload(payload).headers(headers);
+    producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }

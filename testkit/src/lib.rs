@@ -11,17 +11,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod broker;
+pub mod consumer;
 pub mod db;
 #[cfg(feature = "failpoints")]
 pub mod failpoint;
+pub mod health;
 pub mod in_process;
 pub mod order;
 pub mod otlp;
 pub mod outbox;
+pub mod pipeline;
 pub mod pki;
 pub mod ports;
 pub mod private_db;
 pub mod process;
+pub mod relay;
 pub mod service;
 pub mod sql;
 pub mod status;

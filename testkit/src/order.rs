@@ -109,6 +109,20 @@ impl TestOrder {
         row.try_get_by_index::<i64>(0).unwrap()
     }
 
+    /// How many rows of `table` belong to the event `event_id`.
+    pub async fn rows_for_event(&self, table: &str, event_id: &str) -> i64 {
+        let backend = self.conn.get_database_backend();
+        let placeholder = crate::sql::placeholder(backend, 1);
+        let sql = format!("SELECT COUNT(*) FROM {table} WHERE event_id = {placeholder}");
+        let row = self
+            .conn
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    }
+
     /// `(status, payload)` of the outbox row for `event_id`, if there is one.
     pub async fn outbox_row(&self, event_id: &str) -> Option<(String, Vec<u8>)> {
         let backend = self.conn.get_database_backend();
@@ -136,6 +150,14 @@ pub fn order(tenant_id: i64, request_id: &str) -> pb::SubmitOrderRequest {
         ],
         event_id: String::new(),
     }
+}
+
+/// An OrderAccepted record as the relay would publish it: a new event id and its payload.
+pub fn event_record(order_id: i64) -> (String, Vec<u8>) {
+    use prost::Message as _;
+    let event_id = uuid::Uuid::now_v7().to_string();
+    let payload = order_accepted(order_id, &event_id, 3299).encode_to_vec();
+    (event_id, payload)
 }
 
 /// The `OrderAccepted` event a relay would publish for order `order_id` of tenant 7 (request

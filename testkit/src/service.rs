@@ -197,3 +197,78 @@ pub fn binary(name: &str) -> std::path::PathBuf {
     );
     path
 }
+
+/// A service binary of this workspace running as its own process, as the tests start it, killed
+/// when dropped: [`ServiceProcess`] with the binary found beside the test, so tests and the
+/// verifier start, signal and kill services one way. Output is discarded
+/// unless `TEST_LOG` is set.
+#[derive(Debug)]
+pub struct TestService(
+    ServiceProcess,
+    // Held, never read: the port file's directory lives as long as the process.
+    #[allow(dead_code)] Option<tempfile::TempDir>,
+);
+
+impl TestService {
+    pub fn spawn(name: &str, args: &[String], env: &[(&str, String)]) -> Self {
+        let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
+        Self::start(name, args, env, output)
+    }
+
+    /// A service whose output (its logs) goes to `log`, read back with [`TestService::log`].
+    pub fn spawn_logged(
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        log: std::path::PathBuf,
+    ) -> Self {
+        Self::start(name, args, env, Output::File(log))
+    }
+
+    fn start(name: &str, args: &[String], env: &[(&str, String)], output: Output) -> Self {
+        let process = ServiceProcess::start(&binary(name), name, args, env, output);
+        Self(process.unwrap(), None)
+    }
+
+    /// A service started with its listeners on port 0 (`args` say so) that writes the ports it
+    /// got to a port file: returned once it wrote them, with them. No free port is guessed.
+    pub async fn spawn_listening(name: &str, args: &[String], env: &[(&str, String)]) -> (Self, Bound) {
+        let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
+        let dir = tempfile::tempdir().unwrap();
+        let mut process = ServiceProcess::start_with_port_file(
+            &binary(name),
+            name,
+            args,
+            env,
+            output,
+            &dir.path().join("ports"),
+        )
+        .unwrap();
+        let bound = process.listening(std::time::Duration::from_secs(60)).await.unwrap();
+        (Self(process, Some(dir)), bound)
+    }
+
+    /// Everything a logged service wrote so far.
+    pub fn log(&self) -> String {
+        self.0.log()
+    }
+
+    /// SIGKILL, and reaped.
+    pub async fn kill(&mut self) {
+        self.0.kill().await;
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.0.pid().unwrap() as i32
+    }
+
+    /// Sends `signal` (e.g. "KILL", "TERM"): a real signal, not an in-process stop.
+    pub async fn signal(&self, signal: &str) {
+        let parsed: Signal = format!("SIG{signal}").parse().unwrap_or_else(|_| panic!("no signal {signal}"));
+        assert!(self.0.signal(parsed), "SIG{signal} to {} failed", self.pid());
+    }
+
+    pub async fn wait(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
+        self.0.exited(timeout).await.expect("the process did not exit in time")
+    }
+}

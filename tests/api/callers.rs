@@ -9,7 +9,7 @@ use sea_orm::{ConnectionTrait, Statement};
 use tonic::Code;
 
 use crate::helpers::{
-    Backend, ServiceProcess, TestDb, TestOrder, assert_eventually, connect_order_service, metadata,
+    Backend, TestDb, TestOrder, TestService, assert_eventually, connect_order_service, metadata,
     on_every_backend, order, reason, violated_fields,
 };
 use crate::otlp::start_receiver;
@@ -155,7 +155,7 @@ async fn refused_calls_are_counted_per_reason() {
         format!("--auth-audience={AUDIENCE}"),
     ];
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let (mut service, bound) = ServiceProcess::spawn_listening("idempost-order", &args, &env).await;
+    let (mut service, bound) = TestService::spawn_listening("idempost-order", &args, &env).await;
     let (port, admin_port) = (bound.port("listen"), bound.port("admin-listen"));
     let mut orders = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
     let seven = tenant(&pki, 7);

@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 
 use crate::broker::TestBroker;
 use crate::helpers::{
-    Backend, InProcess, OutboxProbe, ServiceProcess, TestDb, assert_eventually, order, service_binary,
+    Backend, InProcess, OutboxProbe, TestDb, TestService, assert_eventually, order, service_binary,
 };
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki, token_from_unknown_key};
@@ -64,7 +64,7 @@ async fn connected(url: &str, tls: &ClientTls) -> Channel {
 }
 
 /// `idempostctl console` with `args` after the global flags, and the URL it printed.
-async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (ServiceProcess, String) {
+async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (TestService, String) {
     let mut args = global.to_vec();
     args.extend([
         format!("--token-file={}", token_file.display()),
@@ -72,7 +72,7 @@ async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (Service
         "--listen=127.0.0.1:0".to_owned(),
         "--jaeger-url=http://localhost:16686/".to_owned(),
     ]);
-    let process = ServiceProcess::spawn_logged("idempostctl", &args, &[], log);
+    let process = TestService::spawn_logged("idempostctl", &args, &[], log);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Some(line) = process.log().lines().find(|l| l.contains("open http://")) {
@@ -157,7 +157,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
 
     // The order service as an operator runs it: TLS, JWT, traces exported.
     let path = |p: &Path| p.display().to_string();
-    let (_order_service, bound) = ServiceProcess::spawn_listening(
+    let (_order_service, bound) = TestService::spawn_listening(
         "idempost-order",
         &[
             format!("--database-url={}", db.url),

@@ -13,14 +13,14 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::broker::TestBroker;
-use crate::dependencies::assert_health;
 use crate::helpers::{
-    Backend, OutboxProbe, ServiceProcess, TestDb, TestOrder, assert_eventually, connect_order_service, order,
+    Backend, OutboxProbe, TestDb, TestOrder, TestService, assert_eventually, connect_order_service, order,
     reason, service_binary,
 };
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki};
 use crate::python::run_python;
+use idempost_testkit::health::assert_health;
 
 use idempost_testkit::wait::WAIT;
 
@@ -37,7 +37,7 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
-    let (_service, bound) = ServiceProcess::spawn_listening(
+    let (_service, bound) = TestService::spawn_listening(
         "idempost-order",
         &[
             format!("--database-url={}", db.url),
@@ -245,19 +245,18 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
     let (brokers, topic_flag) = (format!("--brokers={}", broker.address()), format!("--topic={topic}"));
 
     let order_args = [from_file.clone(), "--listen=127.0.0.1:0".into(), "--admin-listen=127.0.0.1:0".into()];
-    let (order_service, order_bound) =
-        ServiceProcess::spawn_listening("idempost-order", &order_args, &[]).await;
+    let (order_service, order_bound) = TestService::spawn_listening("idempost-order", &order_args, &[]).await;
     let port = order_bound.port("listen");
     // The relay takes the file's name from the environment.
     let relay_args = [brokers.clone(), topic_flag.clone(), kafka.clone(), "--listen=127.0.0.1:0".into()];
-    let relay = ServiceProcess::spawn(
+    let relay = TestService::spawn(
         "idempost-relay",
         &relay_args,
         &[("IDEMPOST_DATABASE_URL_FILE", url_file.display().to_string())],
     );
     let consumer_args =
         [from_file, brokers, topic_flag, kafka, "--group-id=g1".into(), "--listen=127.0.0.1:0".into()];
-    let consumer = ServiceProcess::spawn("idempost-consumer", &consumer_args, &[]);
+    let consumer = TestService::spawn("idempost-consumer", &consumer_args, &[]);
 
     let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
     let accepted = client.submit_order(order(7, "from-files")).await.unwrap().into_inner();
@@ -279,7 +278,7 @@ async fn services_read_their_database_url_and_kafka_options_from_files_kept_off_
 
     // A line that is not KEY=VALUE stops the relay at start-up (the line is named, not shown).
     std::fs::write(&kafka_file, "sasl.username=idempost\nhunter2\n").unwrap();
-    let mut refused = ServiceProcess::spawn(
+    let mut refused = TestService::spawn(
         "idempost-relay",
         &[
             format!("--database-url-file={}", url_file.display()),

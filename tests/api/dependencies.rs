@@ -5,59 +5,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempost_consumer::{self as consumer, ConsumerStats};
 use idempost_relay::{self as relay, KafkaPublisher, Outbox, Relay, RetryPolicy, Tuning};
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::broker::{TestBroker, read_topic};
-use crate::consumer::{consumer_settings, event_record, produce};
-use crate::helpers::{Backend, InProcess, OutboxProbe, ServiceProcess, TestOrder, assert_eventually};
+use crate::helpers::{Backend, InProcess, OutboxProbe, TestOrder, TestService, assert_eventually};
 use crate::otlp::start_receiver;
-use crate::relay::{relay_args, relay_settings};
+use idempost_testkit::broker::produce;
+use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+use idempost_testkit::health::assert_health;
+use idempost_testkit::order::event_record;
+use idempost_testkit::relay::{relay_args, relay_settings};
 
 use idempost_testkit::wait::WAIT;
 
 fn topic() -> String {
     idempost_testkit::topic::unique("idempost-test")
-}
-
-/// The status a health endpoint on `port` reports for `service`, if it answers at all.
-pub async fn health(port: u16, service: &str) -> Option<ServingStatus> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .ok()?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .ok()?;
-    let answer = HealthClient::new(channel)
-        .check(HealthCheckRequest { service: service.to_owned() })
-        .await
-        .ok()?
-        .into_inner();
-    Some(answer.status())
-}
-
-/// Waits until the endpoint on `port` reports `expected` for `service`.
-pub async fn assert_health(what: &str, port: u16, service: &str, expected: ServingStatus) {
-    assert_eventually(what, WAIT, || async { health(port, service).await == Some(expected) }).await;
-}
-
-/// A consumer running in this process, with its health port and counters.
-pub struct RunningConsumer {
-    pub port: u16,
-    pub stats: Arc<ConsumerStats>,
-    pub service: InProcess,
-}
-
-impl RunningConsumer {
-    pub async fn start(settings: consumer::Settings) -> Self {
-        let app = consumer::Application::build(settings).await.unwrap();
-        let (port, stats) = (app.port(), app.stats());
-        Self { port, stats, service: InProcess::spawn(|shutdown| app.run_until_stopped(shutdown)) }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -67,7 +30,7 @@ async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_servi
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     probe.seed(3).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.publish_stall = Duration::from_secs(2);
     settings.max_attempts = 1_000;
     // No send to this broker may time out once it runs (see the README's Tests section).
@@ -99,14 +62,14 @@ async fn the_health_gauge_of_a_relay_process_follows_its_status() {
     let mut broker = TestBroker::reserve();
     let topic = topic();
     OutboxProbe { conn: &app.conn }.seed(3).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.max_attempts = 1_000;
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
     let mut args = relay_args(&settings);
     args.push("--publish-stall=2s".to_owned());
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
-    let _relay = ServiceProcess::spawn("idempost-relay", &args, &env);
+    let _relay = TestService::spawn("idempost-relay", &args, &env);
     let serving = |from: usize, value: f64| {
         received.points().iter().skip(from).any(|p| p.name == "idempost.health.serving" && p.value == value)
     };
@@ -125,7 +88,7 @@ async fn consumer_health_is_not_serving_while_the_broker_is_down_and_serving_onc
     let mut broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g")).await;
+    let consumer = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g")).await;
     assert_health("the consumer reports SERVING", consumer.port, "", ServingStatus::Serving).await;
 
     broker.kill();
@@ -145,9 +108,9 @@ async fn an_idle_consumer_is_not_serving_while_its_group_is_stuck_and_serving_on
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 1).await;
-    let settings = consumer_settings(&app, &broker.address(), &topic, "stuck");
-    let first = RunningConsumer::start(settings.clone()).await;
-    let second = RunningConsumer::start(settings).await;
+    let settings = consumer_settings(&app.db.url, &broker.address(), &topic, "stuck");
+    let first = TestConsumer::spawn(settings.clone()).await;
+    let second = TestConsumer::spawn(settings).await;
     assert_eventually("one member holds the only partition", WAIT, || async {
         first.stats.snapshot().assigned_partitions + second.stats.snapshot().assigned_partitions == 1
     })
@@ -232,7 +195,7 @@ async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_after_
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(5).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
     // Three failed attempts would make an event FAILED within about ten seconds.

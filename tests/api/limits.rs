@@ -12,10 +12,10 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use crate::dependencies::health;
 use crate::helpers::{Backend, TestDb, TestOrder, assert_eventually, order};
 use crate::otlp::{Received, start_receiver};
 use crate::security::{authenticated, tenant, with_token};
+use idempost_testkit::health::health;
 
 use idempost_testkit::wait::WAIT;
 

@@ -1,6 +1,9 @@
-//! End-to-end tests of the order service against real MariaDB, PostgreSQL and SQLite servers,
-//! through a real gRPC client. Run with `cargo nextest`: failpoints are process-global, and
-//! nextest gives every test its own process.
+//! Tests that span services, against real MariaDB, PostgreSQL and SQLite servers and a real
+//! broker: the three services together (the test kit's `Pipeline`), per-order order end to end,
+//! faults of what they depend on, callers and operators with real credentials, the clients in
+//! other languages, the console, the verifier and chaos runs, the deployment files. Each
+//! service's own tests live beside it, in `services/<service>/tests`. Run with `cargo nextest`:
+//! failpoints are process-global, and nextest gives every test its own process.
 #![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub, missing_debug_implementations)]
 
 mod broker;
@@ -16,17 +19,15 @@ mod chaos;
 mod classify;
 mod client;
 mod console;
-mod consumer;
 mod credentials;
 mod dependencies;
 mod deploy;
 mod limits;
-mod membership;
 mod ordering;
 mod outage;
 mod parking;
+mod pipeline;
 mod python;
-mod relay;
 mod rollback;
 mod security;
 mod stopping;

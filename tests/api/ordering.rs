@@ -13,6 +13,8 @@ use crate::broker::{Record, TestBroker, read_topic};
 use crate::helpers::{
     Backend, OutboxProbe, TestOrder, assert_eventually, on_every_backend, order, order_accepted,
 };
+use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+use idempost_testkit::relay::{TestRelay, relay_args, relay_settings};
 
 /// Longer than the harness's `WAIT`: this file waits on runs of thousands of events or on a Node
 /// toolchain, which take that long on a loaded two-core machine.
@@ -224,10 +226,10 @@ async fn an_order_whose_first_event_is_refused_holds_back_only_its_own_later_eve
     let orders: Vec<i64> = (501..=506).collect();
     let ids = seed_changes(&app.conn, &orders, 1..=3, 3).await;
     crate::helpers::arm("RELAY_PUBLISH_REJECTED_FOR_AGGREGATE", "return(501)");
-    let mut settings = crate::relay::relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.max_attempts = 3;
     settings.workers = 2;
-    let relay = crate::relay::start_relay(settings).await;
+    let relay = TestRelay::spawn(settings).await;
 
     let others: Vec<&String> =
         ids.iter().filter(|((order_id, _), _)| *order_id != 501).map(|(_, id)| id).collect();
@@ -298,7 +300,7 @@ const KILLS: usize = 6;
 /// every order's versions are complete and in order, and a consumer's read model ends at every
 /// order's last version.
 async fn four_relay_processes_killed_and_restarted_keep_every_orders_versions_in_order(backend: Backend) {
-    use crate::helpers::ServiceProcess;
+    use crate::helpers::TestService;
 
     let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -308,18 +310,18 @@ async fn four_relay_processes_killed_and_restarted_keep_every_orders_versions_in
     let orders: Vec<i64> = (1..=ORDERS).collect();
     let written_first = if backend == Backend::Sqlite { CHANGES } else { CHANGES / 2 };
     seed_changes(&app.conn, &orders, 1..=written_first, CHANGES).await;
-    let mut settings = crate::relay::relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     // Room for a loaded machine: a send that times out makes Tansu fail the producer until it
     // is rebuilt, which slows the run without testing anything more.
     settings.lease = Duration::from_secs(8);
     settings.delivery_timeout = Duration::from_secs(5);
     settings.lease_margin = Duration::from_secs(2);
-    let mut args = crate::relay::relay_args(&settings);
+    let mut args = relay_args(&settings);
     args.push("--workers=2".to_owned());
-    let spawn = || ServiceProcess::spawn("idempost-relay", &args, &[]);
-    let mut relays: Vec<ServiceProcess> = (0..RELAYS).map(|_| spawn()).collect();
-    let consumer = crate::consumer::RunningConsumer::start(crate::consumer::consumer_settings(
-        &app,
+    let spawn = || TestService::spawn("idempost-relay", &args, &[]);
+    let mut relays: Vec<TestService> = (0..RELAYS).map(|_| spawn()).collect();
+    let consumer = TestConsumer::spawn(consumer_settings(
+        &app.db.url,
         &broker.address(),
         &topic,
         &format!("ordering-{}", uuid::Uuid::new_v4().simple()),

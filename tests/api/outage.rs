@@ -12,13 +12,15 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::broker::{TestBroker, read_topic};
-use crate::consumer::{consumer_settings, produce};
-use crate::dependencies::{RunningConsumer, assert_health};
 use crate::helpers::{
     Backend, InProcess, OutboxProbe, TestOrder, assert_eventually, metadata, order, reason,
 };
 use crate::private_db::PrivateServer;
-use crate::relay::relay_settings;
+use idempost_testkit::broker::produce;
+use idempost_testkit::consumer::TestConsumer;
+use idempost_testkit::consumer::consumer_settings;
+use idempost_testkit::health::assert_health;
+use idempost_testkit::relay::relay_settings;
 
 const OUTAGE: Duration = Duration::from_secs(20);
 
@@ -45,19 +47,19 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     let broker = TestBroker::start().await;
     let topic = idempost_testkit::topic::unique("idempost-test");
     broker.create_topic(&topic, 2).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.max_attempts = 1_000;
     let relay = relay::Application::build(settings).await.unwrap();
     let relay_port = relay.port();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
-    let mut settings = consumer_settings(&app, &broker.address(), &topic, "outage");
+    let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "outage");
     // A member that stopped polling for 10 s would be put out of its group: the consumer must
     // keep polling while it waits for the database.
     settings.kafka_options.push(("max.poll.interval.ms".into(), "10000".into()));
     // Retries of a record in hand wait up to 8 s, plus the failed attempt itself: without
     // polling in between, more than the 10 s allowed.
     settings.backoff_max = Duration::from_secs(8);
-    let consumer = RunningConsumer::start(settings).await;
+    let consumer = TestConsumer::spawn(settings).await;
     for (port, service) in [(app.port, "idempost.v1.OrderService"), (relay_port, ""), (consumer.port, "")] {
         assert_health("every service is SERVING", port, service, ServingStatus::Serving).await;
     }

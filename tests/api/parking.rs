@@ -27,7 +27,8 @@ struct Consumer {
 impl Consumer {
     async fn start(app: &TestOrder, broker: &TestBroker, topic: &str) -> Self {
         let group = format!("parking-{}", uuid::Uuid::new_v4().simple());
-        let settings = crate::consumer::consumer_settings(app, &broker.address(), topic, &group);
+        let settings =
+            idempost_testkit::consumer::consumer_settings(&app.db.url, &broker.address(), topic, &group);
         let name = settings.consumer_name.clone();
         let consumer = idempost_consumer::Application::build(settings).await.unwrap();
         let port = consumer.port();

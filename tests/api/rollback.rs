@@ -9,7 +9,7 @@ use crate::broker::{TestBroker, read_topic};
 use idempost_consumer as consumer;
 
 use crate::helpers::{
-    Backend, InProcess, OutboxProbe, ServiceProcess, TestOrder, assert_eventually, on_every_backend, order,
+    Backend, InProcess, OutboxProbe, TestOrder, TestService, assert_eventually, on_every_backend, order,
 };
 
 /// Longer than the harness's `WAIT`: a drain after a broker outage, with backoff, on a loaded machine.
@@ -55,7 +55,7 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
     let ids = probe.seed(600).await;
 
     let args = relay_args(&app, &broker.address(), &topic);
-    let mut current = ServiceProcess::spawn("idempost-relay", &args, &[]);
+    let mut current = TestService::spawn("idempost-relay", &args, &[]);
     assert_eventually("the relay is under way", SLOW_WAIT, || async {
         probe.count_with_status("PUBLISHED").await >= 20
     })
@@ -69,7 +69,7 @@ async fn a_relay_drained_mid_backlog_finishes_its_leases_and_the_next_one_publis
     assert_eq!(published + probe.count_with_status("PENDING").await, 600);
 
     // The previous version (here: the same binary) continues from the table.
-    let mut previous = ServiceProcess::spawn("idempost-relay", &args, &[]);
+    let mut previous = TestService::spawn("idempost-relay", &args, &[]);
     assert_eventually("the rest is published", SLOW_WAIT, || async {
         probe.count_with_status("PUBLISHED").await == 600
     })
@@ -90,10 +90,9 @@ async fn a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_e
     for i in 0..20 {
         app.submit(order(21, &format!("rollback-{i}"))).await.unwrap();
     }
-    let mut relay =
-        ServiceProcess::spawn("idempost-relay", &relay_args(&app, &broker.address(), &topic), &[]);
+    let mut relay = TestService::spawn("idempost-relay", &relay_args(&app, &broker.address(), &topic), &[]);
     let args = consumer_args(&app, &broker.address(), &topic, &format!("g-{topic}"));
-    let mut current = ServiceProcess::spawn("idempost-consumer", &args, &[]);
+    let mut current = TestService::spawn("idempost-consumer", &args, &[]);
     assert_eventually("every order has its job", SLOW_WAIT, || async {
         app.count("notification_job").await == 20
     })

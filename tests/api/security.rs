@@ -18,8 +18,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    Backend, InProcess, ServiceProcess, TestDb, TestOrder, assert_eventually, metadata, on_every_backend,
-    order, reason,
+    Backend, InProcess, TestDb, TestOrder, TestService, assert_eventually, metadata, on_every_backend, order,
+    reason,
 };
 use crate::pki::{self, AUDIENCE, ISSUER, Pki};
 
@@ -549,8 +549,7 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
         format!("--auth-audience={AUDIENCE}"),
     ];
     let env = [("RUST_LOG", "trace".to_owned())];
-    let mut service =
-        ServiceProcess::spawn_logged("idempost-order", &args, &env, dir.path().join("order.log"));
+    let mut service = TestService::spawn_logged("idempost-order", &args, &env, dir.path().join("order.log"));
     let mut client = crate::helpers::connect_order_service(&format!("http://127.0.0.1:{port}")).await;
 
     let now = jsonwebtoken::get_current_timestamp();
@@ -714,6 +713,6 @@ async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_an
     let purged = admin.purge_consumed(with_token(purge(), &ops)).await.unwrap().into_inner();
     assert_eq!(purged.consumed_rows, 0);
     // Health on the same listener stays open to probes without a token.
-    assert!(crate::dependencies::health(port, "").await.is_some(), "health answers without a token");
+    assert!(idempost_testkit::health::health(port, "").await.is_some(), "health answers without a token");
     consumer.stop().await;
 }

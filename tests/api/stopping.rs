@@ -4,7 +4,7 @@
 
 use tokio::net::TcpListener;
 
-use crate::helpers::ServiceProcess;
+use crate::helpers::TestService;
 
 use idempost_testkit::wait::WAIT;
 
@@ -36,7 +36,7 @@ impl SilentDatabase {
 
 async fn sigterm_during_start_up_exits_zero(name: &str, args: impl FnOnce(&str) -> Vec<String>) {
     let mut database = SilentDatabase::start().await;
-    let mut service = ServiceProcess::spawn(name, &args(&database.url()), &[]);
+    let mut service = TestService::spawn(name, &args(&database.url()), &[]);
     database.connected().await;
 
     service.signal("TERM").await;

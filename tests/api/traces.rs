@@ -10,7 +10,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::ConnectionTrait as _;
 
 use crate::broker::{TestBroker, read_topic};
-use crate::helpers::{Backend, ServiceProcess, TestDb, assert_eventually, connect_order_service, order};
+use crate::helpers::{Backend, TestDb, TestService, assert_eventually, connect_order_service, order};
 use crate::otlp::{ReceivedSpan, start_receiver};
 
 use idempost_testkit::wait::WAIT;
@@ -31,7 +31,7 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
         ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
     ];
     let database = format!("--database-url={}", db.url);
-    let (mut order_service, order_bound) = ServiceProcess::spawn_listening(
+    let (mut order_service, order_bound) = TestService::spawn_listening(
         "idempost-order",
         &[database.clone(), "--listen=127.0.0.1:0".to_owned(), "--admin-listen=127.0.0.1:0".to_owned()],
         &env,
@@ -46,8 +46,8 @@ async fn every_transition_of_an_event_lands_in_one_trace_across_the_three_servic
     ];
     let relay_args: Vec<String> =
         common.iter().cloned().chain(["--max-idle-poll=100ms".to_owned()]).collect();
-    let mut relay = ServiceProcess::spawn("idempost-relay", &relay_args, &env);
-    let mut consumer = ServiceProcess::spawn("idempost-consumer", &common, &env);
+    let mut relay = TestService::spawn("idempost-relay", &relay_args, &env);
+    let mut consumer = TestService::spawn("idempost-consumer", &common, &env);
 
     let url = format!("http://127.0.0.1:{order_port}");
     let mut client = connect_order_service(&url).await;
@@ -218,7 +218,7 @@ async fn a_tracestate_longer_than_its_column_is_shortened_and_the_order_commits(
         "--admin-listen=127.0.0.1:0".to_owned(),
     ];
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
-    let (mut service, bound) = ServiceProcess::spawn_listening("idempost-order", &args, &env).await;
+    let (mut service, bound) = TestService::spawn_listening("idempost-order", &args, &env).await;
     let port = bound.port("listen");
     let mut client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
 

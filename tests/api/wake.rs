@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::broker::TestBroker;
 use crate::helpers::{
-    Backend, OutboxProbe, ServiceProcess, TestDb, assert_eventually, connect_order_service, order,
+    Backend, OutboxProbe, TestDb, TestService, assert_eventually, connect_order_service, order,
 };
 use crate::otlp::start_receiver;
 
@@ -24,7 +24,7 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
     // The idle back-off may grow to ten minutes. Whether a given event was found by a wake-up or
     // by a poll depends on timing; the relay's wake-up counter shows that wake-ups arrived and
     // ended idle waits. What they save in latency is the benchmark's to show, not a test's.
-    let (mut relay, relay_bound) = ServiceProcess::spawn_listening(
+    let (mut relay, relay_bound) = TestService::spawn_listening(
         "idempost-relay",
         &[
             format!("--database-url={}", db.url),
@@ -38,7 +38,7 @@ async fn a_new_order_wakes_the_idle_relay_and_the_relay_counts_the_wake_up() {
     )
     .await;
     let wake_port = relay_bound.port("wake-listen");
-    let (mut order_service, order_bound) = ServiceProcess::spawn_listening(
+    let (mut order_service, order_bound) = TestService::spawn_listening(
         "idempost-order",
         &[
             format!("--database-url={}", db.url),

@@ -1,81 +1,23 @@
 //! The consumer against real databases and a real broker: one notification job per event,
 //! however often the event is delivered, and no acknowledgement before the local commit.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use idempost_consumer::{self as consumer, ConsumerStats};
-use prost::Message;
+use idempost_consumer as consumer;
 use rdkafka::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::{ConnectionTrait, Statement};
 
 use crate::broker::TestBroker;
-use crate::helpers::{
-    Backend, InProcess, ServiceProcess, TestOrder, assert_eventually, on_every_backend, order, order_accepted,
-};
+use crate::helpers::{Backend, TestOrder, TestService, assert_eventually, on_every_backend, order};
+use idempost_testkit::broker::produce;
+use idempost_testkit::consumer::{TestConsumer, consumer_settings, fast_group_options};
+use idempost_testkit::order::event_record;
+use idempost_testkit::relay::{TestRelay, relay_defaults};
 
 use idempost_testkit::wait::WAIT;
 
 fn topic() -> String {
     idempost_testkit::topic::unique("idempost-test")
-}
-
-pub(crate) fn consumer_settings(
-    app: &TestOrder,
-    brokers: &str,
-    topic: &str,
-    group: &str,
-) -> consumer::Settings {
-    let mut settings = consumer::Settings::new(&app.db.url, brokers);
-    settings.topic = topic.to_owned();
-    settings.group_id = Some(group.to_owned());
-    settings.backoff_max = Duration::from_millis(300);
-    settings.shutdown_grace = Duration::from_secs(5);
-    settings.kafka_options = fast_group_options();
-    settings
-}
-
-/// A dead member leaves the group after seconds, not the default 45 s.
-fn fast_group_options() -> Vec<(String, String)> {
-    vec![("session.timeout.ms".into(), "6000".into()), ("heartbeat.interval.ms".into(), "500".into())]
-}
-
-/// A consumer running in this process, with its counters.
-pub(crate) struct RunningConsumer {
-    stats: Arc<ConsumerStats>,
-    service: InProcess,
-}
-
-impl RunningConsumer {
-    pub(crate) async fn start(settings: consumer::Settings) -> Self {
-        let app = consumer::Application::build(settings).await.unwrap();
-        let stats = app.stats();
-        Self { stats, service: InProcess::spawn(|shutdown| app.run_until_stopped(shutdown)) }
-    }
-
-    pub(crate) async fn stop(self) {
-        self.service.stop().await;
-    }
-}
-
-/// An OrderAccepted record as the relay would publish it.
-pub(crate) fn event_record(order_id: i64) -> (String, Vec<u8>) {
-    let event_id = uuid::Uuid::now_v7().to_string();
-    let payload = order_accepted(order_id, &event_id, 3299).encode_to_vec();
-    (event_id, payload)
-}
-
-pub(crate) async fn produce(brokers: &str, topic: &str, key: &str, payload: &[u8], event_id: Option<&str>) {
-    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    let mut headers =
-        OwnedHeaders::new().insert(Header { key: "event_type", value: Some("idempost.v1.OrderAccepted") });
-    if let Some(event_id) = event_id {
-        headers = headers.insert(Header { key: "event_id", value: Some(event_id) });
-    }
-    let record = FutureRecord::to(topic).key(key).payload(payload).headers(headers);
-    producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
 
 /// Produces OrderAccepted records for orders `1..=count`, the event of order `copy_of` twice in a
@@ -93,22 +35,8 @@ async fn produce_events(brokers: &str, topic: &str, count: i64, copy_of: Option<
     ids
 }
 
-async fn rows(app: &TestOrder, table: &str, event_id: &str) -> i64 {
-    let backend = app.conn.get_database_backend();
-    let placeholder = if backend == sea_orm::DbBackend::Postgres { "$1" } else { "?" };
-    let sql = format!("SELECT COUNT(*) FROM {table} WHERE event_id = {placeholder}");
-    let row = app
-        .conn
-        .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get_by_index::<i64>(0).unwrap()
-}
-
 on_every_backend!(
     a_batch_of_new_events_takes_one_insert_per_table_and_a_batch_holding_a_consumed_one_is_decided_event_by_event,
-    orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each,
     a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs,
     records_fetched_together_commit_together_with_one_job_each_and_a_copy_among_them_is_absorbed,
     a_failure_on_another_constraint_is_not_acknowledged_and_leaves_no_consumed_row,
@@ -129,44 +57,6 @@ on_every_backend!(
     a_consumer_killed_after_its_commit_and_before_the_offset_commit_deduplicates_the_redelivery,
 );
 
-async fn orders_flow_through_relay_and_consumer_into_exactly_one_notification_job_each(backend: Backend) {
-    let app = TestOrder::spawn(backend).await;
-    let broker = TestBroker::start().await;
-    let topic = topic();
-    broker.create_topic(&topic, 3).await;
-    let mut relay_settings = idempost_relay::Settings::new(&app.db.url, broker.address());
-    relay_settings.topic = topic.clone();
-    relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = relay::Application::build(relay_settings).await.unwrap();
-    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
-
-    let mut accepted = Vec::new();
-    for i in 0..10 {
-        accepted.push(app.submit(order(7, &format!("req-{i}"))).await.unwrap());
-    }
-    assert_eventually("ten notification jobs exist", WAIT, || async {
-        app.count("notification_job").await == 10
-    })
-    .await;
-
-    for answer in &accepted {
-        assert_eq!(rows(&app, "notification_job", &answer.event_id).await, 1);
-        assert_eq!(rows(&app, "consumed_event", &answer.event_id).await, 1);
-        let job_order = app
-            .scalar_i64(&format!(
-                "SELECT order_id FROM notification_job WHERE event_id = '{}'",
-                answer.event_id
-            ))
-            .await;
-        assert_eq!(job_order, answer.order_id);
-    }
-    consumer.stop().await;
-    relay.stop().await;
-}
-
-use idempost_relay as relay;
-
 async fn a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs(backend: Backend) {
     let app = TestOrder::spawn(backend).await;
     let broker = TestBroker::start().await;
@@ -177,7 +67,7 @@ async fn a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs
         produce(&broker.address(), &topic, "42", &payload, Some(&event_id)).await;
     }
 
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let consumer = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("all three deliveries are handled", WAIT, || async {
         let stats = consumer.stats.snapshot();
         stats.consumed + stats.duplicates >= 3
@@ -185,8 +75,8 @@ async fn a_redelivered_event_yields_one_job_and_the_duplicate_branch_really_runs
     .await;
 
     let stats = consumer.stats.snapshot();
-    assert_eq!(rows(&app, "consumed_event", &event_id).await, 1);
-    assert_eq!(rows(&app, "notification_job", &event_id).await, 1);
+    assert_eq!(app.rows_for_event("consumed_event", &event_id).await, 1);
+    assert_eq!(app.rows_for_event("notification_job", &event_id).await, 1);
     assert_eq!((stats.consumed, stats.duplicates), (1, 2), "{stats:?}");
     assert!(stats.handled > 1, "handle attempts exceed consumed rows: the duplicates really arrived");
     consumer.stop().await;
@@ -202,7 +92,7 @@ async fn records_fetched_together_commit_together_with_one_job_each_and_a_copy_a
     // Everything is on the topic before the consumer starts, so its first fetch brings many.
     let ids = produce_events(&broker.address(), &topic, 40, Some(20)).await;
 
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let consumer = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("all 41 deliveries are handled", WAIT, || async {
         let stats = consumer.stats.snapshot();
         stats.consumed + stats.duplicates >= 41
@@ -215,7 +105,7 @@ async fn records_fetched_together_commit_together_with_one_job_each_and_a_copy_a
     assert_eq!(app.count("consumed_event").await, 40);
     assert_eq!(app.count("notification_job").await, 40);
     for event_id in &ids {
-        assert_eq!(rows(&app, "notification_job", event_id).await, 1);
+        assert_eq!(app.rows_for_event("notification_job", event_id).await, 1);
     }
     consumer.stop().await;
 }
@@ -242,24 +132,24 @@ async fn a_consumer_killed_after_its_commit_and_before_the_offset_commit_dedupli
     .collect::<Vec<_>>();
 
     // The consumer commits, then hangs before storing the offset; it is killed there.
-    let hung = ServiceProcess::spawn(
+    let hung = TestService::spawn(
         "idempost-consumer",
         &args,
         &[("FAILPOINTS", "AFTER_CONSUMER_COMMIT_BEFORE_MESSAGE_ACK=sleep(600000)".into())],
     );
     assert_eventually("the first consumer committed its transaction", WAIT, || async {
-        rows(&app, "consumed_event", &event_id).await == 1
+        app.rows_for_event("consumed_event", &event_id).await == 1
     })
     .await;
     hung.signal("KILL").await;
 
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let consumer = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("the event is redelivered and recognised", WAIT, || async {
         consumer.stats.snapshot().duplicates == 1
     })
     .await;
-    assert_eq!(rows(&app, "consumed_event", &event_id).await, 1);
-    assert_eq!(rows(&app, "notification_job", &event_id).await, 1);
+    assert_eq!(app.rows_for_event("consumed_event", &event_id).await, 1);
+    assert_eq!(app.rows_for_event("notification_job", &event_id).await, 1);
     assert_eq!(consumer.stats.snapshot().consumed, 0);
     consumer.stop().await;
 }
@@ -282,14 +172,14 @@ async fn a_failure_on_another_constraint_is_not_acknowledged_and_leaves_no_consu
         .unwrap();
     produce(&broker.address(), &topic, "42", &payload, Some(&event_id)).await;
 
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let consumer = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("the message fails repeatedly", WAIT, || async {
         consumer.stats.snapshot().failures >= 3
     })
     .await;
     let stats = consumer.stats.snapshot();
     assert_eq!((stats.consumed, stats.duplicates), (0, 0), "never taken for already consumed: {stats:?}");
-    assert_eq!(rows(&app, "consumed_event", &event_id).await, 0, "the dedup row was rolled back");
+    assert_eq!(app.rows_for_event("consumed_event", &event_id).await, 0, "the dedup row was rolled back");
 
     // Not acknowledged: once the conflict is cleared, the same delivery succeeds.
     app.conn
@@ -300,7 +190,7 @@ async fn a_failure_on_another_constraint_is_not_acknowledged_and_leaves_no_consu
         consumer.stats.snapshot().consumed == 1
     })
     .await;
-    assert_eq!(rows(&app, "consumed_event", &event_id).await, 1);
+    assert_eq!(app.rows_for_event("consumed_event", &event_id).await, 1);
     consumer.stop().await;
     // A value too long for its column is refused at start-up now (see
     // settings_that_would_break_a_guarantee_are_refused_at_start_up); classify::* shows such an
@@ -317,9 +207,9 @@ async fn a_poison_record_is_dead_lettered_and_later_records_are_still_processed(
     let (event_id, payload) = event_record(42);
     produce(&broker.address(), &topic, "42", &payload, Some(&event_id)).await;
 
-    let consumer = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let consumer = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("the record after the poison is consumed", WAIT, || async {
-        rows(&app, "notification_job", &event_id).await == 1
+        app.rows_for_event("notification_job", &event_id).await == 1
     })
     .await;
 
@@ -349,8 +239,10 @@ async fn two_consumers_in_one_group_share_the_partitions_and_no_event_yields_two
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 4).await;
-    let first = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "shared")).await;
-    let second = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "shared")).await;
+    let first =
+        TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "shared")).await;
+    let second =
+        TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "shared")).await;
     assert_eventually("both instances hold partitions", WAIT, || async {
         let (a, b) = (first.stats.snapshot(), second.stats.snapshot());
         a.assigned_partitions > 0
@@ -373,7 +265,7 @@ async fn two_consumers_in_one_group_share_the_partitions_and_no_event_yields_two
 
     assert_eq!(app.count("consumed_event").await, 40);
     for id in &ids {
-        assert_eq!(rows(&app, "notification_job", id).await, 1);
+        assert_eq!(app.rows_for_event("notification_job", id).await, 1);
     }
     let (a, b) = (first.stats.snapshot(), second.stats.snapshot());
     assert_eq!(a.consumed + b.consumed, 40, "{a:?} {b:?}");
@@ -391,16 +283,16 @@ async fn offsets_of_committed_work_are_committed_on_shutdown(backend: Backend) {
         let (event_id, payload) = event_record(order_id);
         produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
     }
-    let first = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let first = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("five events are consumed", WAIT, || async { first.stats.snapshot().consumed == 5 })
         .await;
     first.stop().await;
 
     let (event_id, payload) = event_record(6);
     produce(&broker.address(), &topic, "6", &payload, Some(&event_id)).await;
-    let second = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let second = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("the new event is consumed", WAIT, || async {
-        rows(&app, "notification_job", &event_id).await == 1
+        app.rows_for_event("notification_job", &event_id).await == 1
     })
     .await;
 
@@ -418,9 +310,10 @@ async fn two_consumer_names_on_one_database_each_make_their_own_job_once(backend
 
     let mut consumers = Vec::new();
     for name in ["planner-a", "planner-b"] {
-        let mut settings = consumer_settings(&app, &broker.address(), &topic, &format!("group-{name}"));
+        let mut settings =
+            consumer_settings(&app.db.url, &broker.address(), &topic, &format!("group-{name}"));
         settings.consumer_name = name.to_owned();
-        consumers.push(RunningConsumer::start(settings).await);
+        consumers.push(TestConsumer::spawn(settings).await);
     }
     assert_eventually("each consumer handled all eleven deliveries", WAIT, || async {
         consumers.iter().all(|c| {
@@ -626,7 +519,7 @@ async fn a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_
         produce(&broker.address(), &topic, &order_id.to_string(), &payload, Some(&event_id)).await;
     }
 
-    let original = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g1")).await;
+    let original = TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g1")).await;
     assert_eventually("the first pass consumed three events and set one record aside", WAIT, || async {
         let stats = original.stats.snapshot();
         stats.consumed == 3 && stats.dead_lettered == 1
@@ -635,7 +528,8 @@ async fn a_replay_by_a_new_group_makes_no_new_effect_and_no_new_dead_letter_and_
     original.stop().await;
 
     // An operator's replay: a new group, the same consumer name, from the beginning.
-    let replay = RunningConsumer::start(consumer_settings(&app, &broker.address(), &topic, "g-replay")).await;
+    let replay =
+        TestConsumer::spawn(consumer_settings(&app.db.url, &broker.address(), &topic, "g-replay")).await;
     assert_eventually("the replay handled all four records again", WAIT, || async {
         let stats = replay.stats.snapshot();
         stats.duplicates == 3 && stats.dead_letter_duplicates == 1
@@ -671,7 +565,7 @@ async fn settings_that_would_break_a_guarantee_are_refused_at_start_up() {
     let base = vec![
         format!("--database-url=sqlite://{}/consumer.db?mode=rwc", db.path().display()),
         // Nothing listens here: a refused setting must stop the consumer before it connects.
-        format!("--brokers=127.0.0.1:{}", crate::broker::free_port()),
+        format!("--brokers=127.0.0.1:{}", idempost_testkit::ports::free_port()),
         "--listen=127.0.0.1:0".to_owned(),
     ];
     for (extra, says) in [
@@ -693,8 +587,8 @@ async fn settings_that_would_break_a_guarantee_are_refused_at_start_up() {
 }
 
 /// Starts the consumer binary with `args`, as an operator's supervisor would.
-fn consumer_process(args: &[String]) -> ServiceProcess {
-    ServiceProcess::spawn("idempost-consumer", args, &[])
+fn consumer_process(args: &[String]) -> TestService {
+    TestService::spawn("idempost-consumer", args, &[])
 }
 
 async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everything_soon_after_its_last_start(
@@ -707,11 +601,7 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
     let broker = TestBroker::start().await;
     let topic = topic();
     broker.create_topic(&topic, 3).await;
-    let mut relay_settings = idempost_relay::Settings::new(&app.db.url, broker.address());
-    relay_settings.topic = topic.clone();
-    relay_settings.max_idle_poll = Duration::from_millis(100);
-    let relay = relay::Application::build(relay_settings).await.unwrap();
-    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+    let relay = TestRelay::spawn(relay_defaults(&app.db.url, &broker.address(), &topic)).await;
 
     // A fixed health port: the default instance name (host and port) is the same at every start,
     // as it is for a supervised process with its configured port.
@@ -720,7 +610,7 @@ async fn a_consumer_killed_and_restarted_three_times_under_load_consumes_everyth
         format!("--brokers={}", broker.address()),
         format!("--topic={topic}"),
         "--group-id=g1".to_owned(),
-        format!("--listen=127.0.0.1:{}", crate::broker::free_port()),
+        format!("--listen=127.0.0.1:{}", idempost_testkit::ports::free_port()),
     ];
     let mut consumer = consumer_process(&args);
 
@@ -786,7 +676,7 @@ async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_
     let topic = topic();
     broker.create_topic(&topic, 2).await;
     let static_member = |instance: &str| {
-        let mut settings = consumer_settings(&app, &broker.address(), &topic, "g1");
+        let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "g1");
         settings.membership = consumer::Membership::Static;
         settings.instance_name = Some(instance.to_owned());
         // Tansu pauses static joins and syncs for 3 s each: the session must outlast both.
@@ -794,7 +684,7 @@ async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_
         settings
     };
     produce_events(&broker.address(), &topic, 4, None).await;
-    let first = RunningConsumer::start(static_member("first")).await;
+    let first = TestConsumer::spawn(static_member("first")).await;
     assert_eventually("the first instance consumed four events", WAIT, || async {
         first.stats.snapshot().consumed == 4
     })
@@ -805,9 +695,9 @@ async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_
     // leadership) until it came back under its name.
     let (event_id, payload) = event_record(5);
     produce(&broker.address(), &topic, "5", &payload, Some(&event_id)).await;
-    let second = RunningConsumer::start(static_member("second")).await;
+    let second = TestConsumer::spawn(static_member("second")).await;
     assert_eventually("another instance consumed the new event", WAIT, || async {
-        rows(&app, "notification_job", &event_id).await == 1
+        app.rows_for_event("notification_job", &event_id).await == 1
     })
     .await;
     let stats = second.stats.snapshot();

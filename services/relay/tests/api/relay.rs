@@ -11,9 +11,9 @@ use idempost_relay::{KafkaPublisher, Relay, RetryPolicy};
 
 use crate::broker::{TestBroker, read_topic};
 use crate::helpers::{
-    Backend, InProcess, OutboxProbe, ServiceProcess, TestOrder, assert_eventually, eventually,
-    on_every_backend, order,
+    Backend, OutboxProbe, TestOrder, TestService, assert_eventually, eventually, on_every_backend, order,
 };
+use idempost_testkit::relay::{TestRelay, relay_args, relay_settings};
 
 use idempost_testkit::wait::WAIT;
 const SETTLE: Duration = Duration::from_millis(1500);
@@ -22,52 +22,15 @@ fn topic() -> String {
     idempost_testkit::topic::unique("idempost-test")
 }
 
-/// Short, test-sized timings that still satisfy the relay's start-up check.
-pub(crate) fn relay_settings(app: &TestOrder, brokers: &str, topic: &str) -> relay::Settings {
-    let mut settings = relay::Settings::new(&app.db.url, brokers);
-    settings.topic = topic.to_owned();
-    settings.lease = Duration::from_secs(5);
-    settings.delivery_timeout = Duration::from_secs(3);
-    settings.lease_margin = Duration::from_secs(1);
-    settings.backoff_base = Duration::from_millis(100);
-    settings.backoff_max = Duration::from_millis(500);
-    settings.max_idle_poll = Duration::from_millis(100);
-    settings
-}
-
-/// The same settings as command-line flags for a relay process.
-pub(crate) fn relay_args(settings: &relay::Settings) -> Vec<String> {
-    let ms = |d: Duration| format!("{}ms", d.as_millis());
-    vec![
-        format!("--database-url={}", settings.database_url),
-        format!("--brokers={}", settings.brokers),
-        format!("--topic={}", settings.topic),
-        format!("--lease={}", ms(settings.lease)),
-        format!("--delivery-timeout={}", ms(settings.delivery_timeout)),
-        format!("--lease-margin={}", ms(settings.lease_margin)),
-        format!("--backoff-base={}", ms(settings.backoff_base)),
-        format!("--backoff-max={}", ms(settings.backoff_max)),
-        format!("--max-idle-poll={}", ms(settings.max_idle_poll)),
-        format!("--max-attempts={}", settings.max_attempts),
-        "--listen=127.0.0.1:0".to_owned(),
-    ]
-}
-
 /// Flags for a relay process with the default lease timings: on two shared cores a step may take
 /// seconds, and a lease lost to a slow machine would be a duplicate, which the tests that use
 /// these count as a failure.
 fn ordinary_relay_args(app: &TestOrder, brokers: &str, topic: &str) -> Vec<String> {
-    let mut settings = relay_settings(app, brokers, topic);
+    let mut settings = relay_settings(&app.db.url, brokers, topic);
     settings.lease = Duration::from_secs(30);
     settings.delivery_timeout = Duration::from_secs(10);
     settings.lease_margin = Duration::from_secs(5);
     relay_args(&settings)
-}
-
-/// A relay running in this process until dropped or stopped.
-pub(crate) async fn start_relay(settings: relay::Settings) -> InProcess {
-    let app = relay::Application::build(settings).await.unwrap();
-    InProcess::spawn(|shutdown| app.run_until_stopped(shutdown))
 }
 
 async fn all_published(probe: &OutboxProbe<'_>, total: i64) -> bool {
@@ -274,10 +237,10 @@ async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_cla
     broker.create_topic(&topic, 1).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(EVENTS).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     // Small batches: the stop finds batches in flight in both loops.
     settings.batch_size = 20;
-    let relay = start_relay(settings).await;
+    let relay = TestRelay::spawn(settings).await;
     assert_eventually("the relay marked its first batches", WAIT, || async {
         probe.count_with_status("PUBLISHED").await >= 40
     })
@@ -303,7 +266,7 @@ async fn a_relay_stopped_during_a_backlog_publishes_and_marks_every_batch_it_cla
 /// A relay process exporting its metrics to a receiver of its own; its log goes to a file, read
 /// only to explain a failure.
 struct MeteredRelay {
-    process: ServiceProcess,
+    process: TestService,
     received: crate::otlp::Received,
     _receiver: tokio::task::JoinHandle<()>,
 }
@@ -341,7 +304,7 @@ impl MeteredRelay {
         ];
         let log = dir.join(format!("relay-{n}.log"));
         Self {
-            process: ServiceProcess::spawn_logged("idempost-relay", args, &env, log),
+            process: TestService::spawn_logged("idempost-relay", args, &env, log),
             received,
             _receiver: receiver,
         }
@@ -440,7 +403,7 @@ async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(bac
         accepted.push(app.submit(order(7, &format!("req-{i}"))).await.unwrap());
     }
 
-    let relay = start_relay(relay_settings(&app, &broker.address(), &topic)).await;
+    let relay = TestRelay::spawn(relay_settings(&app.db.url, &broker.address(), &topic)).await;
     let probe = OutboxProbe { conn: &app.conn };
     assert_eventually("every event is PUBLISHED", WAIT, || all_published(&probe, 5)).await;
     relay.stop().await;
@@ -472,13 +435,11 @@ async fn two_relay_processes_drain_a_backlog_of_a_thousand_events(backend: Backe
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(1_000).await;
 
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.batch_size = 50;
     let args = relay_args(&settings);
-    let mut relays = [
-        ServiceProcess::spawn("idempost-relay", &args, &[]),
-        ServiceProcess::spawn("idempost-relay", &args, &[]),
-    ];
+    let mut relays =
+        [TestService::spawn("idempost-relay", &args, &[]), TestService::spawn("idempost-relay", &args, &[])];
     assert_eventually("all 1000 events are PUBLISHED", Duration::from_secs(120), || {
         all_published(&probe, 1_000)
     })
@@ -745,14 +706,14 @@ async fn a_relay_killed_after_claiming_leaves_its_events_to_another_relay(backen
     broker.create_topic(&topic, 2).await;
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(20).await;
-    let args = relay_args(&relay_settings(&app, &broker.address(), &topic));
+    let args = relay_args(&relay_settings(&app.db.url, &broker.address(), &topic));
 
     // This relay claims, then hangs before publishing until it is killed. One loop: with two,
     // the loop that committed first may hold the newer events while the other's claim of the
     // oldest is still open (seen on MariaDB, whose claim takes several round trips).
     let mut stalled_args = args.clone();
     stalled_args.push("--workers=1".to_owned());
-    let stalled = ServiceProcess::spawn(
+    let stalled = TestService::spawn(
         "idempost-relay",
         &stalled_args,
         &[("FAILPOINTS", "DURING_CONCURRENT_CLAIM=sleep(600000)".into())],
@@ -788,7 +749,7 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_
     let topic = topic();
     let probe = OutboxProbe { conn: &app.conn };
     let ids = probe.seed(3).await;
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     // Long enough for a first publish to a freshly started broker on a loaded machine.
     settings.delivery_timeout = Duration::from_secs(2);
     settings.lease = Duration::from_secs(4);
@@ -796,7 +757,7 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_
     // One attempt allowed: were an unreachable broker to spend attempts, the first failure
     // would end the event FAILED. It must not, however long the outage lasts.
     settings.max_attempts = 1;
-    let relay = start_relay(settings).await;
+    let relay = TestRelay::spawn(settings).await;
 
     let failed_again = || async {
         let mut all = true;
@@ -834,9 +795,9 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
     broker.create_topic(&topic, 1).await;
     let accepted = app.submit(order(7, "req-1")).await.unwrap();
     let probe = OutboxProbe { conn: &app.conn };
-    let args = relay_args(&relay_settings(&app, &broker.address(), &topic));
+    let args = relay_args(&relay_settings(&app.db.url, &broker.address(), &topic));
 
-    let mut crashing = ServiceProcess::spawn(
+    let mut crashing = TestService::spawn(
         "idempost-relay",
         &args,
         &[("FAILPOINTS", "AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED=return(abort)".into())],
@@ -847,7 +808,7 @@ async fn a_relay_that_died_between_confirm_and_mark_publishes_the_event_again(ba
     assert_eq!(first_copy[0].header("event_id"), accepted.event_id);
     assert_eq!(probe.state(&accepted.event_id).await.status, "PUBLISHING", "confirmed but never marked");
 
-    let _second = ServiceProcess::spawn("idempost-relay", &args, &[]);
+    let _second = TestService::spawn("idempost-relay", &args, &[]);
     assert_eventually("the event is published again and marked", WAIT, || all_published(&probe, 1)).await;
     let records = read_topic(&broker.address(), &topic, 2, WAIT, SETTLE).await;
     let copies = records.iter().filter(|r| r.header("event_id") == accepted.event_id).count();
@@ -873,14 +834,14 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
         ))
         .await
         .unwrap();
-    let mut settings = relay_settings(&app, &broker.address(), &topic);
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_millis(500);
     settings.lease = Duration::from_secs(2);
     settings.lease_margin = Duration::from_millis(500);
     settings.max_attempts = 2;
     let mut refusing = settings.clone();
     refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
-    let relay = start_relay(refusing).await;
+    let relay = TestRelay::spawn(refusing).await;
 
     assert_eventually("the event is FAILED", WAIT, || async {
         probe.state(&ids[0]).await.status == "FAILED"
@@ -892,7 +853,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     relay.stop().await;
 
     // The operator's command, as a real process.
-    let mut redrive = ServiceProcess::spawn(
+    let mut redrive = TestService::spawn(
         "idempost-relay",
         &[
             format!("--database-url={}", settings.database_url),
@@ -910,7 +871,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     broker.create_topic(&topic, 1).await;
     // A relay with ordinary timings: a first publish to a fresh broker may take longer than the
     // 500 ms the failing phase allowed.
-    let relay = start_relay(relay_settings(&app, &broker.address(), &topic)).await;
+    let relay = TestRelay::spawn(relay_settings(&app.db.url, &broker.address(), &topic)).await;
     assert_eventually("the redriven event is published", WAIT, || all_published(&probe, 1)).await;
     relay.stop().await;
 }

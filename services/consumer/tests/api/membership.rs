@@ -8,10 +8,12 @@
 
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::broker::{TestBroker, free_port};
-use crate::consumer::{event_record, produce};
-use crate::dependencies::assert_health;
-use crate::helpers::{Backend, ServiceProcess, TestOrder, assert_eventually, service_binary};
+use crate::broker::TestBroker;
+use crate::helpers::{Backend, TestOrder, TestService, assert_eventually, service_binary};
+use idempost_testkit::broker::produce;
+use idempost_testkit::health::assert_health;
+use idempost_testkit::order::event_record;
+use idempost_testkit::ports::free_port;
 
 use idempost_testkit::wait::WAIT;
 
@@ -49,7 +51,7 @@ async fn a_second_consumer_under_an_instance_name_in_use_stops_naming_it_and_the
         ]
     };
     let first_port = free_port();
-    let mut first = ServiceProcess::spawn("idempost-consumer", &args(first_port), &[]);
+    let mut first = TestService::spawn("idempost-consumer", &args(first_port), &[]);
     assert_health("the first instance serves", first_port, "", ServingStatus::Serving).await;
 
     let (status, stderr) = run_to_exit(&args(free_port())).await;
