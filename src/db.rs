@@ -8,6 +8,7 @@ mod connect;
 mod dialect;
 mod failure;
 pub mod purge;
+mod settings;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
 pub use classify::{LockConflict, lock_conflict};
@@ -18,3 +19,4 @@ pub use dialect::{JoinedUpdate, ValueColumn};
 pub use dialect::{by_event_ids, has_update_returning, statement_time};
 pub use dialect::{has_skip_locked, relay_isolation, system_name};
 pub use failure::TxFailure;
+pub use settings::DatabaseSettings;

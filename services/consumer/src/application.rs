@@ -91,12 +91,12 @@ impl Application {
         // Before connecting to anything: a policy error must not wait behind the database.
         Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
         let db = service::open_database_for(
-            &settings.database_url,
+            &settings.database.url,
             settings.db_max_connections,
             db::Pool::Consumer,
         )
         .await?;
-        let health_db = service::open_health_connection(&settings.database_url).await?;
+        let health_db = service::open_health_connection(&settings.database.url).await?;
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: a fixed port names the instance when --instance-name does not, and no
         // two processes on one host hold the same port.
@@ -108,7 +108,7 @@ impl Application {
                 let identity = Identity { group: settings.group().to_owned(), instance: name.clone(), id };
                 // Before joining: a second live instance under this name stops here.
                 let lock =
-                    InstanceLock::acquire(&settings.database_url, identity.clone(), INSTANCE_WAIT).await?;
+                    InstanceLock::acquire(&settings.database.url, identity.clone(), INSTANCE_WAIT).await?;
                 Some((identity, lock))
             }
             _ => {
@@ -175,7 +175,7 @@ impl Application {
             current.clone(),
             self.health_db.clone(),
             Arc::clone(&self.stats),
-            self.settings.topic.clone(),
+            self.settings.kafka.topic.clone(),
             health.health(),
             stop_rx.clone(),
         ));
@@ -314,7 +314,7 @@ fn subscribed(
     stats: &Arc<ConsumerStats>,
 ) -> Result<Arc<StreamConsumer<CommitOnRevoke>>, StartupError> {
     let consumer = kafka_consumer(settings, Arc::clone(stats))?;
-    consumer.subscribe(&[&settings.topic])?;
+    consumer.subscribe(&[&settings.kafka.topic])?;
     Ok(Arc::new(consumer))
 }
 

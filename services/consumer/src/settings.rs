@@ -4,7 +4,8 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 
 use super::retention::DedupRetention;
-use idempost::contract::DEFAULT_TOPIC;
+use idempost::db::DatabaseSettings;
+use idempost::kafka::KafkaSettings;
 
 /// The consumer name (dedup identity) unless configured otherwise.
 pub const DEFAULT_CONSUMER_NAME: &str = "notification-planner";
@@ -16,29 +17,21 @@ const DAY: u64 = 24 * 3600;
 #[command(
     name = "idempost-consumer",
     version,
-    about = "Idempost consumer: one notification job per OrderAccepted event"
+    about = "Idempost consumer: one notification job per OrderAccepted event",
+    mut_args(shared_settings)
 )]
 pub struct Settings {
-    /// The consumer's own database: mysql://, postgres:// or sqlite:// URL. A URL with a
-    /// password belongs in `--database-url-file`: flags show in `ps`.
-    #[arg(long, env = "IDEMPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
-    pub(crate) database_url: String,
-
-    /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
-    #[arg(long, env = "IDEMPOST_DATABASE_URL_FILE")]
-    pub(crate) database_url_file: Option<std::path::PathBuf>,
+    /// The consumer's own database (`--database-url`, or `--database-url-file`).
+    #[command(flatten)]
+    pub(crate) database: DatabaseSettings,
 
     /// Most database connections the consumer holds.
     #[arg(long, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) db_max_connections: u32,
 
-    /// Kafka bootstrap servers, comma-separated host:port.
-    #[arg(long, env = "IDEMPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub(crate) brokers: String,
-
-    /// Topic to consume.
-    #[arg(long, env = "IDEMPOST_TOPIC", default_value = DEFAULT_TOPIC)]
-    pub topic: String,
+    /// The brokers, the topic and the consumer's pass-through options.
+    #[command(flatten)]
+    pub kafka: KafkaSettings,
 
     /// The dedup identity: `consumed_event.consumer_name`. Two consumers with different names
     /// each handle every event once.
@@ -66,17 +59,6 @@ pub struct Settings {
     /// name stops at start-up (exit status 1, naming it).
     #[arg(long, env = "IDEMPOST_CONSUMER_INSTANCE_NAME")]
     pub instance_name: Option<String>,
-
-    /// librdkafka consumer options passed through as KEY=VALUE (SASL, TLS, session timeouts, ...):
-    /// repeat the flag, one option each (a value may contain commas); in the environment
-    /// variable, one option per line. Options that would break a guarantee are refused.
-    #[arg(long = "kafka-option", env = "IDEMPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = idempost::startup::parse_key_value)]
-    pub kafka_options: Vec<(String, String)>,
-
-    /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
-    /// `--kafka-option`: the place for `sasl.password` and other secrets.
-    #[arg(long, env = "IDEMPOST_KAFKA_OPTION_FILE")]
-    pub(crate) kafka_option_file: Option<std::path::PathBuf>,
 
     /// Most records handled in one transaction: those already fetched, never waiting for more.
     #[arg(long, env = "IDEMPOST_CONSUMER_BATCH_SIZE", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1000))]
@@ -131,13 +113,11 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// These settings with the database URL read from `database_url_file`, when that is how it
-    /// was given, and the options of `kafka_option_file` added to `kafka_options`.
+    /// These settings with the database URL and the Kafka options file read, when they were
+    /// given as files.
     pub(crate) fn with_secrets_read(mut self) -> Result<Self, idempost::secret::SecretError> {
-        self.database_url =
-            idempost::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
-        self.kafka_options =
-            idempost::secret::kafka_options(&self.kafka_options, self.kafka_option_file.take().as_deref())?;
+        self.database.read_url_file()?;
+        self.kafka.read_option_file()?;
         Ok(self)
     }
 
@@ -146,17 +126,13 @@ impl Settings {
     /// for tests and embedding.
     pub fn new(database_url: impl Into<String>, brokers: impl Into<String>) -> Self {
         Self {
-            database_url: database_url.into(),
-            database_url_file: None,
+            database: DatabaseSettings::new(database_url),
             db_max_connections: 4,
-            brokers: brokers.into(),
-            topic: DEFAULT_TOPIC.to_owned(),
+            kafka: KafkaSettings::new(brokers),
             consumer_name: DEFAULT_CONSUMER_NAME.to_owned(),
             group_id: None,
             membership: Membership::Auto,
             instance_name: None,
-            kafka_options: Vec::new(),
-            kafka_option_file: None,
             batch_size: 64,
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
@@ -238,7 +214,7 @@ impl Settings {
     pub(crate) fn kafka_config(&self) -> Result<ClientConfig, String> {
         let mut config = ClientConfig::new();
         config
-            .set("bootstrap.servers", &self.brokers)
+            .set("bootstrap.servers", &self.kafka.brokers)
             .set("group.id", self.group())
             // Offsets are stored by hand after the local commit; only stored offsets are committed.
             .set("enable.auto.offset.store", "false")
@@ -250,7 +226,7 @@ impl Settings {
         if let Some(id) = self.group_instance_id() {
             config.set("group.instance.id", id);
         }
-        for (key, value) in &self.kafka_options {
+        for (key, value) in &self.kafka.options {
             if let Some(setting) = OWN_SETTINGS.iter().find(|(k, _)| k == key).map(|(_, s)| s) {
                 return Err(format!("kafka option {key} is a setting of its own: use {setting}"));
             }
@@ -287,6 +263,25 @@ impl Settings {
     }
 }
 
+/// The shared database and Kafka settings with help that says what each is to the consumer (one
+/// paragraph without a full stop, as clap shows a doc comment's). Applied in place, so the
+/// settings keep their order in `--help` and on the configuration page.
+fn shared_settings(arg: clap::Arg) -> clap::Arg {
+    match arg.get_id().as_str() {
+        "database_url" => arg.help(
+            "The consumer's own database: mysql://, postgres:// or sqlite:// URL. A URL with a password \
+             belongs in `--database-url-file`: flags show in `ps`",
+        ),
+        "topic" => arg.help("Topic to consume"),
+        "kafka_options" => arg.help(
+            "librdkafka consumer options passed through as KEY=VALUE (SASL, TLS, session timeouts, ...): repeat \
+             the flag, one option each (a value may contain commas); in the environment variable, one option \
+             per line. Options that would break a guarantee are refused",
+        ),
+        _ => arg,
+    }
+}
+
 /// The most characters of a consumer name: the width of the columns that store it.
 pub(crate) const CONSUMER_NAME_MAX_CHARS: usize = 128;
 
@@ -320,7 +315,7 @@ mod tests {
 
     fn with_options(options: &[(&str, &str)]) -> Settings {
         let mut settings = Settings::new("sqlite::memory:", "127.0.0.1:9092");
-        settings.kafka_options = options.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        settings.kafka.options = options.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         settings
     }
 
@@ -423,7 +418,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            settings.kafka_options,
+            settings.kafka.options,
             [
                 (
                     "ssl.cipher.suites".to_owned(),

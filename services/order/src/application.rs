@@ -76,8 +76,8 @@ impl Application {
         for addr in [settings.listen, settings.admin_listen] {
             Listener::check_plaintext(addr, &security.listeners).map_err(ReadyError::from)?;
         }
-        let db = service::open_database(&settings.database_url, settings.db_max_connections).await?;
-        let health_db = service::open_health_connection(&settings.database_url).await?;
+        let db = service::open_database(&settings.database.url, settings.db_max_connections).await?;
+        let health_db = service::open_health_connection(&settings.database.url).await?;
         // One call holds at most one connection. A listener admits a short queue of calls per
         // pooled connection (each waits milliseconds for one under a burst) and refuses calls past
         // it at once, so a burst never queues without bound on the pool: refusing at the pool size

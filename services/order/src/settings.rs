@@ -1,6 +1,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use idempost::db::DatabaseSettings;
+
 use super::admin::OutboxRetention;
 use super::group::GroupCommitSettings;
 
@@ -8,21 +10,20 @@ const DAY: u64 = 24 * 3600;
 
 /// The order service's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "idempost-order", version, about = "Idempost order service: accepts orders over gRPC")]
+#[command(
+    name = "idempost-order",
+    version,
+    about = "Idempost order service: accepts orders over gRPC",
+    mut_args(shared_settings)
+)]
 pub struct Settings {
     /// Address the gRPC server listens on; port 0 picks a free port.
     #[arg(long, env = "IDEMPOST_ORDER_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// The primary database: mysql://, postgres:// or sqlite:// URL. Reconcile reads from it, so
-    /// it must never point at a replica. A URL with a password belongs in
-    /// `--database-url-file`: flags show in `ps`.
-    #[arg(long, env = "IDEMPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
-    pub database_url: String,
-
-    /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
-    #[arg(long, env = "IDEMPOST_DATABASE_URL_FILE")]
-    pub(crate) database_url_file: Option<std::path::PathBuf>,
+    /// The database (`--database-url`, or `--database-url-file`).
+    #[command(flatten)]
+    pub database: DatabaseSettings,
 
     /// Most database connections the service holds.
     #[arg(long, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -72,12 +73,24 @@ pub struct Settings {
     pub security: idempost::security::SecuritySettings,
 }
 
+/// The shared database settings with help that says what the database is to the order service
+/// (one paragraph without a full stop, as clap shows a doc comment's). Applied in place, so the
+/// settings keep their order in `--help` and on the configuration page.
+fn shared_settings(arg: clap::Arg) -> clap::Arg {
+    match arg.get_id().as_str() {
+        "database_url" => arg.help(
+            "The primary database: mysql://, postgres:// or sqlite:// URL. Reconcile reads from it, so it must \
+             never point at a replica. A URL with a password belongs in `--database-url-file`: flags show in \
+             `ps`",
+        ),
+        _ => arg,
+    }
+}
+
 impl Settings {
-    /// These settings with the database URL read from `database_url_file`, when that is how it
-    /// was given.
+    /// These settings with the database URL read from its file, when that is how it was given.
     pub(crate) fn with_secrets_read(mut self) -> Result<Self, idempost::secret::SecretError> {
-        self.database_url =
-            idempost::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
+        self.database.read_url_file()?;
         Ok(self)
     }
 
@@ -87,8 +100,7 @@ impl Settings {
     pub fn for_database(database_url: impl Into<String>) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            database_url: database_url.into(),
-            database_url_file: None,
+            database: DatabaseSettings::new(database_url),
             db_max_connections: 16,
             shutdown_grace: Duration::from_secs(10),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -58,12 +58,12 @@ impl Application {
         let settings = settings.with_secrets_read().map_err(ReadyError::from)?;
         check(&settings)?;
         Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
-        let outbox = open_outbox(&settings.database_url, settings.db_max_connections).await?;
+        let outbox = open_outbox(&settings.database.url, settings.db_max_connections).await?;
         let publisher = KafkaPublisher::new(
-            &settings.brokers,
-            settings.topic.clone(),
+            &settings.kafka.brokers,
+            settings.kafka.topic.clone(),
             settings.delivery_timeout,
-            &settings.kafka_options,
+            &settings.kafka.options,
         )?;
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
@@ -152,8 +152,7 @@ pub async fn redrive(
     event_id: &str,
     audit: &RedriveAudit,
 ) -> Result<Redrive, StartupError> {
-    let url = idempost::secret::database_url(&settings.database_url, settings.database_url_file.as_deref())
-        .map_err(ReadyError::from)?;
+    let url = settings.database.resolved_url().map_err(ReadyError::from)?;
     let db = service::open_database(&url, 1).await?;
     Outbox::new(db).redrive(event_id, audit).await.map_err(|e| StartupError::Ready(ReadyError::Database(e)))
 }

@@ -1,51 +1,33 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use idempost::contract::DEFAULT_TOPIC;
+use idempost::db::DatabaseSettings;
+use idempost::kafka::KafkaSettings;
 
 /// The relay's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "idempost-relay",
     version,
-    about = "Idempost relay: publishes outbox events to Kafka under a lease"
+    about = "Idempost relay: publishes outbox events to Kafka under a lease",
+    mut_args(shared_settings)
 )]
 pub struct Settings {
     /// What to do; without a command the relay runs.
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// The database holding the outbox: mysql://, postgres:// or sqlite:// URL. A URL with a
-    /// password belongs in `--database-url-file`: flags show in `ps`.
-    #[arg(long, global = true, env = "IDEMPOST_DATABASE_URL", default_value = "", hide_default_value = true)]
-    pub database_url: String,
-
-    /// File holding the database URL (instead of `--database-url`), such as a mounted secret.
-    #[arg(long, global = true, env = "IDEMPOST_DATABASE_URL_FILE")]
-    pub(crate) database_url_file: Option<std::path::PathBuf>,
+    /// The database holding the outbox (`--database-url`, or `--database-url-file`).
+    #[command(flatten)]
+    pub database: DatabaseSettings,
 
     /// Most database connections the relay holds.
     #[arg(long, global = true, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) db_max_connections: u32,
 
-    /// Kafka bootstrap servers, comma-separated host:port.
-    #[arg(long, global = true, env = "IDEMPOST_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
-
-    /// Topic the events are published to.
-    #[arg(long, global = true, env = "IDEMPOST_TOPIC", default_value = DEFAULT_TOPIC)]
-    pub topic: String,
-
-    /// librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...):
-    /// repeat the flag, one option each (a value may contain commas); in the environment
-    /// variable, one option per line.
-    #[arg(long = "kafka-option", global = true, env = "IDEMPOST_KAFKA_OPTIONS", value_delimiter = '\n', value_parser = idempost::startup::parse_key_value)]
-    pub kafka_options: Vec<(String, String)>,
-
-    /// File of librdkafka options, one KEY=VALUE a line (`#` starts a comment line), read after
-    /// `--kafka-option`: the place for `sasl.password` and other secrets.
-    #[arg(long, global = true, env = "IDEMPOST_KAFKA_OPTION_FILE")]
-    pub(crate) kafka_option_file: Option<std::path::PathBuf>,
+    /// The brokers, the topic and the producer's pass-through options.
+    #[command(flatten)]
+    pub kafka: KafkaSettings,
 
     /// Batches one relay works on at once: while one batch awaits the broker's confirms,
     /// another is claimed or marked. Events of different batches may reach the topic in either
@@ -112,6 +94,28 @@ pub struct Settings {
     pub(crate) security: idempost::security::ListenerSettings,
 }
 
+/// The shared database and Kafka settings as the relay takes them: global like all of its own
+/// (but the health listener's), so that they may follow a subcommand (`idempost-relay redrive …
+/// --database-url …`), and with help that says what each is to the relay (one paragraph without
+/// a full stop, as clap shows a doc comment's). Applied in place, so the settings keep their
+/// order in `--help` and on the configuration page.
+fn shared_settings(arg: clap::Arg) -> clap::Arg {
+    match arg.get_id().as_str() {
+        "database_url" => arg.global(true).help(
+            "The database holding the outbox: mysql://, postgres:// or sqlite:// URL. A URL with a password \
+             belongs in `--database-url-file`: flags show in `ps`",
+        ),
+        "topic" => arg.global(true).help("Topic the events are published to"),
+        "kafka_options" => arg.global(true).help(
+            "librdkafka producer options passed through as KEY=VALUE (SASL, TLS, batching, ...): repeat the \
+             flag, one option each (a value may contain commas); in the environment variable, one option per \
+             line",
+        ),
+        "database_url_file" | "brokers" | "kafka_option_file" => arg.global(true),
+        _ => arg,
+    }
+}
+
 /// Operator commands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
@@ -131,13 +135,11 @@ pub enum Command {
 }
 
 impl Settings {
-    /// These settings with the database URL read from `database_url_file`, when that is how it
-    /// was given, and the options of `kafka_option_file` added to `kafka_options`.
+    /// These settings with the database URL and the Kafka options file read, when they were
+    /// given as files.
     pub(crate) fn with_secrets_read(mut self) -> Result<Self, idempost::secret::SecretError> {
-        self.database_url =
-            idempost::secret::database_url(&self.database_url, self.database_url_file.take().as_deref())?;
-        self.kafka_options =
-            idempost::secret::kafka_options(&self.kafka_options, self.kafka_option_file.take().as_deref())?;
+        self.database.read_url_file()?;
+        self.kafka.read_option_file()?;
         Ok(self)
     }
 
@@ -146,13 +148,9 @@ impl Settings {
     pub fn new(database_url: impl Into<String>, brokers: impl Into<String>) -> Self {
         Self {
             command: None,
-            database_url: database_url.into(),
-            database_url_file: None,
+            database: DatabaseSettings::new(database_url),
             db_max_connections: 4,
-            brokers: brokers.into(),
-            topic: DEFAULT_TOPIC.to_owned(),
-            kafka_options: Vec::new(),
-            kafka_option_file: None,
+            kafka: KafkaSettings::new(brokers),
             workers: 2,
             batch_size: 500,
             lease: Duration::from_secs(30),
