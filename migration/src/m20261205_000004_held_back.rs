@@ -3,8 +3,8 @@
 //! The relay claims an event only when no earlier version of its aggregate is unpublished (a
 //! `NOT EXISTS` on `idx_outbox_aggregate`), but its due read walked `idx_outbox_due` through
 //! every PENDING row, so a claim made while most orders had a version in flight read all their
-//! waiting later versions before it found one to take: with two relays on 1,000 orders x 50
-//! versions, claims of 0.3-0.9 s and a drain at a fifth of one relay's rate.
+//! waiting later versions before it found one to take, and a backlog of many versions per order
+//! drained far slower than one of one version each (figures in `docs/design/per-order-order.md`).
 //!
 //! `held_back` is TRUE only for an event written while the version just before it was known to
 //! be unpublished: the order service sets it under a lock on that version's row, and the relay's

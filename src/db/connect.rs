@@ -16,15 +16,14 @@ pub enum Pool {
     ///   (`plan_cache_mode=force_custom_plan`), at a fraction of a millisecond per statement.
     ///   Left to itself, after five runs a prepared statement may keep one generic plan for the
     ///   connection's whole life: a claim planned while the outbox was nearly empty kept a
-    ///   sequential scan of the whole table for every later claim (40 ms for a lone event over
-    ///   124,000 rows, against 0.2 ms by primary key).
+    ///   sequential scan of the whole table for every later claim, its cost growing with the
+    ///   table instead of with the claim (figures in `docs/design/relay-lease.md`).
     /// - on PostgreSQL no bitmap scans (`enable_bitmapscan=off`): every relay statement takes few
     ///   rows by key or in an index's order. A bitmap scan of the expired leases
     ///   (`status = 'PUBLISHING' AND lease_until < now`) visits every dead entry that range holds
     ///   between vacuums (one per event ever claimed, its lease long past) and never marks them
-    ///   dead, so each claim pays for all of them again: 24-41 ms per claim over 295,000 such
-    ///   entries. A plain index scan marks them dead on its first pass (34 ms once) and skips
-    ///   them afterwards (1.8 ms).
+    ///   dead, so each claim pays for all of them again. A plain index scan marks them dead on
+    ///   its first pass and skips them afterwards.
     /// - on MariaDB/MySQL every session runs at READ COMMITTED (see [`super::relay_isolation`]),
     ///   set once when the connection opens, so no transaction pays a round trip to set it.
     Relay,
@@ -32,10 +31,10 @@ pub enum Pool {
     /// in tables that grow from empty while it runs: on PostgreSQL planned as they are now, with
     /// no bitmap scans, as for the relay. A generic plan of the batch's read of its orders'
     /// models, made while `order_view` was nearly empty, scanned every model of the consumer
-    /// with the orders as a filter for the pool's life: 4-6 ms per batch over 20,000 models
-    /// (a 50,000-event drain at 1,773 events/s). That read is also written so that missing
-    /// statistics cannot mislead it (see `consumer::inbox::model`). MariaDB/MySQL sessions keep
-    /// the server's defaults.
+    /// with the orders as a filter for the pool's life, so every batch cost more as the models
+    /// grew (figures in `docs/design/consumer-dedup.md`). That read is also written so that
+    /// missing statistics cannot mislead it (see the consumer's `inbox::model`). MariaDB/MySQL
+    /// sessions keep the server's defaults.
     Consumer,
 }
 

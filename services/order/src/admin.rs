@@ -1,7 +1,7 @@
 //! The order side's operators' edge, served as the gRPC `AdminService` on the admin listener:
 //! the order and outbox state of an event by its id, the outbox backlog, the audited way out of
 //! FAILED, and the outbox's retention purge. It reads the order database only; the consumer
-//! serves its own records (`consumer::admin`).
+//! serves its own records (`idempost-consumer`'s `admin`).
 
 mod grpc;
 mod inspect;

@@ -57,11 +57,11 @@ pub struct GroupCommitSettings {
     pub queue: u32,
 }
 
+// Larger batches did not raise throughput, only the tail (docs/design/group-commit.md).
 const DEFAULT_MAX_BATCH: u16 = 32;
-// Measured on the 2-core VM with the set-based write (README, Group commit): 2 writers gave
-// the most orders at 16 and 64 callers; 4 split the same load into smaller batches, 1 leaves
-// no second transaction while one waits on a lock. Batches of 64 did no better than 32 and
-// had a worse p99.
+// Fewer writers make bigger batches, but with one a single order waiting on a lock (a hot key
+// resubmitted) would hold up every other order; with two, the other writer goes on
+// (docs/design/group-commit.md).
 const DEFAULT_WRITERS: u16 = 2;
 const DEFAULT_QUEUE: u32 = 1024;
 

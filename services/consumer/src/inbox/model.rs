@@ -203,8 +203,8 @@ pub(crate) async fn apply_all(
 /// ANALYZE of `order_view` (a consumer's first minute on a new database, however many events it
 /// drains meanwhile) the planner takes `consumer_name = $1` for 0.5 % of the table, where it is
 /// all of it, and read the batch's models as `consumer_name = $1 AND order_id IN (…)` by scanning
-/// every model of the consumer (4-6 ms a batch at 20,000 models). A lateral probe per order
-/// leaves it nothing else to choose.
+/// every model of the consumer, so each batch cost more as the models grew (figures in
+/// `docs/design/per-order-order.md`). A lateral probe per order leaves it nothing else to choose.
 async fn locked_views(
     txn: &DatabaseTransaction,
     consumer: &str,

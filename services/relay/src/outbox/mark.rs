@@ -156,8 +156,8 @@ type PublishedRow = (String, String, Option<String>, Option<i32>, Option<i64>);
 /// only the rows it changes. Two earlier forms cost too much: a MariaDB `UPDATE … JOIN` of the
 /// table with itself took a shared lock on every row its join read, other relays' marks among
 /// them, and two marks deadlocked; an `UPDATE … FROM` join on PostgreSQL and an update naming
-/// each next version by key on MariaDB read far more of the table than the next versions
-/// (marks of 42 ms and of 1 s for batches of 450, against 13 ms for the mark alone).
+/// each next version by key on MariaDB read far more of the table than the next versions, and
+/// made every mark several times slower (figures in `docs/design/per-order-order.md`).
 ///
 /// The read misses no next version: one committed after this transaction's mark took its row
 /// lock was written by a change that read this version's status under that lock, so after this

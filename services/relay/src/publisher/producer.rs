@@ -14,11 +14,11 @@ use tokio::sync::oneshot;
 
 /// How long each poll of the serving thread lasts. rust-rdkafka's `poll` keeps polling until
 /// its deadline with the time left cut to whole milliseconds, so the last millisecond before the
-/// deadline is a loop of zero-timeout polls. Its `FutureProducer` polls for 100 ms at a time:
-/// that loop was ~0.85 % of a core in every relay, idle or busy (an idle relay's polling thread
-/// used 8.5 ms of CPU per second), a fixed cost each further relay added. Reports are handled
-/// as they arrive however long a poll lasts; this bounds only how long the thread of a dropped
-/// producer lingers.
+/// deadline is a loop of zero-timeout polls. Its `FutureProducer` polls for 100 ms at a time, so
+/// that loop spun once per poll in every relay, idle or busy: a fixed cost each further relay
+/// added (figures in `docs/design/relay-lease.md`). Longer polls spin that much less often.
+/// Reports are handled as they arrive however long a poll lasts; this bounds only how long the
+/// thread of a dropped producer lingers.
 const POLL: Duration = Duration::from_secs(1);
 
 /// How soon a record refused for a full local queue is offered again.

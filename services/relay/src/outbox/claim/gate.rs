@@ -3,11 +3,10 @@
 //! Why: every claim moves its rows out of the PENDING range of `idx_outbox_ready` (and every mark
 //! out of PUBLISHING), which leaves delete-marked entries at the very front of the range the next
 //! claim reads, until InnoDB's purge removes them. With several relays claiming at once on a
-//! two-core machine, purge fell behind (history list length ~400 transactions, against under 10
-//! with one relay), every claim's locking read walked the same tens of thousands of dead entries,
-//! and the walking took the CPU purge needed: draining 200,000 events, claims of ~460 events took
-//! 38 / 137 / 681 ms (p50) with 1 / 2 / 4 relays, and 4 relays drained at 0.54x the rate of one.
-//! Claims taken one at a time kept purge caught up and 4 relays at 0.89-0.96x one (three runs).
+//! two-core machine, purge fell behind, every claim's locking read walked the same tens of
+//! thousands of dead entries, and the walking took the CPU purge needed: more relays drained
+//! slower than one. Claims taken one at a time keep purge caught up, and more relays drain
+//! nearly as fast as one (figures in `docs/design/relay-lease.md`).
 //!
 //! The gate is a named lock (`GET_LOCK`, named after the database, so that databases on one
 //! server do not share it), taken by the claim's first statement and released before its commit.
@@ -16,8 +15,8 @@
 //! claim dropped half-way) costs the others that wait per claim and nothing else, and `FOR UPDATE
 //! SKIP LOCKED` keeps overlapping claims disjoint exactly as without the gate. Releasing before
 //! the commit lets the next claim start while this one commits; it skips this claim's rows.
-//! Releasing earlier, once the locking read was done, measured worse (4 relays at 0.71x one):
-//! the next claim's read then overlapped this one's lease update. Each wait that runs out counts
+//! Releasing earlier, once the locking read was done, was slower: the next claim's read then
+//! overlapped this one's lease update. Each wait that runs out counts
 //! in `idempost.relay.claim_gate_timeouts`.
 
 use std::time::Duration;
@@ -27,9 +26,9 @@ use sea_orm::{ConnectionTrait as _, DatabaseTransaction, DbBackend, DbErr, State
 use idempost::telemetry::metrics;
 
 /// Longest a claim waits for the gate before it claims without it. Claims queue at the gate in
-/// normal running (four relays of two loops: p50 0.4 s, p95 0.8 s), so this is well above that,
-/// and well inside the relay's publishing budget (`--delivery-timeout`, 10 s by default), which
-/// the wait is part of.
+/// normal running, so this is well above a normal wait (see `docs/design/relay-lease.md`), and
+/// well inside the relay's publishing budget (`--delivery-timeout`, 10 s by default), which the
+/// wait is part of.
 pub(super) const WAIT: Duration = Duration::from_secs(2);
 
 /// The lock's name: one per database on the server.

@@ -33,10 +33,10 @@ impl Outbox {
     /// Why the expired leases are found by a plain read first: a locking read of
     /// `idx_outbox_claim (status, lease_until, created_at)` stops at the first lease still
     /// running, and InnoDB keeps that row's entry locked until the claim commits, even at READ
-    /// COMMITTED. That row is another loop's event in flight, so its mark waited for this claim:
-    /// 160-190 lock waits totalling 4 s in 30 s of the bench at 1,516 orders/s, marks of 90
-    /// events taking 47 ms (p50). A plain read locks nothing; only the rows it found expired are
-    /// then locked, by key.
+    /// COMMITTED. That row is another loop's event in flight, so its mark waited for this claim
+    /// (every lock wait the bench saw under load was one of these: see
+    /// `docs/design/relay-lease.md`). A plain read locks nothing; only the rows it found expired
+    /// are then locked, by key.
     ///
     /// Why the due part is pinned to its index (`FORCE INDEX`): InnoDB locks the index entries a
     /// locking read scans, also those of rows it then skips as locked, and keeps them until the
@@ -45,9 +45,9 @@ impl Outbox {
     /// `idx_outbox_claim` entry, while a concurrent claim through the due index (then
     /// `idx_outbox_due`) held that index's entries of its own rows, and their lease updates,
     /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between
-    /// two claims (the bench's end-to-end run showed it, two claims of 22 and 80 rows holding
-    /// 1,019 and 1,020 row locks). On its own index, in the index's order, it stops at its
-    /// `LIMIT` and locks only what it takes and what it skips.
+    /// two claims, each holding far more row locks than rows it took (see
+    /// `docs/design/relay-lease.md`, Deadlocks). On its own index, in the index's order, it stops
+    /// at its `LIMIT` and locks only what it takes and what it skips.
     ///
     /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
     /// one at a time, and releases it before the commit.

@@ -16,7 +16,7 @@ impl Outbox {
     /// order, `FOR UPDATE SKIP LOCKED`) and the lease update in one statement, so one round trip
     /// and one implicit transaction instead of six round trips (begin, clock, two selects, the
     /// update, commit). Under a loaded two-core machine each round trip waits for the server
-    /// process to be scheduled, and that wait, not the statements, was most of a 57 ms claim.
+    /// process to be scheduled, and that wait, not the statements, was most of a claim's time.
     ///
     /// The lease ends `lease` after the database clock (`clock_timestamp()`, read once in a
     /// materialized CTE): PostgreSQL stores a `timestamptz`, so a clock function writes the same
