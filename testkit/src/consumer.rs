@@ -12,11 +12,11 @@ use crate::in_process::InProcess;
 /// back-off and grace, and a session timeout of seconds.
 pub fn consumer_settings(database_url: &str, brokers: &str, topic: &str, group: &str) -> Settings {
     let mut settings = Settings::new(database_url, brokers);
-    settings.topic = topic.to_owned();
+    settings.kafka.topic = topic.to_owned();
     settings.group_id = Some(group.to_owned());
     settings.backoff_max = Duration::from_millis(300);
     settings.shutdown_grace = Duration::from_secs(5);
-    settings.kafka_options = fast_group_options();
+    settings.kafka.options = fast_group_options();
     settings
 }
 

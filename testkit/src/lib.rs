@@ -10,6 +10,7 @@
 //! Test support fails loudly: a set-up step that cannot happen panics with what went wrong.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod auth;
 pub mod broker;
 pub mod consumer;
 pub mod db;
@@ -18,6 +19,7 @@ pub mod failpoint;
 pub mod health;
 pub mod in_process;
 pub mod order;
+pub mod ordering;
 pub mod otlp;
 pub mod outbox;
 pub mod pipeline;
@@ -25,9 +27,16 @@ pub mod pki;
 pub mod ports;
 pub mod private_db;
 pub mod process;
+pub mod python;
 pub mod relay;
 pub mod service;
 pub mod sql;
 pub mod status;
 pub mod topic;
 pub mod wait;
+
+/// The repository's root (this crate is `testkit/` in it), where the clients, scripts and
+/// deployment files the tests run live.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}

@@ -11,7 +11,7 @@ use crate::in_process::InProcess;
 /// start-up check.
 pub fn relay_settings(database_url: &str, brokers: &str, topic: &str) -> Settings {
     let mut settings = Settings::new(database_url, brokers);
-    settings.topic = topic.to_owned();
+    settings.kafka.topic = topic.to_owned();
     settings.lease = Duration::from_secs(5);
     settings.delivery_timeout = Duration::from_secs(3);
     settings.lease_margin = Duration::from_secs(1);
@@ -25,7 +25,7 @@ pub fn relay_settings(database_url: &str, brokers: &str, topic: &str) -> Setting
 /// 100 ms, so that a test's first events do not wait a whole default poll.
 pub fn relay_defaults(database_url: &str, brokers: &str, topic: &str) -> Settings {
     let mut settings = Settings::new(database_url, brokers);
-    settings.topic = topic.to_owned();
+    settings.kafka.topic = topic.to_owned();
     settings.max_idle_poll = Duration::from_millis(100);
     settings
 }
@@ -34,9 +34,9 @@ pub fn relay_defaults(database_url: &str, brokers: &str, topic: &str) -> Setting
 pub fn relay_args(settings: &Settings) -> Vec<String> {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
     vec![
-        format!("--database-url={}", settings.database_url),
-        format!("--brokers={}", settings.brokers),
-        format!("--topic={}", settings.topic),
+        format!("--database-url={}", settings.database.url),
+        format!("--brokers={}", settings.kafka.brokers),
+        format!("--topic={}", settings.kafka.topic),
         format!("--lease={}", ms(settings.lease)),
         format!("--delivery-timeout={}", ms(settings.delivery_timeout)),
         format!("--lease-margin={}", ms(settings.lease_margin)),

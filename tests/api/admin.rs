@@ -47,7 +47,7 @@ impl ConsumerSide {
         adjust: impl FnOnce(&mut idempost_consumer::Settings),
     ) -> Self {
         let mut settings = idempost_consumer::Settings::new(database_url, broker.address());
-        settings.topic = topic.to_owned();
+        settings.kafka.topic = topic.to_owned();
         settings.group_id = Some(format!("admin-{topic}"));
         settings.shutdown_grace = Duration::from_secs(5);
         adjust(&mut settings);
@@ -295,7 +295,7 @@ async fn a_held_back_change_is_listed_and_aged_in_its_place_among_the_pending(ba
 
 async fn start_relay(app: &TestOrder, broker: &TestBroker, topic: &str) -> InProcess {
     let mut relay_settings = idempost_relay::Settings::new(&app.db.url, broker.address());
-    relay_settings.topic = topic.to_owned();
+    relay_settings.kafka.topic = topic.to_owned();
     relay_settings.max_idle_poll = Duration::from_millis(100);
     let relay = idempost_relay::Application::build(relay_settings).await.unwrap();
     InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown))

@@ -14,7 +14,7 @@ use crate::helpers::{
 };
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki};
-use crate::security::{authenticated, operator, tenant, with_token};
+use idempost_testkit::auth::{authenticated, operator, tenant, with_token};
 
 on_every_backend!(
     a_database_failure_reaches_a_tenant_as_a_reason_and_a_correlation_id_never_as_database_text,

@@ -29,7 +29,7 @@ async fn chaos_on(
 ) -> ChaosReport {
     let mut broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
-    let settings = crate::verify::settings(db, &broker, &logs, Vec::new());
+    let settings = crate::helpers::verify_settings(db, &broker, &logs, Vec::new());
 
     let report = verify::chaos(&settings, &ChaosSettings { orders: 30, duration }, &mut broker, database)
         .await

@@ -138,7 +138,7 @@ fn large_order(request_id: &str) -> pb::SubmitOrderRequest {
 
 fn relay_settings(db: &TestDb, broker: &TestBroker, topic: &str) -> idempost_relay::Settings {
     let mut settings = idempost_relay::Settings::new(&db.url, broker.address());
-    settings.topic = topic.to_owned();
+    settings.kafka.topic = topic.to_owned();
     settings.max_idle_poll = Duration::from_millis(100);
     settings
 }
@@ -203,7 +203,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
 
     // The consumer, on TLS with JWT too; a first relay whose producer refuses the large event.
     let mut consumer = idempost_consumer::Settings::new(&db.url, broker.address());
-    consumer.topic = topic.clone();
+    consumer.kafka.topic = topic.clone();
     consumer.group_id = Some(format!("console-{topic}"));
     consumer.security.tls_cert = Some(pki.cert.clone());
     consumer.security.tls_key = Some(pki.key.clone());
@@ -212,7 +212,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let consumer_port = consumer.port();
     let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
     let mut refusing = relay_settings(&db, &broker, &topic);
-    refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
+    refusing.kafka.options = vec![("message.max.bytes".into(), "1000".into())];
     refusing.max_attempts = 2;
     let relay = idempost_relay::Application::build(refusing).await.unwrap();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));

@@ -19,8 +19,8 @@ use crate::helpers::{
 };
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki};
-use crate::python::run_python;
 use idempost_testkit::health::assert_health;
+use idempost_testkit::python::run_python;
 
 use idempost_testkit::wait::WAIT;
 
@@ -209,7 +209,7 @@ async fn a_token_still_travels_in_plaintext_to_a_loopback_address() {
         format!("--token-file={}", token_file.display()),
         "submit".to_owned(),
     ];
-    let mut order = crate::python::order_json("loopback-python", None);
+    let mut order = idempost_testkit::python::order_json("loopback-python", None);
     order["tenant_id"] = 0.into();
     let python = run_python("submit.py", &args, &format!("{order}\n")).await;
     assert!(python.status.success(), "{python}");
@@ -319,7 +319,7 @@ async fn the_verifier_gives_its_services_the_database_url_through_the_environmen
     let db = TestDb::migrated(Backend::Sqlite).await;
     let broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
-    let settings = crate::verify::settings(&db, &broker, &logs, Vec::new());
+    let settings = crate::helpers::verify_settings(&db, &broker, &logs, Vec::new());
     let run =
         tokio::spawn(async move { idempost_verify::run(&settings).await.map(|report| report.passed()) });
     // Every child's command line, read while it runs.

@@ -14,7 +14,7 @@ use tonic_health::pb::{
 
 use crate::helpers::{Backend, TestDb, TestOrder, assert_eventually, order};
 use crate::otlp::{Received, start_receiver};
-use crate::security::{authenticated, tenant, with_token};
+use idempost_testkit::auth::{authenticated, tenant, with_token};
 use idempost_testkit::health::health;
 
 use idempost_testkit::wait::WAIT;
@@ -373,14 +373,14 @@ async fn tls_handshakes_past_the_cap_are_refused_at_once_and_a_caller_gets_throu
     const CAP: usize = 2;
     let dir = tempfile::tempdir().unwrap();
     let pki = crate::pki::Pki::make(dir.path()).unwrap();
-    let (_db, server, port, _) = crate::security::tls_service(Backend::Sqlite, &pki, |s| {
+    let (_db, server, port, _) = idempost_testkit::auth::tls_service(Backend::Sqlite, &pki, |s| {
         s.security.listeners.max_tls_handshakes = CAP as u32;
     })
     .await;
     let url = format!("https://localhost:{port}");
     let trusted = ClientTls { ca_file: Some(pki.ca.clone()), identity: None };
     assert_eq!(
-        crate::security::reconcile_over(&url, &trusted).await,
+        idempost_testkit::auth::reconcile_over(&url, &trusted).await,
         Ok(Code::NotFound),
         "served below the cap"
     );
@@ -399,7 +399,7 @@ async fn tls_handshakes_past_the_cap_are_refused_at_once_and_a_caller_gets_throu
         "a connection past the handshake cap was left open"
     );
     // And so is a well-behaved caller's: with the cap gone it would finish its handshake.
-    let refused = crate::security::reconcile_over(&url, &trusted).await;
+    let refused = idempost_testkit::auth::reconcile_over(&url, &trusted).await;
     assert!(refused.is_err(), "a handshake past the cap was served: {refused:?}");
     for held in &mut stalled {
         let mut byte = [0u8; 1];
@@ -410,7 +410,7 @@ async fn tls_handshakes_past_the_cap_are_refused_at_once_and_a_caller_gets_throu
     // Once the stalled clients go, their slots are free again.
     drop(stalled);
     assert_eventually("a caller gets through once the stalled handshakes are gone", WAIT, || async {
-        crate::security::reconcile_over(&url, &trusted).await == Ok(Code::NotFound)
+        idempost_testkit::auth::reconcile_over(&url, &trusted).await == Ok(Code::NotFound)
     })
     .await;
     server.stop().await;

@@ -5,15 +5,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use idempost_proto::v1 as pb;
-use prost::Message as _;
-use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, Statement, TransactionTrait as _};
+use sea_orm::{ConnectionTrait as _, DatabaseConnection, DbBackend, TransactionTrait as _};
 
 use crate::broker::{Record, TestBroker, read_topic};
-use crate::helpers::{
-    Backend, OutboxProbe, TestOrder, assert_eventually, on_every_backend, order, order_accepted,
-};
+use crate::helpers::{Backend, OutboxProbe, TestOrder, assert_eventually, on_every_backend, order};
 use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+use idempost_testkit::ordering::{Expected, change_payload, expected, read_model};
 use idempost_testkit::relay::{TestRelay, relay_args, relay_settings};
 
 /// Longer than the harness's `WAIT`: this file waits on runs of thousands of events or on a Node
@@ -23,71 +20,6 @@ const SETTLE: Duration = Duration::from_millis(1500);
 
 fn topic() -> String {
     idempost_testkit::topic::unique("idempost-test")
-}
-
-/// The final state the read model must show for an order after its versions `1..=versions`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Expected {
-    pub version: i64,
-    pub status: String,
-    pub total: i64,
-}
-
-/// The total version `version` of order `order_id` carries.
-fn total_of(order_id: i64, version: i64) -> i64 {
-    1_000 * version + order_id % 1_000
-}
-
-/// The event type and payload of version `version` of order `order_id`: OrderAccepted at 1,
-/// OrderCancelled at `last` for even orders, OrderAmended otherwise.
-pub(crate) fn change_payload(
-    order_id: i64,
-    version: i64,
-    last: i64,
-    event_id: &str,
-) -> (&'static str, Vec<u8>) {
-    let total_minor = total_of(order_id, version);
-    if version == 1 {
-        let accepted = order_accepted(order_id, event_id, total_minor);
-        return ("idempost.v1.OrderAccepted", accepted.encode_to_vec());
-    }
-    if version == last && order_id % 2 == 0 {
-        let cancelled = pb::OrderCancelled {
-            event_id: event_id.to_owned(),
-            event_version: version,
-            order_id,
-            tenant_id: 7,
-            request_id: format!("req-{order_id}-{version}"),
-            reason: pb::CancelReason::CustomerRequest.into(),
-            note: "changed my mind".to_owned(),
-            total_minor,
-            cancelled_at: None,
-        };
-        return ("idempost.v1.OrderCancelled", cancelled.encode_to_vec());
-    }
-    let amended = pb::OrderAmended {
-        event_id: event_id.to_owned(),
-        event_version: version,
-        order_id,
-        tenant_id: 7,
-        request_id: format!("req-{order_id}-{version}"),
-        customer_id: "c".to_owned(),
-        currency: "EUR".to_owned(),
-        line_items: order(7, "x").line_items,
-        total_minor,
-        amended_at: None,
-    };
-    ("idempost.v1.OrderAmended", amended.encode_to_vec())
-}
-
-/// What the read model must hold for order `order_id` after versions `1..=last`.
-pub(crate) fn expected(order_id: i64, last: i64) -> Expected {
-    let cancelled = last > 1 && order_id % 2 == 0;
-    Expected {
-        version: last,
-        status: if cancelled { "CANCELLED" } else { "ACCEPTED" }.to_owned(),
-        total: total_of(order_id, last),
-    }
 }
 
 /// Writes PENDING outbox rows for versions `versions` of every order in `orders`, as the order
@@ -378,29 +310,6 @@ fn differences(
         .filter(|(id, w)| seen.get(id) != Some(w))
         .take(10)
         .map(|(id, w)| (*id, seen.get(id).cloned(), w.clone()))
-        .collect()
-}
-
-/// The consumer `name`'s read model, by order id.
-pub(crate) async fn read_model(conn: &DatabaseConnection, name: &str) -> BTreeMap<i64, Expected> {
-    let backend = conn.get_database_backend();
-    let placeholder = if backend == DbBackend::Postgres { "$1" } else { "?" };
-    let sql = format!(
-        "SELECT order_id, version, status, total_minor FROM order_view WHERE consumer_name = {placeholder}"
-    );
-    conn.query_all_raw(Statement::from_sql_and_values(backend, sql, [name.into()]))
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| {
-            let order_id: i64 = row.try_get_by_index(0).unwrap();
-            let expected = Expected {
-                version: row.try_get_by_index(1).unwrap(),
-                status: row.try_get_by_index(2).unwrap(),
-                total: row.try_get_by_index(3).unwrap(),
-            };
-            (order_id, expected)
-        })
         .collect()
 }
 

@@ -55,7 +55,7 @@ async fn a_database_outage_during_load_is_survived_by_every_service(backend: Bac
     let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "outage");
     // A member that stopped polling for 10 s would be put out of its group: the consumer must
     // keep polling while it waits for the database.
-    settings.kafka_options.push(("max.poll.interval.ms".into(), "10000".into()));
+    settings.kafka.options.push(("max.poll.interval.ms".into(), "10000".into()));
     // Retries of a record in hand wait up to 8 s, plus the failed attempt itself: without
     // polling in between, more than the 10 s allowed.
     settings.backoff_max = Duration::from_secs(8);

@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, InProcess, TestOrder, assert_eventually, on_every_backend};
-use crate::ordering::{change_payload, expected, read_model};
+use idempost_testkit::ordering::{change_payload, expected, read_model};
 
 use idempost_testkit::wait::WAIT;
 

@@ -108,9 +108,9 @@ async fn a_consumer_replaced_after_a_replay_of_the_whole_topic_makes_no_second_e
     // It runs in this process so the test can read its counters: the duplicates it reports are
     // the proof that the replay really arrived.
     let mut replay = consumer::Settings::new(&app.db.url, broker.address());
-    replay.topic = topic.clone();
+    replay.kafka.topic = topic.clone();
     replay.group_id = Some(format!("replay-{topic}"));
-    replay.kafka_options =
+    replay.kafka.options =
         vec![("session.timeout.ms".into(), "6000".into()), ("heartbeat.interval.ms".into(), "500".into())];
     let previous = consumer::Application::build(replay).await.unwrap();
     let stats = previous.stats();

@@ -77,7 +77,7 @@ impl Service {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::make(dir.path()).unwrap();
         let jwks = pki.jwks.clone();
-        let (db, server, port, _) = crate::security::tls_service_on(db, &pki, |s| {
+        let (db, server, port, _) = idempost_testkit::auth::tls_service_on(db, &pki, |s| {
             s.security.auth = idempost::security::AuthSettings::jwt(jwks, ISSUER, AUDIENCE)
         })
         .await;

@@ -5,29 +5,13 @@
 use idempost_verify::{self as verify, Break, Report};
 
 use crate::broker::TestBroker;
-use crate::helpers::{Backend, TestDb, on_every_backend, service_binary};
-
-/// Verifier settings over a test database and broker, with the services built beside the tests.
-pub fn settings(
-    db: &TestDb,
-    broker: &TestBroker,
-    logs: &tempfile::TempDir,
-    breaks: Vec<Break>,
-) -> verify::Settings {
-    verify::Settings {
-        database_url: db.url.clone(),
-        brokers: broker.address(),
-        bin_dir: service_binary("idempost-relay").parent().unwrap().to_owned(),
-        work_dir: logs.path().to_owned(),
-        breaks,
-    }
-}
+use crate::helpers::{Backend, TestDb, on_every_backend, verify_settings};
 
 async fn verify_with(backend: Backend, breaks: Vec<Break>) -> Report {
     let db = TestDb::migrated(backend).await;
     let broker = TestBroker::start().await;
     let logs = tempfile::tempdir().unwrap();
-    let settings = settings(&db, &broker, &logs, breaks);
+    let settings = verify_settings(&db, &broker, &logs, breaks);
     let report = verify::run(&settings).await.unwrap();
     if std::env::var_os("TEST_LOG").is_some() {
         eprintln!("{}", report.to_yaml());

@@ -680,7 +680,7 @@ async fn a_static_member_that_stops_leaves_the_group_and_another_instance_takes_
         settings.membership = consumer::Membership::Static;
         settings.instance_name = Some(instance.to_owned());
         // Tansu pauses static joins and syncs for 3 s each: the session must outlast both.
-        settings.kafka_options = vec![("heartbeat.interval.ms".into(), "500".into())];
+        settings.kafka.options = vec![("heartbeat.interval.ms".into(), "500".into())];
         settings
     };
     produce_events(&broker.address(), &topic, 4, None).await;

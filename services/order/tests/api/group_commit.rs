@@ -461,8 +461,8 @@ async fn a_batch_that_loses_a_deadlock_runs_again_whole_with_the_same_ids(backen
         s.group_commit.max_batch = 64;
         s.security.listeners.max_concurrent_calls = Some(256);
         if backend == Backend::Postgres {
-            let separator = if s.database_url.contains('?') { '&' } else { '?' };
-            s.database_url = format!("{}{separator}options=-c%20deadlock_timeout%3D5s", s.database_url);
+            let separator = if s.database.url.contains('?') { '&' } else { '?' };
+            s.database.url = format!("{}{separator}options=-c%20deadlock_timeout%3D5s", s.database.url);
         }
     })
     .await;

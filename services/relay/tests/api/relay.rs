@@ -840,7 +840,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     settings.lease_margin = Duration::from_millis(500);
     settings.max_attempts = 2;
     let mut refusing = settings.clone();
-    refusing.kafka_options = vec![("message.max.bytes".into(), "1000".into())];
+    refusing.kafka.options = vec![("message.max.bytes".into(), "1000".into())];
     let relay = TestRelay::spawn(refusing).await;
 
     assert_eventually("the event is FAILED", WAIT, || async {
@@ -856,7 +856,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
     let mut redrive = TestService::spawn(
         "idempost-relay",
         &[
-            format!("--database-url={}", settings.database_url),
+            format!("--database-url={}", settings.database.url),
             "redrive".to_owned(),
             ids[0].clone(),
             "--reason=broker fixed".to_owned(),
