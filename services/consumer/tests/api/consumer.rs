@@ -436,7 +436,7 @@ async fn the_timeline_tables_gain_an_event_id_index_that_the_migration_can_take_
     assert_eq!(present(&conn).await, [true; 3], "migrated: every timeline table has its index");
 
     if backend == Backend::Sqlite {
-        // The timeline's own lookups (filter and order as in src/consumer/admin.rs) use them.
+        // The timeline's own lookups (filter and order as in services/consumer/src/admin.rs) use them.
         for (sql, index) in [
             ("SELECT * FROM consumed_event WHERE event_id = 'x' ORDER BY consumed_at", INDEXES[0].1),
             (
