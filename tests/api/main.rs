@@ -13,7 +13,6 @@ mod private_db;
 use idempost_testkit::{otlp, pki};
 
 mod admin;
-mod callers;
 #[cfg(feature = "failpoints")]
 mod chaos;
 mod classify;
@@ -22,7 +21,6 @@ mod console;
 mod credentials;
 mod dependencies;
 mod deploy;
-mod limits;
 mod ordering;
 mod outage;
 mod parking;

@@ -6,6 +6,6 @@ pub use idempost_testkit::db::{Backend, TestDb};
 pub use idempost_testkit::failpoint::arm;
 pub use idempost_testkit::on_every_backend;
 pub use idempost_testkit::order::{TestOrder, amend, cancel, connect_order_service, order};
-pub use idempost_testkit::service::binary as service_binary;
+pub use idempost_testkit::service::{TestService, binary as service_binary};
 pub use idempost_testkit::status::{metadata, reason, violated_fields};
 pub use idempost_testkit::wait::assert_eventually;

@@ -7,11 +7,13 @@
 
 mod helpers;
 
-use idempost_testkit::otlp;
+use idempost_testkit::{otlp, pki};
 
+mod callers;
 mod change_order;
 mod exact_key;
 mod group_commit;
+mod limits;
 mod reconcile;
 mod service;
 mod submit_order;
