@@ -23,7 +23,6 @@ mod dependencies;
 mod deploy;
 mod ordering;
 mod outage;
-mod parking;
 mod pipeline;
 mod python;
 mod rollback;

@@ -3,6 +3,7 @@
 //! process, or a [`TestService`] process) and waits with [`idempost_testkit::wait::WAIT`].
 
 pub use idempost_testkit::db::{Backend, TestDb};
+pub use idempost_testkit::in_process::InProcess;
 pub use idempost_testkit::on_every_backend;
 pub use idempost_testkit::order::{TestOrder, order};
 pub use idempost_testkit::service::{TestService, binary as service_binary};

@@ -12,3 +12,4 @@ use idempost_testkit::broker;
 
 mod consumer;
 mod membership;
+mod parking;
