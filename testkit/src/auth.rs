@@ -60,6 +60,17 @@ pub fn refusal<T: std::fmt::Debug>(
     (status.code(), reason(&status))
 }
 
+/// The flags that make a service process check JWTs signed by `pki`'s key, as an operator would
+/// give them.
+pub fn jwt_flags(pki: &Pki) -> [String; 4] {
+    [
+        "--auth=jwt".to_owned(),
+        format!("--auth-jwks={}", pki.jwks.display()),
+        format!("--auth-issuer={ISSUER}"),
+        format!("--auth-audience={AUDIENCE}"),
+    ]
+}
+
 /// A running order service serving TLS with `pki`'s certificate over a fresh database, its
 /// settings changed by `adjust` first; with its database, server and both ports.
 pub async fn tls_service(

@@ -5,7 +5,7 @@ use idempost_order::{Application, BatchStats, Settings};
 use idempost_proto::v1::{
     self as pb, admin_service_client::AdminServiceClient, order_service_client::OrderServiceClient,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use tonic::transport::Channel;
 
 use crate::db::{Backend, TestDb};
@@ -111,26 +111,17 @@ impl TestOrder {
 
     /// How many rows of `table` belong to the event `event_id`.
     pub async fn rows_for_event(&self, table: &str, event_id: &str) -> i64 {
-        let backend = self.conn.get_database_backend();
-        let placeholder = crate::sql::placeholder(backend, 1);
-        let sql = format!("SELECT COUNT(*) FROM {table} WHERE event_id = {placeholder}");
-        let row = self
-            .conn
-            .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
-            .await
-            .unwrap()
-            .unwrap();
-        row.try_get_by_index::<i64>(0).unwrap()
+        let sql = format!("SELECT COUNT(*) FROM {table} WHERE event_id = ?");
+        crate::sql::count(&self.conn, &sql, vec![event_id.into()]).await
     }
 
     /// `(status, payload)` of the outbox row for `event_id`, if there is one.
     pub async fn outbox_row(&self, event_id: &str) -> Option<(String, Vec<u8>)> {
+        let sql = "SELECT status, payload FROM outbox_event WHERE event_id = ?";
         let backend = self.conn.get_database_backend();
-        let placeholder = if backend == DbBackend::Postgres { "$1" } else { "?" };
-        let sql = format!("SELECT status, payload FROM outbox_event WHERE event_id = {placeholder}");
         let row = self
             .conn
-            .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
+            .query_one_raw(crate::sql::statement(backend, sql, vec![event_id.into()]))
             .await
             .unwrap()?;
         Some((row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap()))
@@ -229,15 +220,12 @@ impl TestOrder {
     /// `(event_type, event_version, aggregate_type, aggregate_id, traceparent is set)` of an
     /// outbox row.
     pub async fn outbox_headers(&self, event_id: &str) -> (String, i64, String, String) {
+        let sql = "SELECT event_type, event_version, aggregate_type, aggregate_id FROM outbox_event \
+                   WHERE event_id = ?";
         let backend = self.conn.get_database_backend();
-        let placeholder = if backend == DbBackend::Postgres { "$1" } else { "?" };
-        let sql = format!(
-            "SELECT event_type, event_version, aggregate_type, aggregate_id FROM outbox_event \
-             WHERE event_id = {placeholder}"
-        );
         let row = self
             .conn
-            .query_one_raw(Statement::from_sql_and_values(backend, sql, [event_id.into()]))
+            .query_one_raw(crate::sql::statement(backend, sql, vec![event_id.into()]))
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("no outbox row {event_id}"));

@@ -51,15 +51,12 @@ impl OutboxProbe<'_> {
 
     /// How many rows have `status`.
     pub async fn count_with_status(&self, status: &str) -> i64 {
-        let backend = self.conn.get_database_backend();
-        let sql = format!("SELECT COUNT(*) FROM outbox_event WHERE status = {}", self.placeholder(1));
-        let row = self
-            .conn
-            .query_one_raw(Statement::from_sql_and_values(backend, sql, [status.into()]))
-            .await
-            .unwrap()
-            .unwrap();
-        row.try_get_by_index::<i64>(0).unwrap()
+        crate::sql::count(
+            self.conn,
+            "SELECT COUNT(*) FROM outbox_event WHERE status = ?",
+            vec![status.into()],
+        )
+        .await
     }
 
     /// Writes `count` PENDING events directly (the relay publishes payloads verbatim, so any

@@ -1,7 +1,7 @@
 //! SQL written once with `?` placeholders, run on any backend: PostgreSQL numbers its
 //! placeholders (`$1`, `$2`, …), MariaDB and SQLite take `?` as written.
 
-use sea_orm::{DbBackend, Statement, Value};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 
 /// `sql` with its `?` placeholders in `backend`'s dialect. A `?` inside a string literal would be
 /// renumbered too: keep literals out of the SQL and bind them.
@@ -31,6 +31,12 @@ pub fn placeholder(backend: DbBackend, n: usize) -> String {
 /// `sql` (with `?` placeholders) bound to `values`, in `backend`'s dialect.
 pub fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
     Statement::from_sql_and_values(backend, positional(backend, sql), values)
+}
+
+/// The one number `sql` (with `?` placeholders, such as a `SELECT COUNT(*)`) answers on `conn`.
+pub async fn count(conn: &impl ConnectionTrait, sql: &str, values: Vec<Value>) -> i64 {
+    let row = conn.query_one_raw(statement(conn.get_database_backend(), sql, values)).await.unwrap();
+    row.unwrap_or_else(|| panic!("no row for {sql}")).try_get_by_index::<i64>(0).unwrap()
 }
 
 #[cfg(test)]

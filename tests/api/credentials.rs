@@ -19,6 +19,7 @@ use crate::helpers::{
 };
 use crate::otlp::start_receiver;
 use crate::pki::{AUDIENCE, ISSUER, Pki};
+use idempost_testkit::auth::jwt_flags;
 use idempost_testkit::health::assert_health;
 use idempost_testkit::python::run_python;
 
@@ -37,18 +38,16 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
+    let mut args = vec![
+        format!("--database-url={}", db.url),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--reload-every=100ms".to_owned(),
+    ];
+    args.extend(jwt_flags(&pki));
     let (_service, bound) = TestService::spawn_listening(
         "idempost-order",
-        &[
-            format!("--database-url={}", db.url),
-            "--listen=127.0.0.1:0".to_owned(),
-            "--admin-listen=127.0.0.1:0".to_owned(),
-            "--auth=jwt".to_owned(),
-            format!("--auth-jwks={}", pki.jwks.display()),
-            format!("--auth-issuer={ISSUER}"),
-            format!("--auth-audience={AUDIENCE}"),
-            "--reload-every=100ms".to_owned(),
-        ],
+        &args,
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())],
     )
     .await;

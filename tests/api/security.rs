@@ -22,6 +22,7 @@ use crate::helpers::{
     reason,
 };
 use crate::pki::{self, AUDIENCE, ISSUER, Pki};
+use idempost_testkit::auth::jwt_flags;
 use idempost_testkit::auth::{
     authenticated, operator, reconcile_over, refusal, tenant, tls_service, with_token,
 };
@@ -460,15 +461,12 @@ async fn the_service_log_never_contains_a_token_it_was_sent() {
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let args = [
+    let mut args = vec![
         format!("--database-url={}", db.url),
         format!("--listen=127.0.0.1:{port}"),
         "--admin-listen=127.0.0.1:0".to_owned(),
-        "--auth=jwt".to_owned(),
-        format!("--auth-jwks={}", pki.jwks.display()),
-        format!("--auth-issuer={ISSUER}"),
-        format!("--auth-audience={AUDIENCE}"),
     ];
+    args.extend(jwt_flags(&pki));
     let env = [("RUST_LOG", "trace".to_owned())];
     let mut service = TestService::spawn_logged("idempost-order", &args, &env, dir.path().join("order.log"));
     let mut client = crate::helpers::connect_order_service(&format!("http://127.0.0.1:{port}")).await;

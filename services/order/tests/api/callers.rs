@@ -13,7 +13,8 @@ use crate::helpers::{
     on_every_backend, order, reason, violated_fields,
 };
 use crate::otlp::start_receiver;
-use crate::pki::{AUDIENCE, ISSUER, Pki};
+use crate::pki::Pki;
+use idempost_testkit::auth::jwt_flags;
 use idempost_testkit::auth::{authenticated, operator, tenant, with_token};
 
 on_every_backend!(
@@ -145,15 +146,12 @@ async fn refused_calls_are_counted_per_reason() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
-    let args = [
+    let mut args = vec![
         format!("--database-url={}", db.url),
         "--listen=127.0.0.1:0".to_owned(),
         "--admin-listen=127.0.0.1:0".to_owned(),
-        "--auth=jwt".to_owned(),
-        format!("--auth-jwks={}", pki.jwks.display()),
-        format!("--auth-issuer={ISSUER}"),
-        format!("--auth-audience={AUDIENCE}"),
     ];
+    args.extend(jwt_flags(&pki));
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
     let (mut service, bound) = TestService::spawn_listening("idempost-order", &args, &env).await;
     let (port, admin_port) = (bound.port("listen"), bound.port("admin-listen"));
