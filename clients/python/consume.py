@@ -13,11 +13,15 @@ be decoded is reported as an "undecodable" line and committed: it never blocks i
 is never skipped silently.
 
 With --ca-file the brokers are reached over TLS; with a token (--token-file, else the
-IDEMPOST_KAFKA_TOKEN environment variable) the consumer authenticates with SASL/OAUTHBEARER. Any
-other librdkafka security option (SASL/SCRAM, client certificates) goes through -X KEY=VALUE.
+IDEMPOST_KAFKA_TOKEN environment variable) the consumer authenticates with SASL/OAUTHBEARER. A
+token is sent in the clear only to loopback brokers: with a token, no TLS (no --ca-file, no -X
+security.protocol=SASL_SSL) and a broker that is not a loopback address, consume.py refuses to
+start (exit status 2) before it connects, as submit.py does for a plaintext --target. Any other
+librdkafka security option (SASL/SCRAM, client certificates) goes through -X KEY=VALUE.
 
 Stops after N events (--max-events), after --timeout seconds, or on SIGINT/SIGTERM. Exit status:
-0, or 1 when --max-events was given and fewer events arrived before the timeout.
+0, 1 when --max-events was given and fewer events arrived before the timeout, 2 when the
+arguments are refused (a token over plaintext to a broker that is not on this host, among them).
 """
 
 import argparse
@@ -32,6 +36,7 @@ import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 import stubs
+from submit import is_loopback
 
 stubs.add_to_path()
 from idempost.v1 import order_events_pb2  # noqa: E402
@@ -109,6 +114,23 @@ def token_expiry(token: str) -> float:
         return time.time() + 300
 
 
+def plaintext_token_refusal(config: dict, has_token: bool):
+    """Why `config` must not be used, when it would send a token unencrypted off this host; else None.
+
+    Judged on the final configuration (after -X), so `-X security.protocol=SASL_SSL` with a CA
+    passes and `-X security.protocol=SASL_PLAINTEXT` with --ca-file does not slip through.
+    """
+    if not has_token or config.get("security.protocol", "").upper() != "SASL_PLAINTEXT":
+        return None
+    remote = [b for b in config["bootstrap.servers"].split(",") if b.strip() and not is_loopback(b.strip())]
+    if not remote:
+        return None
+    return (
+        f"refusing to send the token over plaintext to {', '.join(remote)}, which is not a loopback "
+        "address: give --ca-file (SASL_SSL), or drop the token."
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Print OrderAccepted events from Kafka as JSON lines.")
     parser.add_argument("--brokers", default="127.0.0.1:9092", help="bootstrap servers")
@@ -149,6 +171,9 @@ def main() -> int:
         if not sep:
             parser.error(f"-X {option}: expected KEY=VALUE")
         config[key] = value
+    refused = plaintext_token_refusal(config, bool(token))
+    if refused:
+        parser.error(refused)
 
     stopping = False
 

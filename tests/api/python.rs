@@ -451,3 +451,31 @@ async fn the_python_submitter_speaks_tls_and_carries_its_token_which_names_the_t
     }
     server.stop().await;
 }
+
+/// The token of a consumer that would cross the network unencrypted is refused before a client is
+/// made, as `submit.py` refuses a plaintext non-loopback target: no `--ca-file` (or a
+/// `-X security.protocol=SASL_PLAINTEXT` over one) and a broker that is not on this host. The
+/// broker address is a documentation address (TEST-NET-1): nothing listens there, and the
+/// refusal must come before any attempt to reach it.
+#[tokio::test]
+async fn the_python_consumer_refuses_to_send_its_token_in_the_clear_to_a_broker_off_this_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token.jwt");
+    let token = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ0In0.c2VjcmV0LXBhcnQ";
+    std::fs::write(&token_file, token).unwrap();
+    let token_arg = format!("--token-file={}", token_file.display());
+    let remote = "192.0.2.1:9092";
+    for extra in [vec![], vec!["-X", "security.protocol=SASL_PLAINTEXT", "--ca-file=/dev/null"]] {
+        let mut args = vec![format!("--brokers=127.0.0.1:9,{remote}"), token_arg.clone(), "--timeout=30".to_owned()];
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        let run = run_python("consume.py", &args, "").await;
+        assert_eq!(run.status.code(), Some(2), "refused at start, {extra:?}: {run}");
+        assert!(
+            run.stderr.contains(&format!("refusing to send the token over plaintext to {remote}")),
+            "the refusal names the remote broker, {extra:?}: {run}"
+        );
+        assert!(!run.stderr.contains("127.0.0.1:9"), "only the remote broker is named: {run}");
+        assert!(!run.stderr.contains("c2VjcmV0"), "the token never reaches the terminal: {run}");
+        assert!(run.lines.is_empty(), "nothing was consumed: {run}");
+    }
+}
