@@ -25,3 +25,16 @@ pub const CONTENT_TYPE: &str = "application/x-protobuf";
 /// The one datagram an idle relay's wake-up port (`--wake-listen`) answers: it ends the relay's
 /// idle wait early and decides nothing else. Anything else arriving there is ignored.
 pub const WAKE_DATAGRAM: &[u8] = b"idempost.wake.v1";
+
+/// The CloudEvents version every record declares (`ce_specversion`, or `specversion` in the
+/// structured envelope).
+pub const CLOUDEVENTS_SPEC_VERSION: &str = "1.0";
+
+/// `ce_source` of every record: a URI reference naming the order service's events as a whole,
+/// stable across deployments, so that (`source`, `id`) is unique as CloudEvents requires.
+pub const CLOUDEVENTS_SOURCE: &str = "/idempost/orders";
+
+/// `content-type` of a record in the CloudEvents structured mode: its value is the JSON envelope,
+/// whose `data_base64` holds the protobuf payload. A consumer tells the modes apart by this
+/// header (its prefix up to `;`), as the Kafka protocol binding prescribes.
+pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json; charset=UTF-8";

@@ -17,6 +17,7 @@ mod admin;
 mod chaos;
 mod classify;
 mod client;
+mod cloudevents;
 mod console;
 mod credentials;
 mod dependencies;

@@ -35,7 +35,7 @@ fn client_dir() -> PathBuf {
 
 /// Runs `node --test` on one test file of clients/typescript with `vars` in its environment,
 /// and fails (showing its report) unless every test in it ran and passed.
-async fn node_test(file: &str, vars: &[(&str, String)]) {
+pub(crate) async fn node_test(file: &str, vars: &[(&str, String)]) {
     let mut command = tokio::process::Command::new("node");
     command
         .current_dir(client_dir())

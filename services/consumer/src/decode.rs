@@ -1,10 +1,14 @@
 //! From a Kafka record to the facts the consumer acts on, or a reason it cannot.
 
+use std::borrow::Cow;
+
 use idempost_proto::EventId;
 use idempost_proto::v1::{OrderAccepted, OrderAmended, OrderCancelled};
 use prost::Message as _;
 
 use idempost::contract::{AGGREGATE_TYPE, EVENT_TYPE};
+
+mod envelope;
 
 /// `event_type` of OrderAmended events.
 pub(crate) const ORDER_AMENDED: &str = "idempost.v1.OrderAmended";
@@ -52,20 +56,30 @@ pub struct Poison {
     pub(crate) event_id: Option<String>,
 }
 
-/// Decodes a record's value by its `event_type` header (OrderAccepted when there is none),
-/// checking it against the `event_id` header when there is one. A type this consumer does not
+/// Decodes a record in any form the relay wrote: its own headers only (before CloudEvents),
+/// CloudEvents binary mode (the same plus `ce_*` headers) or structured mode (the value is the
+/// JSON envelope, unwrapped first). The payload is decoded by its type (the envelope's `type`, else
+/// the `event_type` header, else `ce_type`, else OrderAccepted) and checked against every id the
+/// record states besides (`event_id`, `ce_id`, the envelope's `id`). A type this consumer does not
 /// know is not poison when the headers name its event, order and version: it comes back with no
 /// [`OrderEvent::change`], to be parked.
 pub fn decode(payload: Option<&[u8]>, header: impl Fn(&str) -> Option<String>) -> Result<OrderEvent, Poison> {
-    let header_event_id = header("event_id");
+    let header_event_id = header("event_id").or_else(|| header("ce_id"));
     let poison = |reason: String| Poison { reason, event_id: header_event_id.clone() };
-    let payload = payload.ok_or_else(|| poison("the record has no value".to_owned()))?;
-    let event_type = header("event_type").unwrap_or_else(|| EVENT_TYPE.to_owned());
-    let known = decode_known(&event_type, payload).map_err(poison)?;
+    let value = payload.ok_or_else(|| poison("the record has no value".to_owned()))?;
+    let (payload, event_type, stated_ids) = if envelope::is_structured(header("content-type").as_deref()) {
+        let unwrapped = envelope::unwrap(value).map_err(poison)?;
+        (Cow::Owned(unwrapped.payload), Some(unwrapped.event_type), vec![Some(unwrapped.id)])
+    } else {
+        (Cow::Borrowed(value), None, vec![])
+    };
+    let stated_ids = [stated_ids, vec![header("event_id"), header("ce_id")]].concat();
+    let event_type = stated_type(event_type, &header).map_err(poison)?;
+    let known = decode_known(&event_type, &payload).map_err(poison)?;
     let event = match known {
         Some((event_id, order_id, version, change)) => {
-            if header_event_id.as_deref().is_some_and(|h| h != event_id) {
-                return Err(poison(format!("the event_id header differs from the payload's {event_id}")));
+            if let Some(other) = stated_ids.iter().flatten().find(|stated| **stated != event_id) {
+                return Err(poison(format!("the record states event id {other}, its payload {event_id}")));
             }
             OrderEvent {
                 event_id: parse_event_id(&event_id).map_err(poison)?,
@@ -73,10 +87,10 @@ pub fn decode(payload: Option<&[u8]>, header: impl Fn(&str) -> Option<String>) -
                 version,
                 event_type,
                 change: Some(change),
-                payload: payload.to_vec(),
+                payload: payload.into_owned(),
             }
         }
-        None => unknown(event_type, payload, &header).map_err(poison)?,
+        None => unknown(event_type, &payload, &header).map_err(poison)?,
     };
     if event.order_id <= 0 || event.version <= 0 {
         return Err(poison(format!(
@@ -85,6 +99,19 @@ pub fn decode(payload: Option<&[u8]>, header: impl Fn(&str) -> Option<String>) -
         )));
     }
     Ok(event)
+}
+
+/// The payload's type: the envelope's when there is one, else the `event_type` header, else
+/// `ce_type`, else OrderAccepted (records older than the `event_type` header). Types stated twice
+/// must agree.
+fn stated_type(envelope: Option<String>, header: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let stated = [envelope, header("event_type"), header("ce_type")];
+    let mut named = stated.iter().flatten();
+    let Some(first) = named.next() else { return Ok(EVENT_TYPE.to_owned()) };
+    match named.find(|other| *other != first) {
+        Some(other) => Err(format!("the record states two event types, {first} and {other}")),
+        None => Ok(first.clone()),
+    }
 }
 
 /// The event id, order, version and resulting state of a payload of a type this consumer knows;
@@ -151,6 +178,8 @@ fn unknown(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use base64::prelude::{BASE64_STANDARD, Engine as _};
+    use idempost::contract::CONTENT_TYPE;
 
     fn headers(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let pairs: Vec<(String, String)> =
@@ -204,5 +233,103 @@ mod tests {
         assert_eq!(event.event_type, "idempost.v1.OrderShipped");
         let without_version = &full[..4];
         assert!(decode(Some(b"future bytes"), headers(without_version)).is_err());
+    }
+    fn accepted(id: &str) -> OrderAccepted {
+        OrderAccepted {
+            event_id: id.to_owned(),
+            event_version: 1,
+            order_id: 5,
+            tenant_id: 3,
+            total_minor: 700,
+            ..Default::default()
+        }
+    }
+
+    fn envelope(id: &str, data_base64: &str) -> Vec<u8> {
+        serde_json::json!({
+            "specversion": "1.0",
+            "id": id,
+            "source": "/idempost/orders",
+            "type": EVENT_TYPE,
+            "subject": "5",
+            "time": "2026-12-06T09:30:00.123456Z",
+            "datacontenttype": "application/x-protobuf",
+            "data_base64": data_base64,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    const STRUCTURED: &str = "application/cloudevents+json; charset=UTF-8";
+
+    #[test]
+    fn a_record_written_before_cloudevents_with_its_own_headers_only_decodes() {
+        let id = EventId::new().to_string();
+        let legacy = [("event_id", id.as_str()), ("event_type", EVENT_TYPE), ("content-type", CONTENT_TYPE)];
+        let event = decode(Some(&accepted(&id).encode_to_vec()), headers(&legacy)).unwrap();
+        assert_eq!((event.event_id.to_string(), event.order_id, event.version), (id, 5, 1));
+        assert_eq!(event.change, Some(OrderState { tenant_id: 3, status: ACCEPTED, total_minor: 700 }));
+    }
+
+    #[test]
+    fn a_binary_mode_record_decodes_and_a_ce_id_or_ce_type_that_disagrees_is_poison() {
+        let id = EventId::new().to_string();
+        let payload = accepted(&id).encode_to_vec();
+        let binary = [
+            ("event_id", id.as_str()),
+            ("event_type", EVENT_TYPE),
+            ("content-type", CONTENT_TYPE),
+            ("ce_specversion", "1.0"),
+            ("ce_id", id.as_str()),
+            ("ce_source", "/idempost/orders"),
+            ("ce_type", EVENT_TYPE),
+            ("ce_subject", "5"),
+        ];
+        assert_eq!(decode(Some(&payload), headers(&binary)).unwrap().order_id, 5);
+        let only_ce = [("ce_id", id.as_str()), ("ce_type", EVENT_TYPE)];
+        assert_eq!(decode(Some(&payload), headers(&only_ce)).unwrap().event_id.to_string(), id);
+        let other = EventId::new().to_string();
+        let wrong_id = [("event_id", id.as_str()), ("ce_id", other.as_str())];
+        let poison = decode(Some(&payload), headers(&wrong_id)).unwrap_err();
+        assert_eq!(poison.reason, format!("the record states event id {other}, its payload {id}"));
+        let wrong_type = [("event_type", EVENT_TYPE), ("ce_type", ORDER_AMENDED)];
+        let poison = decode(Some(&payload), headers(&wrong_type)).unwrap_err();
+        assert!(poison.reason.contains("two event types"), "{poison}");
+    }
+
+    #[test]
+    fn a_structured_mode_record_is_unwrapped_and_applied_like_its_payload() {
+        let id = EventId::new().to_string();
+        let value = envelope(&id, &BASE64_STANDARD.encode(accepted(&id).encode_to_vec()));
+        let event =
+            decode(Some(&value), headers(&[("content-type", STRUCTURED), ("event_id", &id)])).unwrap();
+        assert_eq!((event.event_id.to_string(), event.order_id), (id.clone(), 5));
+        assert_eq!(event.payload, accepted(&id).encode_to_vec(), "the payload, not the envelope, is kept");
+        let upper_case = [("content-type", "Application/CloudEvents+JSON")];
+        assert_eq!(decode(Some(&value), headers(&upper_case)).unwrap().order_id, 5);
+    }
+
+    #[test]
+    fn a_bad_envelope_is_poison_that_says_what_is_wrong() {
+        let id = EventId::new().to_string();
+        let payload = BASE64_STANDARD.encode(accepted(&id).encode_to_vec());
+        let other = EventId::new().to_string();
+        let mut data_not_base64: serde_json::Value = serde_json::from_slice(&envelope(&id, "")).unwrap();
+        data_not_base64["data"] = serde_json::json!({"order_id": 5});
+        data_not_base64.as_object_mut().unwrap().remove("data_base64");
+        let old_spec = String::from_utf8(envelope(&id, &payload)).unwrap().replace("\"1.0\"", "\"0.3\"");
+        let cases: [(Vec<u8>, &str); 5] = [
+            (b"{not json".to_vec(), "not a CloudEvents JSON envelope"),
+            (old_spec.into_bytes(), "specversion `0.3` is not 1.0"),
+            (data_not_base64.to_string().into_bytes(), "carries `data`, not the protobuf payload"),
+            (envelope(&id, "***"), "data_base64 is not base64"),
+            (envelope(&other, &payload), "states event id"),
+        ];
+        for (value, reason) in cases {
+            let poison = decode(Some(&value), headers(&[("content-type", STRUCTURED), ("event_id", &id)]))
+                .unwrap_err();
+            assert!(poison.reason.contains(reason), "{reason}: {poison}");
+            assert_eq!(poison.event_id.as_deref(), Some(id.as_str()), "the dead letter stays findable");
+        }
     }
 }

@@ -64,7 +64,8 @@ impl Application {
             settings.kafka.topic.clone(),
             settings.delivery_timeout,
             &settings.kafka.options,
-        )?;
+        )?
+        .with_cloudevents_mode(settings.cloudevents_mode);
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
         let wake = match settings.wake_listen {

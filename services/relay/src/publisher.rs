@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 
 use tracing::Instrument as _;
 
+pub use self::cloudevents::CloudEventsMode;
+use self::cloudevents::encode;
 use self::producer::{ConfirmingProducer, Placed};
 use super::outbox::{ClaimedEvent, Delivery};
 use idempost::{failpoint, telemetry};
 
-use idempost::contract::CONTENT_TYPE;
-
+mod cloudevents;
 mod producer;
 
 /// Publishes one outbox event.
@@ -117,6 +117,8 @@ pub struct KafkaPublisher {
     producer: RwLock<Arc<ProducerSlot>>,
     topic: String,
     delivery_timeout: Duration,
+    /// How records carry the CloudEvents attributes.
+    mode: CloudEventsMode,
     /// Publishes the broker answered with an error since the last confirm.
     rejected_in_a_row: AtomicU64,
 }
@@ -185,8 +187,16 @@ impl KafkaPublisher {
             producer: RwLock::new(producer),
             topic: topic.into(),
             delivery_timeout,
+            mode: CloudEventsMode::default(),
             rejected_in_a_row: AtomicU64::new(0),
         })
+    }
+
+    /// This publisher writing its records in CloudEvents `mode` (binary unless told).
+    #[must_use]
+    pub fn with_cloudevents_mode(mut self, mode: CloudEventsMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     fn create(config: &ClientConfig) -> Result<Arc<ProducerSlot>, KafkaError> {
@@ -276,17 +286,7 @@ impl Publisher for KafkaPublisher {
         let mut trace_headers = Vec::new();
         telemetry::inject_into(&span, |key, value| trace_headers.push((key.to_owned(), value)));
 
-        let version = event.event_version.to_string();
-        let mut headers = OwnedHeaders::new_with_capacity(6 + trace_headers.len())
-            .insert(header("event_id", &event.event_id))
-            .insert(header("event_type", &event.event_type))
-            .insert(header("event_version", &version))
-            .insert(header("aggregate_type", &event.aggregate_type))
-            .insert(header("aggregate_id", &event.aggregate_id))
-            .insert(header("content-type", CONTENT_TYPE));
-        for (key, value) in &trace_headers {
-            headers = headers.insert(header(key, value));
-        }
+        let record = encode(event, self.mode, &trace_headers);
         let producer = self.current();
         if failpoint::hit(failpoint::RELAY_PRODUCER_FATAL).is_err() {
             producer.poisoned.store(true, Ordering::Relaxed);
@@ -307,8 +307,8 @@ impl Publisher for KafkaPublisher {
                     .send(
                         &self.topic,
                         event.aggregate_id.as_bytes(),
-                        &event.payload,
-                        headers,
+                        &record.value,
+                        record.headers,
                         self.delivery_timeout,
                     )
                     .instrument(span.clone())
@@ -341,8 +341,4 @@ impl Publisher for KafkaPublisher {
         self.rejected_in_a_row.store(0, Ordering::Relaxed);
         Ok(Some(why))
     }
-}
-
-fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
-    Header { key, value: Some(value) }
 }

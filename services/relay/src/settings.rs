@@ -4,6 +4,8 @@ use std::time::Duration;
 use idempost::db::DatabaseSettings;
 use idempost::kafka::KafkaSettings;
 
+use crate::publisher::CloudEventsMode;
+
 /// The relay's settings, from flags or the environment (flags win).
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -82,6 +84,13 @@ pub struct Settings {
     /// polls at once instead of after its back-off. Off when unset; polling alone stays correct.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_WAKE_LISTEN")]
     pub(crate) wake_listen: Option<SocketAddr>,
+
+    /// How each record carries the CloudEvents 1.0 attributes: `binary` (the value is the protobuf
+    /// payload, the attributes are `ce_*` headers) or `structured` (the value is the
+    /// `application/cloudevents+json` envelope with the payload in `data_base64`). The consumer
+    /// reads both; the project's own headers are written in both.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_CLOUDEVENTS_MODE", value_enum, default_value_t = CloudEventsMode::Binary)]
+    pub cloudevents_mode: CloudEventsMode,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
     /// per listener (`listen`, and `wake-listen` when set), through a temporary file renamed into place: how whoever
@@ -164,6 +173,7 @@ impl Settings {
             publish_stall: Duration::from_secs(60),
             security: idempost::security::ListenerSettings::default(),
             wake_listen: None,
+            cloudevents_mode: CloudEventsMode::Binary,
             port_file: None,
         }
     }

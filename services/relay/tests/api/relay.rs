@@ -9,11 +9,13 @@ use idempost_relay::{
 };
 use idempost_relay::{KafkaPublisher, Relay, RetryPolicy};
 
-use crate::broker::{TestBroker, read_topic};
+use crate::broker::{Record, TestBroker, read_topic};
 use crate::helpers::{
     Backend, OutboxProbe, TestOrder, TestService, assert_eventually, eventually, on_every_backend, order,
 };
+use idempost::entity::outbox_event;
 use idempost_testkit::relay::{TestRelay, relay_args, relay_settings};
+use sea_orm::EntityTrait as _;
 
 use idempost_testkit::wait::WAIT;
 const SETTLE: Duration = Duration::from_millis(1500);
@@ -421,10 +423,26 @@ async fn orders_reach_the_topic_with_key_value_and_headers_and_end_published(bac
         assert_eq!(record.header("aggregate_type"), "order");
         assert_eq!(record.header("aggregate_id"), answer.order_id.to_string());
         assert_eq!(record.header("content-type"), idempost::contract::CONTENT_TYPE);
+        assert_cloudevents_binary(record, &app, &answer.event_id, answer.order_id).await;
         let state = probe.state(&answer.event_id).await;
         assert!(state.published && state.lease_owner.is_none() && state.attempts == 1, "{state:?}");
         assert_eq!((state.partition, state.offset), (Some(record.partition), Some(record.offset)));
     }
+}
+
+/// The CloudEvents 1.0 Kafka binding's binary mode on `record`, the relay's default: every
+/// attribute a `ce_*` header with the event's value (the data content type is `content-type`).
+async fn assert_cloudevents_binary(record: &Record, app: &TestOrder, event_id: &str, order_id: i64) {
+    let row = outbox_event::Entity::find_by_id(event_id).one(&app.conn).await.unwrap().unwrap();
+    assert_eq!(record.header("ce_specversion"), "1.0");
+    assert_eq!(record.header("ce_id"), event_id);
+    assert_eq!(record.header("ce_source"), idempost::contract::CLOUDEVENTS_SOURCE);
+    assert_eq!(record.header("ce_type"), "idempost.v1.OrderAccepted");
+    assert_eq!(record.header("ce_subject"), order_id.to_string());
+    let time = chrono::DateTime::parse_from_rfc3339(record.header("ce_time")).expect("ce_time is RFC 3339");
+    assert_eq!(time, row.created_at, "ce_time is when the order service wrote the event");
+    assert_eq!(record.header("ce_traceparent"), record.header("traceparent"), "the tracing extension");
+    assert_eq!(record.header("ce_tracestate"), record.header("tracestate"));
 }
 
 async fn two_relay_processes_drain_a_backlog_of_a_thousand_events(backend: Backend) {
