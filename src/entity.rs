@@ -11,3 +11,4 @@ pub mod order_view;
 pub mod orders;
 pub mod outbox_event;
 pub mod parked_event;
+pub mod replay_audit;

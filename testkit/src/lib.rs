@@ -12,10 +12,12 @@
 
 pub mod auth;
 pub mod broker;
+pub mod cloudevents;
 pub mod consumer;
 pub mod db;
 #[cfg(feature = "failpoints")]
 pub mod failpoint;
+pub mod group;
 pub mod health;
 pub mod in_process;
 pub mod order;

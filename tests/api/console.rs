@@ -28,6 +28,7 @@ use crate::pki::{AUDIENCE, ISSUER, Pki, token_from_unknown_key};
 use idempost_testkit::wait::WAIT;
 const OPERATOR: &str = "alice@ops";
 const REASON: &str = "producer limit raised to 1 MB";
+const REPLAY_REASON: &str = "the billing service needs this order again";
 
 /// The console's package: its node_modules (scripts/common.sh, ensure_console) and browser script.
 fn console_package() -> PathBuf {
@@ -279,6 +280,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
         "failed": large.event_id,
         "reason": REASON,
         "waiting": 5,
+        "replay": { "orderId": published.order_id, "reason": REPLAY_REASON },
         }),
         start_relay,
     )
@@ -372,7 +374,30 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     assert_eq!((&purge["purgeDisabledFirst"], &purge["purgeEnabledAfter"]), (&json!(true), &json!(true)));
     let purge_rows = texts(&purge["rows"]);
     assert!(purge_rows.contains("outbox_event") && purge_rows.contains("consumed_event"), "{purge_rows}");
-    assert_eq!(probe.count_with_status("PUBLISHED").await, 11, "a dry run deleted nothing");
+    let rows = "SELECT COUNT(*) FROM outbox_event";
+    let rows = conn.query_one_raw(Statement::from_string(conn.get_database_backend(), rows)).await;
+    assert_eq!(rows.unwrap().unwrap().try_get_by_index::<i64>(0).unwrap(), 11, "a dry run deleted nothing");
+
+    let replay = &steps["replay"];
+    assert_eq!((&replay["replayDisabledFirst"], &replay["replayEnabledAfter"]), (&json!(true), &json!(true)));
+    let counts = texts(&replay["dryCounts"]);
+    assert!(counts.lines().any(|l| l.starts_with("would replay") && l.trim_end().ends_with('3')), "{counts}");
+    assert_eq!(replay["dryListed"], 3, "{replay}");
+    assert!(replay["done"].as_str().unwrap().starts_with("Replayed 3 events"), "{replay}");
+    let audit = "SELECT requested_by, reason, order_id, replayed FROM replay_audit";
+    let audit = conn
+        .query_one_raw(Statement::from_string(conn.get_database_backend(), audit))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(audit.try_get_by_index::<String>(0).unwrap(), OPERATOR, "the token's subject, not the page");
+    assert_eq!(audit.try_get_by_index::<String>(1).unwrap(), REPLAY_REASON);
+    assert_eq!(audit.try_get_by_index::<Option<i64>>(2).unwrap(), Some(published.order_id));
+    assert_eq!(audit.try_get_by_index::<i64>(3).unwrap(), 3);
+    assert_eventually("the replayed versions are published again", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 11
+    })
+    .await;
 
     let refused = steps["refused"]["banner"].as_str().unwrap();
     assert!(refused.contains("Unauthenticated") && refused.contains("TOKEN_INVALID"), "{refused}");
@@ -391,6 +416,7 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
         "redriven",
         "timeline-redriven",
         "purge",
+        "replay",
         "backlog-drained",
         "refused",
     ] {

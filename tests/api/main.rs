@@ -26,6 +26,7 @@ mod ordering;
 mod outage;
 mod pipeline;
 mod python;
+mod replay;
 mod rollback;
 mod security;
 mod stopping;

@@ -5,6 +5,7 @@
 
 mod grpc;
 mod inspect;
+mod replay;
 mod retention;
 
 pub(crate) use grpc::AdminGrpc;

@@ -13,7 +13,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
 
-use crate::{console, join, render};
+use crate::{console, join, render, replay};
 
 /// Inspects and operates an Idempost deployment through the order service's AdminService and the
 /// consumer's ConsumerAdminService.
@@ -158,6 +158,12 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Publish PUBLISHED events again, for a consumer that must see them again (a new consumer
+    /// name): by order, creation time and event type. Event ids stay, so consumers that applied
+    /// an event absorb the copy as a duplicate; one order's events go out in version order.
+    /// Operators only; audited with --reason. Run it with --dry-run first: at most 1000 events
+    /// per call.
+    Replay(replay::ReplayArgs),
     /// The console in a browser: backlog, timelines, dead letters, redrive and purge. Listens on
     /// loopback, prints the URL to open, and calls the services with this command's flags and
     /// token until Ctrl-C.
@@ -370,6 +376,10 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let request = pb::ReleaseParkedGapRequest { order_id: *order_id, reason: reason.clone() };
             let reply = client.release_parked_gap(request).await?.into_inner();
             render::released(*order_id, &reply, json)
+        }
+        Command::Replay(args) => {
+            let reply = cli.admin().await?.replay(args.request()).await?.into_inner();
+            replay::render(&reply, json)
         }
         Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
             purge(cli, *outbox_older_than, *consumed_older_than, *dry_run).await?

@@ -5,6 +5,7 @@ mod command;
 mod console;
 mod join;
 mod render;
+mod replay;
 
 use std::process::ExitCode;
 

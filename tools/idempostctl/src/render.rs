@@ -6,7 +6,7 @@ use idempost_client::Confirmation;
 use idempost_proto::v1 as pb;
 use serde_json::{Value, json};
 
-fn time(t: Option<&prost_types::Timestamp>) -> Option<String> {
+pub(crate) fn time(t: Option<&prost_types::Timestamp>) -> Option<String> {
     t.and_then(|t| u32::try_from(t.nanos).ok().and_then(|n| chrono::DateTime::from_timestamp(t.seconds, n)))
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
 }
@@ -15,7 +15,7 @@ fn seconds(d: Option<&prost_types::Duration>) -> Option<f64> {
     d.map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
 }
 
-fn text(value: Option<String>) -> String {
+pub(crate) fn text(value: Option<String>) -> String {
     value.unwrap_or_else(|| "-".to_owned())
 }
 
@@ -23,13 +23,13 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_owned())
 }
 
-fn table(header: &[&str]) -> Table {
+pub(crate) fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
     table
 }
 
-fn pretty(value: &Value) -> String {
+pub(crate) fn pretty(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
 }
 

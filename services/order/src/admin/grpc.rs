@@ -10,6 +10,7 @@ use idempost_proto::v1::{
 use tonic::{Code, Request, Response, Status};
 
 use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
+use super::replay;
 use super::retention::{OutboxPurgeReport, OutboxRetention};
 use idempost::backlog::{self, Redrive, RedriveAudit};
 use idempost::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
@@ -151,6 +152,23 @@ impl AdminService for AdminGrpc {
         })
         .await
     }
+
+    async fn replay(
+        &self,
+        request: Request<pb::ReplayRequest>,
+    ) -> Result<Response<pb::ReplayResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.traced("Replay", &request, None, |caller| async move {
+            // A replay republishes every tenant's events: operators only.
+            caller.require_operator()?;
+            let ask = replay::Ask::parse(ask, &caller)?;
+            match replay::replay(self.inspector.db(), &ask).await? {
+                replay::Replayed::Done(report) => Ok(report.into()),
+                replay::Replayed::TooLarge => Err(AdminError::ReplayTooLarge),
+            }
+        })
+        .await
+    }
 }
 
 impl AdminGrpc {
@@ -218,19 +236,25 @@ fn parse_redrive(ask: pb::RedriveRequest, caller: &Caller) -> Result<(String, Re
     }
     required("reason", &ask.reason, &mut violations);
     InvalidInput::check(violations)?;
-    let audit = match &caller.subject {
-        None => RedriveAudit { requested_by: ask.requested_by, reason: ask.reason },
+    let audit = audit_of(caller, ask.requested_by, ask.reason);
+    event_id.map(|id| (id, audit)).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
+}
+
+/// Who asks and why, as recorded: the token's subject when there is one (the request's
+/// `requested_by`, when it differs, kept as a note in the reason), else `requested_by` as given.
+pub(super) fn audit_of(caller: &Caller, requested_by: String, reason: String) -> RedriveAudit {
+    match &caller.subject {
+        None => RedriveAudit { requested_by, reason },
         Some(subject) => {
-            let note = ask.requested_by.trim();
+            let note = requested_by.trim();
             let reason = if note.is_empty() || note == subject {
-                ask.reason
+                reason
             } else {
-                format!("{} (requested_by note: {note})", ask.reason)
+                format!("{reason} (requested_by note: {note})")
             };
             RedriveAudit { requested_by: subject.clone(), reason }
         }
-    };
-    event_id.map(|id| (id, audit)).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
+    }
 }
 
 /// Everything the admin API can answer besides OK.
@@ -244,6 +268,11 @@ enum AdminError {
     OrderNotFound { tenant_id: i64, request_id: String },
     #[error("event {event_id} is {}, not FAILED: only FAILED events are redriven", status.as_str())]
     NotFailed { event_id: String, status: OutboxStatus },
+    #[error(
+        "more than {} events match: narrow the filter (a shorter created_from..created_to range) and replay it in parts",
+        replay::MAX_EVENTS
+    )]
+    ReplayTooLarge,
 }
 
 idempost::from_call_error!(AdminError);
@@ -269,6 +298,11 @@ impl AdminError {
                 Code::FailedPrecondition,
                 "NOT_FAILED",
                 text(&[("event_id", &event_id), ("status", status.as_str())]),
+            ),
+            Self::ReplayTooLarge => (
+                Code::FailedPrecondition,
+                "REPLAY_TOO_LARGE",
+                text(&[("limit", &replay::MAX_EVENTS.to_string())]),
             ),
         };
         error_status(code, reason, message, metadata, None)

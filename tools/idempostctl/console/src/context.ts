@@ -16,4 +16,4 @@ export interface Context {
   show(page: PageName, argument?: string): void;
 }
 
-export type PageName = "backlog" | "timeline" | "failed" | "purge";
+export type PageName = "backlog" | "timeline" | "failed" | "purge" | "replay";

@@ -1,10 +1,11 @@
-// The console's page: a header with the four pages, a banner for refusals, and the page shown.
+// The console's page: a header with the five pages, a banner for refusals, and the page shown.
 import { connect, describe, failure, takeConsoleKey, type Failure } from "./api.js";
 import { h, replace } from "./dom.js";
 import * as backlog from "./backlog.js";
 import * as timeline from "./timeline.js";
 import * as failed from "./failed.js";
 import * as purge from "./purge.js";
+import * as replay from "./replay.js";
 import type { Config, Context, PageName } from "./context.js";
 
 interface Page {
@@ -17,6 +18,7 @@ const pages: Record<PageName, Page> = {
   timeline: { title: "Event timeline", mount: timeline.mount },
   failed: { title: "Dead letters & FAILED", mount: failed.mount },
   purge: { title: "Purge", mount: purge.mount },
+  replay: { title: "Replay", mount: replay.mount },
 };
 
 async function start(): Promise<void> {

@@ -9,6 +9,7 @@
 //   failed     the id of a FAILED event to redrive
 //   reason     the redrive's reason
 //   waiting    how many events wait for a relay when the page opens
+//   replay     {orderId, reason} of a published order to replay (its three versions)
 // Prints one JSON line per step ({"step": ..., ...}); exits 1 after printing {"step": "error"}.
 // After the step "backlog" it waits for a line on its standard input: the test starts a relay
 // then, and the backlog drains while the operator works.
@@ -186,6 +187,29 @@ try {
     purgeEnabledAfter: await page.getByTestId("purge").isEnabled(),
     rows: await page.getByTestId("purge-result").locator("tbody tr").allInnerTexts(),
     screenshot: await shot(page, "purge"),
+  });
+
+  // Replay: a dry run first, which counts and lists; only then the replay, confirmed.
+  await nav(page, "Replay");
+  const replayDisabledFirst = await page.getByTestId("replay").isDisabled();
+  await page.getByTestId("replay-order").fill(String(settings.replay.orderId));
+  await page.getByTestId("replay-reason").fill(settings.replay.reason);
+  await page.getByTestId("replay-dry-run").click();
+  await page.getByTestId("replay-dry-run-done").waitFor({ timeout: WAIT });
+  const dryCounts = await page.getByTestId("replay-counts").locator("tbody tr").allInnerTexts();
+  const dryListed = await page.getByTestId("replay-events").locator("tbody tr").count();
+  const replayEnabledAfter = await page.getByTestId("replay").isEnabled();
+  await page.getByTestId("replay").click();
+  await shot(page, "replay-confirm");
+  await page.getByTestId("confirm-replay").click();
+  await page.getByTestId("replay-done").waitFor({ timeout: WAIT });
+  report("replay", {
+    replayDisabledFirst,
+    replayEnabledAfter,
+    dryCounts,
+    dryListed,
+    done: await page.getByTestId("replay-done").textContent(),
+    screenshot: await shot(page, "replay"),
   });
 
   // Back on the backlog: the relay drained it, and the chart shows it.

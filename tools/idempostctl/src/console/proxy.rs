@@ -116,16 +116,33 @@ impl AdminService for AdminProxy {
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
         let mut ask = request.into_inner();
-        // With a token the service records its subject as who redrove. Without one (`--auth none`,
-        // loopback) it needs a name, as `idempostctl redrive --by` gives it: the same default.
-        if self.0.token.is_none() && ask.requested_by.trim().is_empty() {
-            ask.requested_by = std::env::var("USER").unwrap_or_else(|_| "operator".to_owned());
-        }
+        ask.requested_by = self.requester(ask.requested_by);
         forward!(self.0, AdminServiceClient, redrive, ask)
+    }
+
+    async fn replay(
+        &self,
+        request: Request<pb::ReplayRequest>,
+    ) -> Result<Response<pb::ReplayResponse>, Status> {
+        let mut ask = request.into_inner();
+        ask.requested_by = self.requester(ask.requested_by);
+        forward!(self.0, AdminServiceClient, replay, ask)
     }
 
     async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
         forward!(self.0, AdminServiceClient, purge, request.into_inner())
+    }
+}
+
+impl AdminProxy {
+    /// Who asks for an audited change. With a token the service records its subject. Without one
+    /// (`--auth none`, loopback) it needs a name, as `idempostctl redrive --by` gives it: the
+    /// same default.
+    fn requester(&self, given: String) -> String {
+        if self.0.token.is_none() && given.trim().is_empty() {
+            return std::env::var("USER").unwrap_or_else(|_| "operator".to_owned());
+        }
+        given
     }
 }
 

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/admin_service.proto.
  */
 export const file_idempost_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCCLmAQoNUHVyZ2VSZXNwb25zZRITCgtvdXRib3hfcm93cxgBIAEoBBIZCg1jb25zdW1lZF9yb3dzGAIgASgEQgIYARIxCg1vdXRib3hfY3V0b2ZmGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3Cg9jb25zdW1lZF9jdXRvZmYYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgIYARI5ChJyZWRlbGl2ZXJ5X2hvcml6b24YBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBMqsDCgxBZG1pblNlcnZpY2USXwoQR2V0RXZlbnRUaW1lbGluZRIkLmlkZW1wb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXF1ZXN0GiUuaWRlbXBvc3QudjEuR2V0RXZlbnRUaW1lbGluZVJlc3BvbnNlEmIKEUZpbmRCeUJ1c2luZXNzS2V5EiUuaWRlbXBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXF1ZXN0GiYuaWRlbXBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXNwb25zZRJQCgtMaXN0QmFja2xvZxIfLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVxdWVzdBogLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVzcG9uc2USRAoHUmVkcml2ZRIbLmlkZW1wb3N0LnYxLlJlZHJpdmVSZXF1ZXN0GhwuaWRlbXBvc3QudjEuUmVkcml2ZVJlc3BvbnNlEj4KBVB1cmdlEhkuaWRlbXBvc3QudjEuUHVyZ2VSZXF1ZXN0GhouaWRlbXBvc3QudjEuUHVyZ2VSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCCLmAQoNUHVyZ2VSZXNwb25zZRITCgtvdXRib3hfcm93cxgBIAEoBBIZCg1jb25zdW1lZF9yb3dzGAIgASgEQgIYARIxCg1vdXRib3hfY3V0b2ZmGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3Cg9jb25zdW1lZF9jdXRvZmYYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgIYARI5ChJyZWRlbGl2ZXJ5X2hvcml6b24YBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBIuIBCg1SZXBsYXlSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEjAKDGNyZWF0ZWRfZnJvbRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF90bxgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKZXZlbnRfdHlwZRgEIAEoCRIPCgdkcnlfcnVuGAUgASgIEg4KBnJlYXNvbhgGIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYByABKAkSEgoKbGlzdF9saW1pdBgIIAEoDSKIAQoNUmVwbGF5ZWRFdmVudBIQCghldmVudF9pZBgBIAEoCRIQCghvcmRlcl9pZBgCIAEoAxIPCgd2ZXJzaW9uGAMgASgDEhIKCmV2ZW50X3R5cGUYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiyQEKDlJlcGxheVJlc3BvbnNlEhAKCHJlcGxheWVkGAEgASgEEioKBmV2ZW50cxgCIAMoCzIaLmlkZW1wb3N0LnYxLlJlcGxheWVkRXZlbnQSFQoNbm90X3B1Ymxpc2hlZBgDIAEoBBIOCgZwdXJnZWQYBCABKAQSDwoHZHJ5X3J1bhgFIAEoCBIQCghhdWRpdF9pZBgGIAEoAxIvCgtyZXBsYXllZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAy7gMKDEFkbWluU2VydmljZRJfChBHZXRFdmVudFRpbWVsaW5lEiQuaWRlbXBvc3QudjEuR2V0RXZlbnRUaW1lbGluZVJlcXVlc3QaJS5pZGVtcG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USYgoRRmluZEJ5QnVzaW5lc3NLZXkSJS5pZGVtcG9zdC52MS5GaW5kQnlCdXNpbmVzc0tleVJlcXVlc3QaJi5pZGVtcG9zdC52MS5GaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlElAKC0xpc3RCYWNrbG9nEh8uaWRlbXBvc3QudjEuTGlzdEJhY2tsb2dSZXF1ZXN0GiAuaWRlbXBvc3QudjEuTGlzdEJhY2tsb2dSZXNwb25zZRJECgdSZWRyaXZlEhsuaWRlbXBvc3QudjEuUmVkcml2ZVJlcXVlc3QaHC5pZGVtcG9zdC52MS5SZWRyaXZlUmVzcG9uc2USPgoFUHVyZ2USGS5pZGVtcG9zdC52MS5QdXJnZVJlcXVlc3QaGi5pZGVtcG9zdC52MS5QdXJnZVJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Asks for one event's timeline.
@@ -909,6 +909,193 @@ export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
   messageDesc(file_idempost_v1_admin_service, 19);
 
 /**
+ * Asks to publish PUBLISHED events again. At least `order_id` or `created_from` is required.
+ *
+ * @generated from message idempost.v1.ReplayRequest
+ */
+export type ReplayRequest = Message<"idempost.v1.ReplayRequest"> & {
+  /**
+   * Only this order's events; 0 means any order.
+   *
+   * @generated from field: int64 order_id = 1;
+   */
+  orderId: bigint;
+
+  /**
+   * Only events created at or after this time (the outbox row's `created_at`, written in the
+   * order's transaction); absent means no lower bound, which needs an `order_id`.
+   *
+   * @generated from field: google.protobuf.Timestamp created_from = 2;
+   */
+  createdFrom?: Timestamp | undefined;
+
+  /**
+   * Only events created before this time; absent means no upper bound.
+   *
+   * @generated from field: google.protobuf.Timestamp created_to = 3;
+   */
+  createdTo?: Timestamp | undefined;
+
+  /**
+   * Only events of this type: "idempost.v1.OrderAccepted", "idempost.v1.OrderAmended" or
+   * "idempost.v1.OrderCancelled"; empty means every type.
+   *
+   * @generated from field: string event_type = 4;
+   */
+  eventType: string;
+
+  /**
+   * Count and list what would be replayed; change nothing, record nothing.
+   *
+   * @generated from field: bool dry_run = 5;
+   */
+  dryRun: boolean;
+
+  /**
+   * Why: recorded in the audit row. Required, in a dry run too.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+
+  /**
+   * Who asks, as in RedriveRequest: with a token, the token's subject is recorded and this is a
+   * note appended to the reason; without authentication (`--auth none`) it is required.
+   *
+   * @generated from field: string requested_by = 7;
+   */
+  requestedBy: string;
+
+  /**
+   * How many of the events to list in the answer, 1 to 1000; 0 means 20.
+   *
+   * @generated from field: uint32 list_limit = 8;
+   */
+  listLimit: number;
+};
+
+/**
+ * Describes the message idempost.v1.ReplayRequest.
+ * Use `create(ReplayRequestSchema)` to create a new message.
+ */
+export const ReplayRequestSchema: GenMessage<ReplayRequest> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 20);
+
+/**
+ * One event a replay returned (or, in a dry run, would return) to PENDING.
+ *
+ * @generated from message idempost.v1.ReplayedEvent
+ */
+export type ReplayedEvent = Message<"idempost.v1.ReplayedEvent"> & {
+  /**
+   * The event id, unchanged: consumers dedup the copy by it.
+   *
+   * @generated from field: string event_id = 1;
+   */
+  eventId: string;
+
+  /**
+   * The order (the outbox row's aggregate id).
+   *
+   * @generated from field: int64 order_id = 2;
+   */
+  orderId: bigint;
+
+  /**
+   * The order's version the event describes.
+   *
+   * @generated from field: int64 version = 3;
+   */
+  version: bigint;
+
+  /**
+   * The event's type.
+   *
+   * @generated from field: string event_type = 4;
+   */
+  eventType: string;
+
+  /**
+   * When the event was created, in the order's transaction.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempost.v1.ReplayedEvent.
+ * Use `create(ReplayedEventSchema)` to create a new message.
+ */
+export const ReplayedEventSchema: GenMessage<ReplayedEvent> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 21);
+
+/**
+ * What a replay did, or in a dry run would do.
+ *
+ * @generated from message idempost.v1.ReplayResponse
+ */
+export type ReplayResponse = Message<"idempost.v1.ReplayResponse"> & {
+  /**
+   * PUBLISHED events returned to PENDING (in a dry run: that would be).
+   *
+   * @generated from field: uint64 replayed = 1;
+   */
+  replayed: bigint;
+
+  /**
+   * The first `list_limit` of them, oldest first.
+   *
+   * @generated from field: repeated idempost.v1.ReplayedEvent events = 2;
+   */
+  events: ReplayedEvent[];
+
+  /**
+   * Events that match but are PENDING, PUBLISHING or FAILED: not replayed (they are published
+   * anyway, or a FAILED one waits for a Redrive).
+   *
+   * @generated from field: uint64 not_published = 3;
+   */
+  notPublished: bigint;
+
+  /**
+   * Events that match (by their order version's commit time, order and type) but whose outbox
+   * row retention deleted: they cannot be replayed. Counted up to 1001.
+   *
+   * @generated from field: uint64 purged = 4;
+   */
+  purged: bigint;
+
+  /**
+   * Whether this was a dry run.
+   *
+   * @generated from field: bool dry_run = 5;
+   */
+  dryRun: boolean;
+
+  /**
+   * The audit row's id; 0 in a dry run.
+   *
+   * @generated from field: int64 audit_id = 6;
+   */
+  auditId: bigint;
+
+  /**
+   * When the replay happened (database clock).
+   *
+   * @generated from field: google.protobuf.Timestamp replayed_at = 7;
+   */
+  replayedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempost.v1.ReplayResponse.
+ * Use `create(ReplayResponseSchema)` to create a new message.
+ */
+export const ReplayResponseSchema: GenMessage<ReplayResponse> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 22);
+
+/**
  * What operators need on day one from the order side: the order's and the outbox's state of an
  * event by its id, the backlog, the way out of FAILED, and the outbox's retention purge. Served by
  * the order service on its own admin listener, which belongs on an operators' network only. It
@@ -922,11 +1109,13 @@ export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
  * | NOT_FOUND           | EVENT_NOT_FOUND            | no outbox row or order has it                   |
  * | NOT_FOUND           | ORDER_NOT_FOUND            | no operation used (tenant_id, request_id)       |
  * | FAILED_PRECONDITION | NOT_FAILED                 | Redrive on an event that is not FAILED          |
+ * | FAILED_PRECONDITION | REPLAY_TOO_LARGE           | Replay matches more than 1000 events: narrow it |
  * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
  * |                     |                            | metadata's correlation_id names the log record  |
  * | UNAUTHENTICATED     | TOKEN_MISSING / TOKEN_INVALID / TOKEN_EXPIRED | see OrderService             |
- * | PERMISSION_DENIED   | SCOPE_MISSING              | ListBacklog, Redrive and Purge need the operator|
- * |                     |                            | scope (--auth-admin-scope, idempost:admin)       |
+ * | PERMISSION_DENIED   | SCOPE_MISSING              | ListBacklog, Redrive, Purge and Replay need the |
+ * |                     |                            | operator scope (--auth-admin-scope,             |
+ * |                     |                            | idempost:admin)                                 |
  * | PERMISSION_DENIED   | TENANT_MISMATCH            | FindByBusinessKey for another tenant without    |
  * |                     |                            | the operator scope                              |
  *
@@ -994,6 +1183,38 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof PurgeRequestSchema;
     output: typeof PurgeResponseSchema;
+  },
+  /**
+   * Publishes PUBLISHED events again, for a consumer that must see them again (a new consumer
+   * name, or one whose effects were lost): operators only, like Redrive and Purge, with a
+   * required reason, and audited (a `replay_audit` row per replay: who, when, why, the filter,
+   * how many). The filter is an order, a range of the events' creation times, an event type, or
+   * any combination, with at least an order or a range start. Replay returns the matching
+   * PUBLISHED outbox rows to PENDING, so the relays publish them again exactly as the first time:
+   * with the same event ids (a consumer that applied an event absorbs the copy as a duplicate; a
+   * consumer name that never saw it applies it), and one order's events in version order (a
+   * relay claims a version only when every earlier version of its order is PUBLISHED). A
+   * `dry_run` changes nothing and writes no audit row: it counts and lists what a replay would
+   * do now.
+   *
+   * What is not replayed, and is counted instead: rows still PENDING, PUBLISHING or FAILED
+   * (`not_published`: they are on their way anyway, or wait for a Redrive), and events whose
+   * outbox row retention already deleted (`purged`: their payload is gone from the order
+   * database, so they cannot be published again; the order's `order_version` row shows they
+   * existed). Replaying some versions of an order but not others (an event-type filter, or a
+   * range that cuts an order) keeps the order among the replayed ones only: a consumer name that
+   * never saw the versions in between parks the later ones as a gap.
+   *
+   * One call replays at most 1000 events: a filter that matches more is refused with
+   * FAILED_PRECONDITION / REPLAY_TOO_LARGE (in a dry run too, so the dry run says what the
+   * replay would do) and is replayed in parts, by narrower time ranges.
+   *
+   * @generated from rpc idempost.v1.AdminService.Replay
+   */
+  replay: {
+    methodKind: "unary";
+    input: typeof ReplayRequestSchema;
+    output: typeof ReplayResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idempost_v1_admin_service, 0);
