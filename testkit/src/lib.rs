@@ -12,6 +12,7 @@
 
 pub mod auth;
 pub mod broker;
+pub mod cloudevents;
 pub mod consumer;
 pub mod db;
 #[cfg(feature = "failpoints")]

@@ -479,3 +479,50 @@ async fn the_python_consumer_refuses_to_send_its_token_in_the_clear_to_a_broker_
         assert!(run.lines.is_empty(), "nothing was consumed: {run}");
     }
 }
+
+/// Records a relay published in each CloudEvents content mode, read from the broker with
+/// confluent-kafka and parsed with the official `cloudevents` package's Kafka binding
+/// (`cloudevents_read.py`): id, type, source, subject and a payload that decodes to the message the
+/// type names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_cloudevents_sdk_reads_binary_and_structured_records_and_their_payloads_decode() {
+    let broker = TestBroker::start().await;
+    for mode in [idempost_relay::CloudEventsMode::Binary, idempost_relay::CloudEventsMode::Structured] {
+        let topic = idempost_testkit::cloudevents::published_in(&broker, mode).await;
+        let args = [
+            format!("--brokers={}", broker.address()),
+            format!("--topic={}", topic.name),
+            "--max-records=4".to_owned(),
+            "--timeout=60".to_owned(),
+        ];
+        let run = run_python("cloudevents_read.py", &args, "").await;
+        assert!(run.status.success(), "{mode:?}: {run}");
+        let read = run.of_type("cloudevent");
+        assert_eq!(read.len(), 4, "{mode:?}: every record parses as a CloudEvent: {run}");
+        let mode_name = format!("{mode:?}").to_lowercase();
+        for event in &topic.events {
+            let line = read
+                .iter()
+                .find(|line| line["id"] == event.event_id.as_str())
+                .unwrap_or_else(|| panic!("{mode:?}: no CloudEvent with id {}: {run}", event.event_id));
+            assert_eq!(text(&line["mode"]), mode_name);
+            assert_eq!(text(&line["specversion"]), "1.0");
+            assert_eq!(text(&line["source"]), idempost::contract::CLOUDEVENTS_SOURCE);
+            assert_eq!(text(&line["ce_type"]), event.event_type);
+            assert_eq!(text(&line["subject"]), event.order_id.to_string());
+            assert_eq!(text(&line["key"]), event.order_id.to_string(), "the key stays the order id");
+            assert_eq!(text(&line["datacontenttype"]), idempost::contract::CONTENT_TYPE);
+            assert!(line["time"].as_str().is_some_and(|t| t.starts_with("20")), "{line}");
+            let data = &line["data"];
+            assert_eq!(
+                text(&data["message"]),
+                event.event_type,
+                "the data decodes to the message its type names"
+            );
+            assert_eq!(text(&data["event_id"]), event.event_id);
+            assert_eq!(data["order_id"].as_i64(), Some(event.order_id));
+            assert_eq!(data["event_version"].as_i64(), Some(event.version));
+        }
+        topic.app.stop().await;
+    }
+}

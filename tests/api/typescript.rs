@@ -337,3 +337,35 @@ mod faults {
         service.server.stop().await;
     }
 }
+
+/// Records a relay published in each CloudEvents content mode, read from the broker with kafkajs
+/// and parsed with the npm `cloudevents` package's `Kafka.toEvent` (test/service/cloudevents.test.ts),
+/// the data decoded with the generated stubs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_typescript_cloudevents_sdk_reads_binary_and_structured_records_from_the_broker() {
+    use idempost_testkit::cloudevents::{PublishedTopic, published_in};
+    let broker = crate::broker::TestBroker::start().await;
+    let binary = published_in(&broker, idempost_relay::CloudEventsMode::Binary).await;
+    let structured = published_in(&broker, idempost_relay::CloudEventsMode::Structured).await;
+    let expected = |topic: &PublishedTopic| -> serde_json::Value {
+        topic
+            .events
+            .iter()
+            .map(|e| json!({"id": e.event_id, "type": e.event_type, "orderId": e.order_id.to_string(), "version": e.version.to_string()}))
+            .collect()
+    };
+    let vars = [
+        ("IDEMPOST_CE_BROKERS", broker.address()),
+        (
+            "IDEMPOST_CE_TOPICS",
+            json!({
+                "binary": {"topic": binary.name, "events": expected(&binary)},
+                "structured": {"topic": structured.name, "events": expected(&structured)},
+            })
+            .to_string(),
+        ),
+    ];
+    node_test("test/service/cloudevents.test.ts", &vars).await;
+    binary.app.stop().await;
+    structured.app.stop().await;
+}
