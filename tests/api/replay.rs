@@ -268,3 +268,50 @@ async fn a_replay_of_more_than_a_thousand_events_is_refused_in_a_dry_run_too() {
     assert_eq!(app.count("replay_audit").await, 0);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replaying_one_event_type_gives_a_new_consumer_name_a_gap_it_parks_behind() {
+    let broker = TestBroker::start().await;
+    let topic = idempost_testkit::topic::unique("idempost-replay-type");
+    broker.create_topic(&topic, 1).await;
+    let pipeline = Pipeline::spawn(Backend::Sqlite, &broker.address(), &topic, "first").await;
+    let app = &pipeline.order;
+    let (id, _) = order_with_changes(app, "typed", true).await;
+    let want = orders_as_read_model(&app.conn, &[id]).await;
+    let first = idempost_consumer::Settings::new(&app.db.url, broker.address()).consumer_name;
+    assert_eventually("the first consumer applied the order", WAIT, || async {
+        read_model(&app.conn, &first).await == want
+    })
+    .await;
+    let name = format!("audit-{}", uuid::Uuid::new_v4().simple());
+    idempost_testkit::group::commit_end(&broker.address(), &topic, &name, 1, WAIT).await;
+    let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, &name);
+    settings.consumer_name = name.clone();
+    let audit = TestConsumer::spawn(settings).await;
+
+    // Only the cancellation (version 3): versions 1 and 2 stay PUBLISHED and are not sent again.
+    let cancellations = pb::ReplayRequest {
+        order_id: id,
+        event_type: "idempost.v1.OrderCancelled".to_owned(),
+        reason: "the audit service counts cancellations".to_owned(),
+        requested_by: "ops-test".to_owned(),
+        ..Default::default()
+    };
+    let answer = app.admin.clone().replay(cancellations).await.unwrap().into_inner();
+    assert_eq!(answer.replayed, 1);
+    assert_eq!(
+        (answer.events[0].version, answer.events[0].event_type.as_str()),
+        (3, "idempost.v1.OrderCancelled")
+    );
+
+    let parked = format!("SELECT COUNT(*) FROM parked_event WHERE consumer_name = '{name}' AND version = 3");
+    assert_eventually("the new name parks version 3 behind the versions it never saw", WAIT, || async {
+        app.scalar_i64(&parked).await == 1
+    })
+    .await;
+    assert!(read_model(&app.conn, &name).await.is_empty(), "nothing applied past the gap");
+    let typed = "SELECT COUNT(*) FROM replay_audit WHERE event_type = 'idempost.v1.OrderCancelled' AND order_id IS NOT NULL";
+    assert_eq!(app.scalar_i64(typed).await, 1, "the filter is audited");
+    audit.stop().await;
+    pipeline.stop().await;
+}
