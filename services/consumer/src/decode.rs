@@ -51,8 +51,8 @@ pub(crate) struct OrderState {
 pub struct Poison {
     /// What is wrong with the record.
     pub(crate) reason: String,
-    /// The event id from the `event_id` header, when there is one, so the dead letter can still
-    /// be found by it.
+    /// The event id from the `event_id` header (else `ce_id`), when there is one, so the dead
+    /// letter can still be found by it.
     pub(crate) event_id: Option<String>,
 }
 
