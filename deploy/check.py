@@ -2,8 +2,10 @@
 """Checks the deployment files without a container runtime.
 
     check.py validate    every manifest under kubernetes/ against the Kubernetes schemas
-                         (kubernetes-validate, strict: unknown fields fail) and compose.yaml
-                         against the Compose specification's schema (as check-jsonschema ships it)
+                         (kubernetes-validate, strict: unknown fields fail), KEDA's ScaledObjects
+                         against schemas/keda-scaledobject.schema.json (strict too) and what they
+                         scale, and compose.yaml against the Compose specification's schema (as
+                         check-jsonschema ships it)
     check.py inventory   one JSON document: for each place that starts a binary, the binary, the
                          flags, subcommands and environment variables it is given. The Rust test
                          tests/api/deploy.rs compares them with each binary's --help.
@@ -40,6 +42,14 @@ def validate() -> int:
     for name, document in manifests():
         count += 1
         what = f"{name}: {document.get('kind')}/{document.get('metadata', {}).get('name')}"
+        if str(document.get("apiVersion", "")).startswith("keda.sh/"):
+            problems = keda_problems(document)
+            failures += bool(problems)
+            for problem in problems:
+                print(f"INVALID {what}: {problem}", file=sys.stderr)
+            if not problems:
+                print(f"valid   {what} (KEDA ScaledObject schema, strict; scales a Deployment of these manifests)")
+            continue
         try:
             kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
@@ -61,6 +71,30 @@ def validate() -> int:
         return 1
     print(f"{count} Kubernetes objects and compose.yaml checked, {failures} invalid")
     return 1 if failures else 0
+
+
+def keda_problems(document) -> list:
+    """What is wrong with a KEDA ScaledObject: its schema, and whether it scales a Deployment
+    these manifests define, within bounds."""
+    import jsonschema
+
+    schema = json.loads((HERE / "schemas" / "keda-scaledobject.schema.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    problems = [f"{e.message} at {'/'.join(map(str, e.path))}" for e in validator.iter_errors(document)]
+    if problems:
+        return problems
+    spec, namespace = document["spec"], document["metadata"]["namespace"]
+    target = spec["scaleTargetRef"]
+    deployments = {
+        (d["metadata"]["name"], d["metadata"].get("namespace"))
+        for _, d in manifests()
+        if d.get("kind") == "Deployment" and d.get("apiVersion") == "apps/v1"
+    }
+    if target.get("kind", "Deployment") != "Deployment" or (target["name"], namespace) not in deployments:
+        problems.append(f"scaleTargetRef {target} is no Deployment of these manifests in {namespace}")
+    if spec.get("minReplicaCount", 0) > spec.get("maxReplicaCount", 100):
+        problems.append("minReplicaCount exceeds maxReplicaCount")
+    return problems
 
 
 def binary_of(image: str) -> str:

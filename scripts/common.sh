@@ -122,6 +122,18 @@ ensure_chromium() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 }
 
+# promtool (the deployment's alert rules: `promtool check rules` and `test rules`, and the live
+# scrape's `promtool check metrics`) from Debian's `prometheus` package, the way chromium comes;
+# the package also brings the Prometheus server, which nothing here uses.
+ensure_promtool() {
+  if command -v promtool >/dev/null; then
+    return 0
+  fi
+  log "installing promtool (Debian's prometheus package) with apt-get"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+}
+
 # The generated stubs match proto/ (regenerated into a temporary directory and compared) and the
 # client type-checks.
 check_typescript_client() {

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Value,
+    ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Value,
 };
 
 use crate::db;
@@ -85,6 +85,67 @@ pub async fn backlog(db: &impl ConnectionTrait) -> Result<Backlog, DbErr> {
         }
     }
     Ok(Backlog::assemble(&stored, oldest))
+}
+
+/// What a relay could claim now: PENDING events not held back whose retry time (if any) has
+/// come, and PUBLISHING events whose lease ran out, each only while no earlier version of its
+/// order is unpublished (the claim's own conditions). Events waiting on a backoff or behind an
+/// earlier version are not counted: they wait by design, not for want of a relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Claimable {
+    /// How many there are.
+    pub count: u64,
+    /// The oldest one's creation time.
+    pub oldest: Option<DateTime<Utc>>,
+}
+
+/// Reads what a relay could claim at the database's clock. Each of the claim's two parts is read
+/// on its own, through the index the claim reads it by (`idx_outbox_ready` for due events,
+/// `idx_outbox_claim` for expired leases): one condition over both statuses could read the
+/// PUBLISHED history too. The counts read every claimable row, like [`backlog`]'s.
+pub async fn claimable(db: &impl ConnectionTrait) -> Result<Claimable, DbErr> {
+    let now = db::now(db).await?;
+    let due = Condition::all()
+        .add(Column::Status.eq(OutboxStatus::Pending.as_str()))
+        .add(Column::HeldBack.eq(false))
+        .add(Condition::any().add(Column::LeaseUntil.is_null()).add(Column::LeaseUntil.lte(now)));
+    let expired = Condition::all()
+        .add(Column::Status.eq(OutboxStatus::Publishing.as_str()))
+        .add(Column::LeaseUntil.lt(now));
+    let mut claimable = Claimable::default();
+    for part in [due, expired] {
+        let part = part.add(first_unpublished());
+        let count: Option<i64> = outbox_event::Entity::find()
+            .select_only()
+            .column_as(Expr::col(Column::EventId).count(), "n")
+            .filter(part.clone())
+            .into_tuple()
+            .one(db)
+            .await?;
+        let oldest: Option<DateTime<Utc>> = outbox_event::Entity::find()
+            .select_only()
+            .column(Column::CreatedAt)
+            .filter(part)
+            .order_by_asc(Column::CreatedAt)
+            .limit(1)
+            .into_tuple()
+            .one(db)
+            .await?;
+        claimable.count += count.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+        claimable.oldest = claimable.oldest.into_iter().chain(oldest).min();
+    }
+    Ok(claimable)
+}
+
+/// True for an `outbox_event` row that is its order's earliest event not yet PUBLISHED, as the
+/// relay's claim requires: an event behind an earlier version waits for it, not for a relay.
+fn first_unpublished() -> Expr {
+    Expr::cust(format!(
+        "NOT EXISTS (SELECT 1 FROM outbox_event AS p \
+         WHERE p.aggregate_type = outbox_event.aggregate_type AND p.aggregate_id = outbox_event.aggregate_id \
+         AND p.event_version < outbox_event.event_version AND p.status <> '{}')",
+        OutboxStatus::Published.as_str()
+    ))
 }
 
 /// Who redrives an event and why: recorded on the row.

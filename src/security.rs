@@ -12,6 +12,7 @@ mod tls;
 
 pub use auth::AuthConfigError;
 pub use auth::{AuthError, Authenticator, Caller};
+pub use connection::Connection;
 pub use listener::Listener;
 pub use listener::ListenerError;
 pub use refusals::note_refusal;

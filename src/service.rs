@@ -15,7 +15,10 @@ use crate::db::{self, SchemaError};
 use crate::security::{Authenticator, Listener};
 use crate::telemetry::metrics;
 
+mod metrics_endpoint;
 mod port_file;
+
+pub use metrics_endpoint::{METRICS_PATH, MetricsListener};
 
 /// A service could not get ready.
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +208,33 @@ pub async fn purge_periodically<F, Fut, E>(
         match purge().await {
             Ok(rows) => tracing::info!(table, rows, "retention purge"),
             Err(e) => tracing::warn!(table, error = %e, "retention purge failed; trying again next period"),
+        }
+    }
+}
+
+/// How often [`report_claimable`] reads the outbox.
+pub const CLAIMABLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Records `idempost.outbox.claimable` and `idempost.outbox.oldest_claimable_age` from `db`
+/// every [`CLAIMABLE_INTERVAL`] until `stopped` turns true. The order service reports them too,
+/// not only the relays: with every relay down, the alert "events are due and no relay claims"
+/// still has a gauge to read. A failed read keeps the last values (the health checks speak of
+/// the database).
+pub async fn report_claimable(db: DatabaseConnection, mut stopped: watch::Receiver<bool>) {
+    while !*stopped.borrow() {
+        match crate::backlog::claimable(&db).await {
+            Ok(claimable) => {
+                let age = claimable
+                    .oldest
+                    .map_or(0.0, |at| (chrono::Utc::now() - at).to_std().unwrap_or_default().as_secs_f64());
+                metrics().outbox_claimable.record(claimable.count, &[]);
+                metrics().outbox_oldest_claimable_age.record(age, &[]);
+            }
+            Err(e) => tracing::debug!(error = %e, "claimable query failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(CLAIMABLE_INTERVAL) => {}
+            changed = stopped.changed() => if changed.is_err() { break },
         }
     }
 }

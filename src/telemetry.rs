@@ -4,13 +4,15 @@
 //! OTLP/gRPC only when the standard variables ask for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the
 //! per-signal `…_TRACES_ENDPOINT` / `…_METRICS_ENDPOINT`); `OTEL_SERVICE_NAME`,
 //! `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*` and `OTEL_METRIC_EXPORT_INTERVAL` work as everywhere else.
-//! Without an endpoint nothing is exported and nothing is said about it.
+//! Without an endpoint nothing is exported and nothing is said about it. A service started with
+//! `--metrics-listen` also keeps the same instruments for Prometheus to scrape ([`exposition`]).
 //!
 //! Context crosses both hops in W3C trace-context form: the order service stores the SubmitOrder
 //! context in the outbox row, the relay continues it and puts `traceparent` in the Kafka headers,
 //! and the consumer continues that. One event, one trace.
 
 mod context;
+pub mod exposition;
 mod metrics;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -24,7 +26,7 @@ use tracing_subscriber::{EnvFilter, Layer, filter::Targets, fmt, prelude::*};
 pub use context::{
     TraceHeaders, context_from, follow, grpc_context, inject_into, record_trace_id, trace_id_of,
 };
-pub use metrics::metrics;
+pub use metrics::{metrics, start_at_zero};
 
 /// The exporters of one process; [`Telemetry::shutdown`] flushes what they still hold.
 #[derive(Debug, Default)]
@@ -56,6 +58,12 @@ fn configured(signal: &str) -> bool {
 /// Installs logging, and tracing and metrics export where configured, for `service_name`
 /// (`OTEL_SERVICE_NAME` wins when set). `RUST_LOG` filters the logs (default `info`).
 pub fn init(service_name: &'static str) -> Telemetry {
+    init_scraped(service_name, false)
+}
+
+/// [`init`], and when `scraped` (the service serves `/metrics`) a Prometheus reader beside the
+/// OTLP exporter, on the same meter provider.
+pub fn init_scraped(service_name: &'static str, scraped: bool) -> Telemetry {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let resource = if std::env::var_os("OTEL_SERVICE_NAME").is_some() {
         Resource::builder().build()
@@ -69,12 +77,19 @@ pub fn init(service_name: &'static str) -> Telemetry {
         .map(|exporter| {
             SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.clone()).build()
         });
-    let meter_provider = configured("METRICS")
-        .then(|| MetricExporter::builder().with_tonic().build().ok())
-        .flatten()
-        .map(|exporter| {
-            SdkMeterProvider::builder().with_periodic_exporter(exporter).with_resource(resource).build()
-        });
+    let otlp = configured("METRICS").then(|| MetricExporter::builder().with_tonic().build().ok()).flatten();
+    let prometheus = scraped.then(exposition::reader).flatten();
+    // Without either reader the global no-op meter stays: recording costs nothing.
+    let meter_provider = (otlp.is_some() || prometheus.is_some()).then(|| {
+        let mut builder = SdkMeterProvider::builder().with_resource(resource);
+        if let Some(exporter) = otlp {
+            builder = builder.with_periodic_exporter(exporter);
+        }
+        if let Some(reader) = prometheus {
+            builder = builder.with_reader(reader);
+        }
+        builder.build()
+    });
     if let Some(provider) = &meter_provider {
         opentelemetry::global::set_meter_provider(provider.clone());
     }

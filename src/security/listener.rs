@@ -16,7 +16,7 @@ use super::admission::{Admission, CallLimits};
 use super::auth::Authenticator;
 use super::connection::{Connection, ConnectionLimits, Io, Shed};
 use super::settings::ListenerSettings;
-use super::tls::{ReloadingTls, TlsError, TlsFiles};
+use super::tls::{Alpn, ReloadingTls, TlsError, TlsFiles};
 
 /// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
 /// hold handshake slots.
@@ -92,12 +92,27 @@ impl Listener {
     /// Checks the plaintext policy, loads the TLS files and binds `addr` (port 0 picks a free
     /// port).
     pub async fn bind(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
+        Self::bind_for(addr, settings, Alpn::H2).await
+    }
+
+    /// [`Listener::bind`] for an HTTP/1.1 server (the `/metrics` listeners): the same TLS files,
+    /// plaintext policy and connection bounds, with `http/1.1` offered in the TLS handshake.
+    pub async fn bind_http1(addr: SocketAddr, settings: &ListenerSettings) -> Result<Self, ListenerError> {
+        Self::bind_for(addr, settings, Alpn::Http1).await
+    }
+
+    async fn bind_for(
+        addr: SocketAddr,
+        settings: &ListenerSettings,
+        alpn: Alpn,
+    ) -> Result<Self, ListenerError> {
         Self::check_plaintext(addr, settings)?;
         let tls = match (&settings.tls_cert, &settings.tls_key) {
             (Some(cert), Some(key)) => Some(ReloadingTls::load(TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: settings.tls_client_ca.clone(),
+                alpn,
             })?),
             _ => None,
         };

@@ -45,6 +45,17 @@ pub(crate) struct TlsFiles {
     pub key: PathBuf,
     /// PEM CA bundle clients' certificates must chain to (mutual TLS), if any.
     pub client_ca: Option<PathBuf>,
+    /// The application protocols offered in the handshake (ALPN).
+    pub alpn: Alpn,
+}
+
+/// The application protocol a listener speaks, as its TLS handshake offers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Alpn {
+    /// gRPC is HTTP/2 only; clients (tonic's among them) require h2 to be negotiated.
+    H2,
+    /// The `/metrics` listeners: Prometheus scrapes over HTTP/1.1 unless told otherwise.
+    Http1,
 }
 
 /// The bytes a config was built from, to tell whether the files changed.
@@ -148,7 +159,9 @@ fn build(files: &TlsFiles, material: &Material) -> Result<Arc<ServerConfig>, Tls
         _ => builder.with_no_client_auth(),
     };
     let mut config = builder.with_single_cert(chain, key).map_err(|e| TlsError::Config(e.to_string()))?;
-    // gRPC is HTTP/2 only; clients (tonic's among them) require h2 to be negotiated.
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = match files.alpn {
+        Alpn::H2 => vec![b"h2".to_vec()],
+        Alpn::Http1 => vec![b"http/1.1".to_vec()],
+    };
     Ok(Arc::new(config))
 }

@@ -11,6 +11,13 @@ pub struct Metrics {
     pub outbox_backlog: Gauge<u64>,
     /// Age of the oldest PENDING or PUBLISHING outbox row.
     pub outbox_oldest_pending_age: Gauge<f64>,
+    /// Age of the oldest event a relay could claim now: due (not in backoff), not held behind an
+    /// earlier version of its order, or leased by a relay whose lease ran out. 0 when none.
+    pub outbox_oldest_claimable_age: Gauge<f64>,
+    /// Events a relay could claim now (as for the age above).
+    pub outbox_claimable: Gauge<u64>,
+    /// Events leased by the relay's claims (every claim counts as an attempt).
+    pub claimed: Counter<u64>,
     /// From the event's creation to the broker's confirm.
     pub publish_latency: Histogram<f64>,
     /// Events confirmed and marked PUBLISHED.
@@ -31,6 +38,12 @@ pub struct Metrics {
     pub failed: Counter<u64>,
     /// From receiving a record to committing its effect.
     pub consume_latency: Histogram<f64>,
+    /// From the event's creation in the order service to the consumer's commit of its effect.
+    pub end_to_end_latency: Histogram<f64>,
+    /// Records the consumer's group has not committed, over every partition of its topic.
+    pub consumer_lag: Gauge<u64>,
+    /// Events parked in the consumer's read model (its consumer name's).
+    pub consumer_parked: Gauge<u64>,
     /// Events whose effect committed.
     pub consumed: Counter<u64>,
     /// Deliveries of events already consumed.
@@ -66,6 +79,11 @@ pub struct Metrics {
     pub auth_jwks_stale: Gauge<u64>,
 }
 
+/// Latency buckets in seconds, from a local commit (milliseconds) to a relay's retry backoff
+/// (minutes): the SDK's default buckets are meant for milliseconds.
+const LATENCY_BOUNDARIES: [f64; 16] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let meter = opentelemetry::global::meter("idempost");
     Metrics {
@@ -78,10 +96,24 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .with_unit("s")
             .with_description("Age of the oldest PENDING or PUBLISHING outbox row")
             .build(),
+        outbox_oldest_claimable_age: meter
+            .f64_gauge("idempost.outbox.oldest_claimable_age")
+            .with_unit("s")
+            .with_description("Age of the oldest event a relay could claim now; 0 when none")
+            .build(),
+        outbox_claimable: meter
+            .u64_gauge("idempost.outbox.claimable")
+            .with_description("Events a relay could claim now")
+            .build(),
+        claimed: meter
+            .u64_counter("idempost.relay.claimed")
+            .with_description("Events leased by claims")
+            .build(),
         publish_latency: meter
             .f64_histogram("idempost.relay.publish.latency")
             .with_unit("s")
             .with_description("From the event's creation to the broker's confirm")
+            .with_boundaries(LATENCY_BOUNDARIES.to_vec())
             .build(),
         published: meter
             .u64_counter("idempost.relay.published")
@@ -114,6 +146,21 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             .f64_histogram("idempost.consumer.latency")
             .with_unit("s")
             .with_description("From receiving a record to committing its effect")
+            .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+            .build(),
+        end_to_end_latency: meter
+            .f64_histogram("idempost.end_to_end.latency")
+            .with_unit("s")
+            .with_description("From the event's creation to the consumer's commit of its effect")
+            .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+            .build(),
+        consumer_lag: meter
+            .u64_gauge("idempost.consumer.lag")
+            .with_description("Records the consumer group has not committed, over the topic's partitions")
+            .build(),
+        consumer_parked: meter
+            .u64_gauge("idempost.consumer.parked")
+            .with_description("Events parked in the consumer's read model")
             .build(),
         consumed: meter
             .u64_counter("idempost.consumer.consumed")
@@ -186,4 +233,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
 /// The instruments; the first call binds them to the global meter provider.
 pub fn metrics() -> &'static Metrics {
     &METRICS
+}
+
+/// Adds 0 to each of `counters`, so that a scrape shows each (at 0) before its first event: a
+/// counter never added to is not exported, and an alert or a rate over it would see nothing.
+pub fn start_at_zero(counters: &[&Counter<u64>]) {
+    for counter in counters {
+        counter.add(0, &[]);
+    }
 }

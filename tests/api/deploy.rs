@@ -1,7 +1,10 @@
-//! The deployment files (deploy/) without a container runtime: every Kubernetes manifest and
-//! the Compose file validate against their schemas, and every flag, subcommand and environment
-//! variable they hand a binary exists in that binary's `--help`, so they cannot drift from the
-//! code. Builds nothing: the binaries are the ones next to the test executable.
+//! The deployment files (deploy/) without a container runtime: every Kubernetes manifest (the
+//! KEDA ScaledObject included) and the Compose file validate against their schemas, every flag,
+//! subcommand and environment variable they hand a binary exists in that binary's `--help`, so
+//! they cannot drift from the code, and the Prometheus alert rules pass `promtool check rules`
+//! and their `promtool test rules` fixtures. Builds nothing: the binaries are the ones next to
+//! the test executable. (The dashboard's and the rules' metric names are compared with a live
+//! scrape in metrics_scrape.rs.)
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -40,8 +43,15 @@ fn check(command: &str) -> String {
 fn every_kubernetes_manifest_and_the_compose_file_validate_against_their_schemas() {
     let report = check("validate");
 
-    for kind in ["Job/", "Deployment/", "StatefulSet/", "Service/", "PodDisruptionBudget/", "NetworkPolicy/"]
-    {
+    for kind in [
+        "Job/",
+        "Deployment/",
+        "StatefulSet/",
+        "Service/",
+        "PodDisruptionBudget/",
+        "NetworkPolicy/",
+        "ScaledObject/",
+    ] {
         assert!(report.contains(&format!(": {kind}")), "no {kind} was validated:\n{report}");
     }
     assert!(report.contains("valid   compose.yaml"), "{report}");
@@ -92,4 +102,30 @@ fn every_flag_and_environment_variable_the_deployment_files_pass_exists_in_the_b
         }
     }
     assert!(unknown.is_empty(), "the deployment files drifted from the binaries:\n{}", unknown.join("\n"));
+}
+
+/// `promtool ARGS` in deploy/prometheus: its stdout, after asserting it succeeded. promtool comes
+/// from Debian's `prometheus` package (scripts/common.sh ensure_promtool).
+fn promtool(args: &[&str]) -> String {
+    let output = Command::new("promtool")
+        .args(args)
+        .current_dir(deploy_dir().join("prometheus"))
+        .output()
+        .unwrap_or_else(|e| panic!("promtool cannot run ({e}): scripts/test installs it (ensure_promtool)"));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "promtool {args:?}: {}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_check_rules_and_their_promtool_test_fixtures() {
+    let checked = promtool(&["check", "rules", "alerts.yaml"]);
+    assert!(checked.contains("SUCCESS: 5 rules found"), "{checked}");
+    let tested = promtool(&["test", "rules", "alerts.test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
 }

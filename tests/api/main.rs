@@ -22,6 +22,7 @@ mod console;
 mod credentials;
 mod dependencies;
 mod deploy;
+mod metrics_scrape;
 mod ordering;
 mod outage;
 mod pipeline;

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{Offset, TopicPartitionList};
 use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
 use super::admin::ConsumerAdminGrpc;
+use super::gauges::{self, GroupLag, group_lag};
 use super::inbox::Inbox;
 use super::instance::{Identity, InstanceError, InstanceLock};
 use super::retention::{DedupRetention, RetentionError};
@@ -20,8 +20,8 @@ use super::settings::{Membership, Settings};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
 use idempost::db;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
-use idempost::service::{self, Health, HealthEndpoint, ReadyError};
-use idempost::telemetry::metrics;
+use idempost::service::{self, Health, HealthEndpoint, MetricsListener, ReadyError};
+use idempost::telemetry::{self, metrics};
 
 /// The consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +63,7 @@ pub struct Application {
     stats: Arc<ConsumerStats>,
     listener: Listener,
     port: u16,
+    metrics: Option<MetricsListener>,
     auth: Authenticator,
     retention: DedupRetention,
     /// Held while this instance runs under a static name.
@@ -89,7 +90,9 @@ impl Application {
         retention.check()?;
         let auth = Authenticator::from_settings(&settings.auth, &[settings.listen])?;
         // Before connecting to anything: a policy error must not wait behind the database.
-        Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
+        for addr in std::iter::once(settings.listen).chain(settings.metrics_listen) {
+            Listener::check_plaintext(addr, &settings.security).map_err(ReadyError::from)?;
+        }
         let db = service::open_database_for(
             &settings.database.url,
             settings.db_max_connections,
@@ -102,6 +105,7 @@ impl Application {
         // two processes on one host hold the same port.
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
+        let metrics = MetricsListener::bind(settings.metrics_listen, &settings.security).await?;
         settings.instance_name = settings.static_instance_name();
         let instance = match (&settings.instance_name, settings.group_instance_id()) {
             (Some(name), Some(id)) => {
@@ -119,7 +123,8 @@ impl Application {
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
         // Last: whoever waits for the file finds the consumer subscribed, not only listening.
-        let bound = [("listen", SocketAddr::new(settings.listen.ip(), port))];
+        let mut bound = vec![("listen", SocketAddr::new(settings.listen.ip(), port))];
+        bound.extend(metrics.as_ref().map(MetricsListener::port_file_line));
         service::write_port_file(settings.port_file.as_deref(), &bound)?;
         Ok(Self {
             consumer,
@@ -129,6 +134,7 @@ impl Application {
             stats,
             listener,
             port,
+            metrics,
             auth,
             retention,
             instance,
@@ -162,6 +168,11 @@ impl Application {
             stop_rx.clone(),
         )
         .await;
+        if let Some(metrics) = self.metrics.take() {
+            metrics.serve(stop_rx.clone());
+        }
+        let m = metrics();
+        telemetry::start_at_zero(&[&m.consumed, &m.duplicates, &m.dead_letters, &m.calls_refused]);
         let keys =
             tokio::spawn(self.auth.clone().watch(self.settings.security.reload_every, stop_rx.clone()));
         let (db, retention, every, stopped) =
@@ -179,6 +190,13 @@ impl Application {
             health.health(),
             stop_rx.clone(),
         ));
+        let sources = gauges::Sources {
+            current: current.clone(),
+            db: self.db.clone(),
+            topic: self.settings.kafka.topic.clone(),
+            consumer_name: self.inbox.consumer_name().to_owned(),
+        };
+        tokio::spawn(gauges::report(sources, stop_rx.clone()));
         tracing::info!(
             consumer_name = self.inbox.consumer_name(),
             group = self.settings.group(),
@@ -361,13 +379,6 @@ async fn watch_health(
     }
 }
 
-/// The group's position on the topic: records not yet committed, and the committed offsets' sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct GroupLag {
-    records: i64,
-    committed: i64,
-}
-
 /// Asks the broker for the topic's metadata (proving the connection) and, when `idle` (this
 /// member holds no partitions), for the group's committed offsets and the partitions' ends.
 fn probe_broker(
@@ -376,27 +387,11 @@ fn probe_broker(
     idle: bool,
 ) -> Result<Option<GroupLag>, KafkaError> {
     let timeout = 2 * service::HEALTH_INTERVAL;
-    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
     if !idle {
+        consumer.fetch_metadata(Some(topic), timeout)?;
         return Ok(None);
     }
-    let mut list = TopicPartitionList::new();
-    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-        list.add_partition(topic, partition.id());
-    }
-    let committed = consumer.committed_offsets(list, timeout)?;
-    let mut lag = GroupLag { records: 0, committed: 0 };
-    for element in committed.elements() {
-        let (low, high) = consumer.fetch_watermarks(topic, element.partition(), timeout)?;
-        let position = match element.offset() {
-            Offset::Offset(offset) => offset,
-            // Nothing committed yet: the group starts at the beginning.
-            _ => low,
-        };
-        lag.records += (high - position).max(0);
-        lag.committed += position;
-    }
-    Ok(Some(lag))
+    group_lag(consumer, topic, timeout).map(Some)
 }
 
 /// Unsubscribes, and serves the revocation until the partitions are given up (bounded), so

@@ -21,6 +21,7 @@ mod admin;
 mod application;
 mod decode;
 mod gap;
+mod gauges;
 mod inbox;
 mod instance;
 mod retention;

@@ -10,7 +10,7 @@ use idempost_consumer::{Application, Settings};
 async fn main() -> ExitCode {
     let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
-    let telemetry = telemetry::init("idempost-consumer");
+    let telemetry = telemetry::init_scraped("idempost-consumer", settings.metrics_listen.is_some());
     if let Err(refused) = failpoint::arm_from_env() {
         telemetry.shutdown();
         return startup::fail("idempost-consumer", refused);

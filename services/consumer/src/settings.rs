@@ -77,8 +77,13 @@ pub struct Settings {
     #[arg(long, env = "IDEMPOST_CONSUMER_LISTEN", default_value = "127.0.0.1:50053")]
     pub listen: SocketAddr,
 
+    /// Address of the Prometheus `/metrics` listener (HTTP/1.1; TLS, plaintext policy and
+    /// connection bounds as the gRPC listeners); port 0 picks a free port. Off when unset.
+    #[arg(long, env = "IDEMPOST_CONSUMER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
-    /// per listener (`listen`), through a temporary file renamed into place: how whoever
+    /// per listener (`listen`, and `metrics-listen` when set), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
     #[arg(long, env = "IDEMPOST_PORT_FILE")]
     pub(crate) port_file: Option<std::path::PathBuf>,
@@ -137,6 +142,7 @@ impl Settings {
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: None,
             port_file: None,
             consumed_retention: Duration::from_secs(30 * DAY),
             redelivery_horizon: Duration::from_secs(14 * DAY),

@@ -510,6 +510,9 @@ impl Worker<'_> {
                 ConsumerStats::bump(&self.stats.consumed);
                 metrics().consumed.add(1, &[]);
                 metrics().consume_latency.record(received.elapsed().as_secs_f64(), &[]);
+                if let Some(age) = since_creation(message) {
+                    metrics().end_to_end_latency.record(age, &[]);
+                }
                 tracing::info!(
                     idempost.event_id = %event.event_id,
                     messaging.message.id = %event.event_id,
@@ -549,4 +552,13 @@ impl Worker<'_> {
         }
         Ok(())
     }
+}
+
+/// Seconds from the event's creation (its `ce_time` header, which the relay writes in the
+/// CloudEvents binary mode) to now, by this host's clock; `None` for a record without it (the
+/// structured mode, records written before). A creation time ahead of this clock counts as 0.
+fn since_creation(message: &BorrowedMessage<'_>) -> Option<f64> {
+    let header = message.headers()?.iter().find(|header| header.key == "ce_time")?;
+    let created = chrono::DateTime::parse_from_rfc3339(std::str::from_utf8(header.value?).ok()?).ok()?;
+    Some((chrono::Utc::now() - created.to_utc()).to_std().unwrap_or_default().as_secs_f64())
 }

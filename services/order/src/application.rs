@@ -13,7 +13,8 @@ use super::grpc::OrderGrpc;
 use super::settings::Settings;
 use super::store::OrderStore;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
-use idempost::service::{self, Health, ReadyError};
+use idempost::service::{self, Health, MetricsListener, ReadyError};
+use idempost::telemetry;
 use idempost::wake::WakeSender;
 
 /// Calls a listener admits per database connection before it refuses more (the default of
@@ -47,6 +48,7 @@ pub struct Application {
     port: u16,
     admin_listener: Listener,
     admin_port: u16,
+    metrics: Option<MetricsListener>,
     auth: Authenticator,
     public_reflection: bool,
     admin_reflection: bool,
@@ -73,7 +75,7 @@ impl Application {
         let security = &settings.security;
         let auth = Authenticator::from_settings(&security.auth, &[settings.listen, settings.admin_listen])?;
         // Before connecting to anything: a policy error must not wait behind the database.
-        for addr in [settings.listen, settings.admin_listen] {
+        for addr in [settings.listen, settings.admin_listen].into_iter().chain(settings.metrics_listen) {
             Listener::check_plaintext(addr, &security.listeners).map_err(ReadyError::from)?;
         }
         let db = service::open_database(&settings.database.url, settings.db_max_connections).await?;
@@ -88,11 +90,13 @@ impl Application {
         let listener = Listener::bind(settings.listen, &limited).await.map_err(ReadyError::from)?;
         let admin_listener =
             Listener::bind(settings.admin_listen, &limited).await.map_err(ReadyError::from)?;
+        let metrics = MetricsListener::bind(settings.metrics_listen, &security.listeners).await?;
         let (port, admin_port) = (listener.port(), admin_listener.port());
-        let bound = [
+        let mut bound = vec![
             ("listen", SocketAddr::new(settings.listen.ip(), port)),
             ("admin-listen", SocketAddr::new(settings.admin_listen.ip(), admin_port)),
         ];
+        bound.extend(metrics.as_ref().map(MetricsListener::port_file_line));
         service::write_port_file(settings.port_file.as_deref(), &bound)?;
         let wake = WakeSender::new(&settings.wake_relays).map_err(StartupError::Wake)?;
         Ok(Self {
@@ -100,6 +104,7 @@ impl Application {
             port,
             admin_listener,
             admin_port,
+            metrics,
             auth,
             public_reflection: security.auth.reflection_on(settings.listen),
             admin_reflection: security.auth.reflection_on(settings.admin_listen),
@@ -159,6 +164,11 @@ impl Application {
             "order service listening"
         );
         let keys = tokio::spawn(self.auth.clone().watch(self.reload_every, stopped.clone()));
+        if let Some(metrics) = self.metrics {
+            metrics.serve(stopped.clone());
+        }
+        telemetry::start_at_zero(&[&telemetry::metrics().calls_refused]);
+        tokio::spawn(service::report_claimable(self.db.clone(), stopped.clone()));
         let orders = self
             .listener
             .server(&self.auth)

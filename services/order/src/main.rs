@@ -9,7 +9,7 @@ use idempost_order::{Application, Settings};
 async fn main() -> ExitCode {
     let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
-    let telemetry = telemetry::init("idempost-order");
+    let telemetry = telemetry::init_scraped("idempost-order", settings.metrics_listen.is_some());
     if let Err(refused) = failpoint::arm_from_env() {
         telemetry.shutdown();
         return startup::fail("idempost-order", refused);

@@ -21,6 +21,11 @@ pub struct Settings {
     #[arg(long, env = "IDEMPOST_ORDER_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Address of the Prometheus `/metrics` listener (HTTP/1.1; TLS, plaintext policy and
+    /// connection bounds as the gRPC listeners); port 0 picks a free port. Off when unset.
+    #[arg(long, env = "IDEMPOST_ORDER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// The database (`--database-url`, or `--database-url-file`).
     #[command(flatten)]
     pub database: DatabaseSettings,
@@ -40,7 +45,7 @@ pub struct Settings {
     pub admin_listen: SocketAddr,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
-    /// per listener (`listen`, `admin-listen`), through a temporary file renamed into place: how whoever
+    /// per listener (`listen`, `admin-listen`, and `metrics-listen` when set), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
     #[arg(long, env = "IDEMPOST_PORT_FILE")]
     pub(crate) port_file: Option<std::path::PathBuf>,
@@ -100,6 +105,7 @@ impl Settings {
     pub fn for_database(database_url: impl Into<String>) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: None,
             database: DatabaseSettings::new(database_url),
             db_max_connections: 16,
             shutdown_grace: Duration::from_secs(10),

@@ -15,8 +15,8 @@ use super::worker::{PublisherFailed, Relay, Tuning};
 use idempost::backlog::{Redrive, RedriveAudit};
 use idempost::db;
 use idempost::security::Listener;
-use idempost::service::{self, Health, HealthEndpoint, ReadyError};
-use idempost::telemetry::metrics;
+use idempost::service::{self, Health, HealthEndpoint, MetricsListener, ReadyError};
+use idempost::telemetry::{self, metrics};
 use idempost::wake::WakeListener;
 
 /// The relay could not start.
@@ -46,6 +46,7 @@ pub struct Application {
     listener: Listener,
     port: u16,
     wake: Option<WakeListener>,
+    metrics: Option<MetricsListener>,
     settings: Settings,
 }
 
@@ -57,7 +58,9 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
         let settings = settings.with_secrets_read().map_err(ReadyError::from)?;
         check(&settings)?;
-        Listener::check_plaintext(settings.listen, &settings.security).map_err(ReadyError::from)?;
+        for addr in std::iter::once(settings.listen).chain(settings.metrics_listen) {
+            Listener::check_plaintext(addr, &settings.security).map_err(ReadyError::from)?;
+        }
         let outbox = open_outbox(&settings.database.url, settings.db_max_connections).await?;
         let publisher = KafkaPublisher::new(
             &settings.kafka.brokers,
@@ -74,13 +77,15 @@ impl Application {
             }
             None => None,
         };
+        let metrics = MetricsListener::bind(settings.metrics_listen, &settings.security).await?;
         let mut bound = vec![("listen", SocketAddr::new(settings.listen.ip(), port))];
         if let (Some(addr), Some(wake)) = (settings.wake_listen, &wake) {
             bound.push(("wake-listen", SocketAddr::new(addr.ip(), wake.port())));
         }
+        bound.extend(metrics.as_ref().map(MetricsListener::port_file_line));
         service::write_port_file(settings.port_file.as_deref(), &bound)?;
         let relay = Relay::new(outbox, publisher, tuning(&settings));
-        Ok(Self { relay, listener, port, wake, settings })
+        Ok(Self { relay, listener, port, wake, metrics, settings })
     }
 
     /// The health endpoint's port.
@@ -97,6 +102,8 @@ impl Application {
         let (stop_tx, stop_rx) = watch::channel(false);
         let health = HealthEndpoint::serve(self.listener, "idempost-relay", stop_rx.clone()).await;
         let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
+        let claimable = self.relay.outbox().connection().clone();
+        tokio::spawn(service::report_claimable(claimable, stop_rx.clone()));
         let watcher = tokio::spawn(watch_health(
             self.relay.vitals(),
             self.relay.outbox().clone(),
@@ -104,6 +111,11 @@ impl Application {
             self.settings.publish_stall,
             stop_rx.clone(),
         ));
+        if let Some(metrics) = self.metrics {
+            metrics.serve(stop_rx.clone());
+        }
+        let m = metrics();
+        telemetry::start_at_zero(&[&m.claimed, &m.published, &m.lease_losses, &m.releases, &m.failed]);
         if let Some(wake) = self.wake {
             tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
         }

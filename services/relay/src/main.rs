@@ -11,7 +11,7 @@ use idempost_relay::{self as relay, Application, Command, Settings};
 async fn main() -> ExitCode {
     let mut signals = shutdown::Signals::install();
     let settings: Settings = startup::settings();
-    let telemetry = telemetry::init("idempost-relay");
+    let telemetry = telemetry::init_scraped("idempost-relay", settings.metrics_listen.is_some());
     if let Err(refused) = failpoint::arm_from_env() {
         telemetry.shutdown();
         return startup::fail("idempost-relay", refused);

@@ -75,6 +75,11 @@ pub struct Settings {
     #[arg(long, global = true, env = "IDEMPOST_RELAY_LISTEN", default_value = "127.0.0.1:50052")]
     pub listen: SocketAddr,
 
+    /// Address of the Prometheus `/metrics` listener (HTTP/1.1; TLS, plaintext policy and
+    /// connection bounds as the gRPC listeners); port 0 picks a free port. Off when unset.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Health reports NOT_SERVING when nothing was published for this long while an event has
     /// waited this long.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_PUBLISH_STALL", default_value = "60s", value_parser = humantime::parse_duration)]
@@ -93,7 +98,7 @@ pub struct Settings {
     pub cloudevents_mode: CloudEventsMode,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
-    /// per listener (`listen`, and `wake-listen` when set), through a temporary file renamed into place: how whoever
+    /// per listener (`listen`, and `wake-listen` and `metrics-listen` when set), through a temporary file renamed into place: how whoever
     /// started it on port 0 learns which ports it got.
     #[arg(long, global = true, env = "IDEMPOST_PORT_FILE")]
     pub(crate) port_file: Option<std::path::PathBuf>,
@@ -170,6 +175,7 @@ impl Settings {
             backoff_max: Duration::from_secs(300),
             max_idle_poll: Duration::from_secs(1),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: None,
             publish_stall: Duration::from_secs(60),
             security: idempost::security::ListenerSettings::default(),
             wake_listen: None,

@@ -129,6 +129,7 @@ impl<P: Publisher> Relay<P> {
         if claimed.is_empty() {
             return Ok(StepOutcome::Idle);
         }
+        metrics().claimed.add(claimed.len() as u64, &[]);
         // One span per event, continuing the trace of the SubmitOrder that wrote it: a batch
         // claim serves many traces, so each event gets its own record of it.
         let spans: Vec<Span> = claimed.iter().map(|event| self.event_span(event)).collect();
