@@ -5,11 +5,15 @@ use std::future::Future;
 use tokio::signal::unix::{Signal, SignalKind, signal as unix_signal};
 
 /// SIGTERM and SIGINT (Ctrl-C), caught from the moment [`Signals::install`] returns: from then on
-/// neither kills the process, whether it is still starting or already serving.
+/// neither kills the process, whether it is still starting or already serving. SIGHUP is caught
+/// too, and never stops anything: operators send it to have certificates and the JWKS re-read,
+/// and its default action (terminate) would otherwise kill every process that has neither a TLS
+/// listener nor a JWKS, the only parts that listen for it themselves.
 #[derive(Debug)]
 pub struct Signals {
     terminate: Signal,
     interrupt: Signal,
+    hangup: Signal,
 }
 
 impl Signals {
@@ -22,6 +26,7 @@ impl Signals {
         Self {
             terminate: unix_signal(SignalKind::terminate()).expect("install the SIGTERM handler"),
             interrupt: unix_signal(SignalKind::interrupt()).expect("install the SIGINT handler"),
+            hangup: unix_signal(SignalKind::hangup()).expect("install the SIGHUP handler"),
         }
     }
 
@@ -37,15 +42,20 @@ impl Signals {
         }
     }
 
-    /// Completes on the next SIGTERM or SIGINT: what a running service drains on.
+    /// Completes on the next SIGTERM or SIGINT (never on SIGHUP): what a running service drains on.
     pub async fn recv(mut self) {
         self.received().await;
     }
 
     async fn received(&mut self) {
-        tokio::select! {
-            _ = self.terminate.recv() => {}
-            _ = self.interrupt.recv() => {}
+        loop {
+            tokio::select! {
+                _ = self.terminate.recv() => return,
+                _ = self.interrupt.recv() => return,
+                _ = self.hangup.recv() => tracing::info!(
+                    "SIGHUP received: certificates and the JWKS are re-read where configured; nothing stops"
+                ),
+            }
         }
     }
 }

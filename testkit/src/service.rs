@@ -234,6 +234,26 @@ impl TestService {
     /// got to a port file: returned once it wrote them, with them. No free port is guessed.
     pub async fn spawn_listening(name: &str, args: &[String], env: &[(&str, String)]) -> (Self, Bound) {
         let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
+        Self::listening_with(name, args, env, output).await
+    }
+
+    /// [`TestService::spawn_listening`] with its output (its logs) in `log`, read back with
+    /// [`TestService::log`].
+    pub async fn spawn_listening_logged(
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        log: std::path::PathBuf,
+    ) -> (Self, Bound) {
+        Self::listening_with(name, args, env, Output::File(log)).await
+    }
+
+    async fn listening_with(
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        output: Output,
+    ) -> (Self, Bound) {
         let dir = tempfile::tempdir().unwrap();
         let mut process = ServiceProcess::start_with_port_file(
             &binary(name),

@@ -466,7 +466,8 @@ async fn the_python_consumer_refuses_to_send_its_token_in_the_clear_to_a_broker_
     let token_arg = format!("--token-file={}", token_file.display());
     let remote = "192.0.2.1:9092";
     for extra in [vec![], vec!["-X", "security.protocol=SASL_PLAINTEXT", "--ca-file=/dev/null"]] {
-        let mut args = vec![format!("--brokers=127.0.0.1:9,{remote}"), token_arg.clone(), "--timeout=30".to_owned()];
+        let mut args =
+            vec![format!("--brokers=127.0.0.1:9,{remote}"), token_arg.clone(), "--timeout=30".to_owned()];
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         let run = run_python("consume.py", &args, "").await;
         assert_eq!(run.status.code(), Some(2), "refused at start, {extra:?}: {run}");

@@ -83,6 +83,50 @@ async fn the_consumer_sent_sigterm_while_connecting_to_its_database_exits_zero()
     .await;
 }
 
+/// SIGHUP, which operators send to have certificates and keys re-read, stops no service, even
+/// one with neither TLS nor a JWKS (which would otherwise leave the signal's default action,
+/// terminate, in place): each logs it, keeps answering its health check, and still drains on
+/// SIGTERM with exit status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sighup_stops_no_service_without_tls_or_a_jwks() {
+    let db = crate::helpers::TestDb::migrated(crate::helpers::Backend::Sqlite).await;
+    let broker = crate::broker::TestBroker::start().await;
+    let database = format!("--database-url={}", db.url);
+    let brokers = format!("--brokers={}", broker.address());
+    let logs = tempfile::tempdir().unwrap();
+    let services: [(&str, Vec<String>); 3] = [
+        (
+            "idempost-order",
+            vec![
+                database.clone(),
+                "--auth=none".into(),
+                "--listen=127.0.0.1:0".into(),
+                "--admin-listen=127.0.0.1:0".into(),
+            ],
+        ),
+        ("idempost-relay", vec![database.clone(), brokers.clone(), "--listen=127.0.0.1:0".into()]),
+        ("idempost-consumer", vec![database, brokers, "--auth=none".into(), "--listen=127.0.0.1:0".into()]),
+    ];
+    for (name, args) in services {
+        let log = logs.path().join(format!("{name}.log"));
+        let (mut service, bound) = TestService::spawn_listening_logged(name, &args, &[], log).await;
+        for _ in 0..2 {
+            let logged = service.log().matches("SIGHUP received").count();
+            service.signal("HUP").await;
+            crate::helpers::assert_eventually(&format!("{name} logs the SIGHUP"), WAIT, || async {
+                service.log().matches("SIGHUP received").count() > logged
+            })
+            .await;
+        }
+        let port = bound.port("listen");
+        let answered = idempost_testkit::health::health(port, "").await;
+        assert!(answered.is_some(), "{name} still answers its health check after two SIGHUPs");
+        service.signal("TERM").await;
+        let status = service.wait(WAIT).await;
+        assert!(status.success(), "{name} drains on SIGTERM after SIGHUP: {status:?}");
+    }
+}
+
 /// A binary built with failpoints obeys `FAILPOINTS`, which can break its guarantees: without the
 /// test-only switch it refuses to start, whatever else it was given.
 #[cfg(feature = "failpoints")]
