@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::jwk::{Jwk, JwkSet, KeyOperations, PublicKeyUse};
+use jsonwebtoken::jwk::{Jwk, KeyOperations, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -416,12 +416,29 @@ impl Keys {
 }
 
 /// The signature keys of a JWKS document, or why it is not one. A document that parses is
-/// authoritative: `{"keys": []}`, or one whose keys are all for encryption, holds no key, and
-/// then every token is refused.
+/// authoritative: `{"keys": []}`, or one whose keys are all for encryption or unreadable, holds
+/// no key, and then every token is refused. The keys are read one by one, not as a `JwkSet`: a
+/// key of a type this build does not know (a new algorithm published ahead of a rotation) or a
+/// malformed one is skipped and logged by its position and `kid`, and must not keep the
+/// document's other keys out of force.
 fn parse_keys(source: &[u8]) -> Result<Keys, String> {
-    let set: JwkSet = serde_json::from_slice(source).map_err(|e| format!("not a JWKS: {e}"))?;
+    let mut document: serde_json::Value =
+        serde_json::from_slice(source).map_err(|e| format!("not a JWKS: {e}"))?;
+    let Some(serde_json::Value::Array(documents)) = document.get_mut("keys").map(serde_json::Value::take)
+    else {
+        return Err("not a JWKS: no `keys` array".to_owned());
+    };
     let mut keys = Keys::default();
-    for jwk in &set.keys {
+    for (index, value) in documents.into_iter().enumerate() {
+        let kid = value.get("kid").and_then(serde_json::Value::as_str).map(str::to_owned);
+        let jwk: Jwk = match serde_json::from_value(value) {
+            Ok(jwk) => jwk,
+            Err(e) => {
+                tracing::warn!(index, kid = kid.as_deref().unwrap_or("-"), error = %e, "JWKS key skipped: cannot be read");
+                continue;
+            }
+        };
+        let jwk = &jwk;
         let Some(key) = signature_key(jwk) else {
             tracing::debug!(
                 kid = jwk.common.key_id.as_deref().unwrap_or("-"),
@@ -602,5 +619,20 @@ mod tests {
         ] {
             assert_eq!(auth.authenticate(&token(key, kid)), Err(AuthError::TokenInvalid), "{kid}");
         }
+    }
+
+    #[test]
+    fn a_key_that_cannot_be_read_is_skipped_and_the_others_stay_in_force() {
+        let (signing, jwk) = signing_key("good");
+        let document = json!({ "keys": [
+            { "kty": "AKP", "alg": "ML-DSA-44", "kid": "from-a-later-standard", "pub": "AAAA" },
+            { "kty": "EC", "crv": "P-256", "kid": "half", "x": "AAAA" },
+            jwk,
+        ]});
+        let keys = parse_keys(&serde_json::to_vec(&document).unwrap()).unwrap();
+        assert_eq!(keys.count(), 1, "the good key only");
+        assert!(keys.by_id.contains_key("good"));
+        drop(signing);
+        assert!(parse_keys(br#"{"keys": {}}"#).is_err(), "not a JWKS at all is still refused whole");
     }
 }

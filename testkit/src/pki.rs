@@ -95,9 +95,16 @@ impl Pki {
 
     /// Replaces the JWKS with one holding only a new key (`kid`), and signs with that from now on.
     pub fn rotate(&mut self, kid: &str) -> Fallible<()> {
+        self.rotate_beside(kid, Vec::new())
+    }
+
+    /// As [`Pki::rotate`], with `others` (JWK documents as JSON, readable or not) listed before
+    /// the new key in the new JWKS.
+    pub fn rotate_beside(&mut self, kid: &str, mut others: Vec<serde_json::Value>) -> Fallible<()> {
         let (signing, jwk) = signing_key(kid)?;
+        others.push(serde_json::to_value(jwk)?);
         let staged = self.jwks.with_extension("new");
-        std::fs::write(&staged, serde_json::to_vec(&JwkSet { keys: vec![jwk] })?)?;
+        std::fs::write(&staged, serde_json::to_vec(&serde_json::json!({ "keys": others }))?)?;
         // Renamed into place, as deployment tools do: the service never reads half a file.
         std::fs::rename(&staged, &self.jwks)?;
         self.signing = signing;

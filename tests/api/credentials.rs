@@ -96,6 +96,48 @@ async fn an_emptied_jwks_revokes_every_key_of_a_running_service_and_a_broken_one
     assert_health("health answers without a key", port, "", ServingStatus::Serving).await;
 }
 
+/// A rotation whose new JWKS also lists a key this build cannot read (a key type from a later
+/// standard, a key missing a coordinate) still brings the new key into force on a running
+/// service, and retires the old one: the unreadable keys are skipped one by one, not the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rotated_jwks_with_a_key_this_service_cannot_read_still_puts_its_other_keys_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let mut args = vec![
+        format!("--database-url={}", db.url),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+        "--reload-every=100ms".to_owned(),
+    ];
+    args.extend(jwt_flags(&pki));
+    let (_service, bound) = TestService::spawn_listening("idempost-order", &args, &[]).await;
+    let client = connect_order_service(&format!("http://127.0.0.1:{}", bound.port("listen"))).await;
+    // A Reconcile of an unknown key: NOT_FOUND once the token is accepted, else its refusal.
+    let ask = |token: String| {
+        let mut client = client.clone();
+        async move {
+            let mut request =
+                tonic::Request::new(pb::ReconcileRequest { tenant_id: 0, request_id: "r".into() });
+            BearerToken::new(&token).unwrap().apply(&mut request);
+            client.reconcile(request).await.unwrap_err().code()
+        }
+    };
+    let claims = json!({ "sub": "svc-tenant-7", "tenant_id": 7 });
+    let old = pki.token(claims.clone()).unwrap();
+    assert_eq!(ask(old.clone()).await, Code::NotFound, "the first key is trusted");
+
+    let unreadable = vec![
+        json!({ "kty": "AKP", "alg": "ML-DSA-44", "kid": "from-a-later-standard", "pub": "AAAA" }),
+        json!({ "kty": "EC", "crv": "P-256", "kid": "missing-y", "x": "AAAA" }),
+    ];
+    pki.rotate_beside("key-2", unreadable).unwrap();
+    let new = pki.token(claims).unwrap();
+    assert_eventually("the new key verifies", WAIT, || async { ask(new.clone()).await == Code::NotFound })
+        .await;
+    assert_eq!(ask(old).await, Code::Unauthenticated, "the rotated-out key verifies nothing");
+}
+
 /// An address of this machine that is not loopback: the one its default route leaves from.
 /// Connecting a UDP socket sends nothing.
 fn non_loopback_ip() -> IpAddr {
