@@ -15,6 +15,7 @@ use idempost_testkit::{otlp, pki};
 mod admin;
 #[cfg(feature = "failpoints")]
 mod chaos;
+mod claimable;
 mod classify;
 mod client;
 mod cloudevents;
