@@ -16,6 +16,9 @@ use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
 
 mod convert;
+mod long_poll;
+
+pub use long_poll::{LongPoll, MAX_WAIT, Polled};
 
 /// A server span for one call, continuing the caller's trace from its request metadata.
 pub fn rpc_span(

@@ -58,6 +58,11 @@ impl CallLimits {
         }
     }
 
+    /// Most calls the listener runs at once, and the longest one may run.
+    pub(crate) fn bounds(&self) -> (usize, Duration) {
+        (self.limit, self.timeout)
+    }
+
     /// The layer admitting calls within these limits for callers `auth` accepts.
     pub(crate) fn admitting(&self, auth: &Authenticator) -> Admission {
         Admission { limits: self.clone(), auth: auth.clone() }

@@ -155,6 +155,12 @@ impl Listener {
         self.port
     }
 
+    /// Most calls this listener runs at once, and the longest one may run before it ends
+    /// DEADLINE_EXCEEDED: what a long poll sizes its waits by.
+    pub fn call_limits(&self) -> (usize, Duration) {
+        self.limits.bounds()
+    }
+
     /// Whether the listener serves TLS.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()

@@ -13,6 +13,7 @@ mod private_db;
 use idempost_testkit::{otlp, pki};
 
 mod admin;
+mod awaiting;
 #[cfg(feature = "failpoints")]
 mod chaos;
 mod claimable;

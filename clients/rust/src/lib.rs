@@ -1,5 +1,6 @@
 //! Idempost's Rust client: the safe caller protocol for `SubmitOrder`, `AmendOrder` and
-//! `CancelOrder`, and connecting to any Idempost listener (TLS, bearer tokens).
+//! `CancelOrder`, connecting to any Idempost listener (TLS, bearer tokens), and waiting for an
+//! event in a user's own tests ([`await_published`], [`await_consumed`]).
 //!
 //! Send; on an UNKNOWN outcome or a transport error, Reconcile by `(tenant_id, request_id)`;
 //! if the write is found, use it; if not, send it again with the same ids. Ids never change
@@ -18,8 +19,12 @@ use tonic_types::StatusExt;
 use idempost_proto::v1::{self as pb, order_service_client::OrderServiceClient};
 use idempost_proto::{ERROR_DOMAIN, EventId};
 
+mod awaiting;
 mod backoff;
 
+pub use awaiting::{
+    AdminEndpoint, AwaitError, CALL_WAIT, Consumed, Published, await_consumed, await_published,
+};
 pub use backoff::Backoff;
 
 /// How hard the submitter tries.

@@ -3,6 +3,8 @@
 //! the release of an order's gap, and the purge of its dedup history. Every call needs the
 //! operator scope: these tables do not know tenants.
 
+mod wait;
+
 use std::collections::HashMap;
 
 use idempost_proto::v1::{
@@ -15,7 +17,7 @@ use tonic::{Code, Request, Response, Status};
 use super::gap::{self, Audit};
 use super::retention::{DedupRetention, RetentionError};
 use idempost::domain::{FieldViolation, InvalidInput};
-use idempost::edge::{self, CallError, error_status, parse_event_id, timestamp};
+use idempost::edge::{self, CallError, LongPoll, error_status, parse_event_id, timestamp};
 use idempost::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
 use idempost::security::{Authenticator, Caller};
 
@@ -29,6 +31,8 @@ pub(crate) struct ConsumerAdminGrpc {
     consumer_name: String,
     retention: DedupRetention,
     auth: Authenticator,
+    /// The bounds of AwaitConsumed's waits on this listener.
+    waits: LongPoll,
 }
 
 impl ConsumerAdminGrpc {
@@ -37,8 +41,9 @@ impl ConsumerAdminGrpc {
         consumer_name: String,
         retention: DedupRetention,
         auth: Authenticator,
+        waits: LongPoll,
     ) -> ConsumerAdminServiceServer<Self> {
-        ConsumerAdminServiceServer::new(Self { db, consumer_name, retention, auth })
+        ConsumerAdminServiceServer::new(Self { db, consumer_name, retention, auth, waits })
     }
 
     /// Authenticates the caller, requires the operator scope, and runs one call inside its
@@ -69,6 +74,18 @@ impl ConsumerAdminGrpc {
 
 #[tonic::async_trait]
 impl ConsumerAdminService for ConsumerAdminGrpc {
+    async fn await_consumed(
+        &self,
+        request: Request<pb::AwaitConsumedRequest>,
+    ) -> Result<Response<pb::AwaitConsumedResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.operator("AwaitConsumed", &request, Some(&request.get_ref().event_id), |_| async move {
+            let own = &self.consumer_name;
+            wait::await_consumed(&self.db, &self.waits, own, ask).await.map_err(ConsumerAdminError::Call)
+        })
+        .await
+    }
+
     async fn get_consumer_timeline(
         &self,
         request: Request<pb::GetConsumerTimelineRequest>,

@@ -19,6 +19,7 @@ use super::retention::{DedupRetention, RetentionError};
 use super::settings::{Membership, Settings};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
 use idempost::db;
+use idempost::edge::LongPoll;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
 use idempost::service::{self, Health, HealthEndpoint, MetricsListener, ReadyError};
 use idempost::telemetry::{self, metrics};
@@ -259,6 +260,7 @@ impl Application {
             self.settings.consumer_name.clone(),
             self.retention.clone(),
             self.auth.clone(),
+            LongPoll::for_listener(&self.listener),
         ));
         if let Some(reflection) = reflection.transpose()? {
             routes = routes.add_service(reflection);

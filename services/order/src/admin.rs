@@ -7,6 +7,7 @@ mod grpc;
 mod inspect;
 mod replay;
 mod retention;
+mod wait;
 
 pub(crate) use grpc::AdminGrpc;
 pub(crate) use retention::OutboxRetention;

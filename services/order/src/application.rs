@@ -12,6 +12,7 @@ use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
 use super::settings::Settings;
 use super::store::OrderStore;
+use idempost::edge::LongPoll;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
 use idempost::service::{self, Health, MetricsListener, ReadyError};
 use idempost::telemetry;
@@ -180,11 +181,12 @@ impl Application {
                 self.auth.clone(),
             ))
             .serve_with_incoming_shutdown(self.listener.incoming(), signal);
+        let waits = LongPoll::for_listener(&self.admin_listener);
         let admin = self
             .admin_listener
             .server(&self.auth)
             .add_optional_service(self.admin_reflection.then_some(reflection))
-            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth))
+            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth, waits))
             .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
         let (db, retention, every, until) = (self.db, self.retention, self.purge_every, stopped.clone());
         let purger = tokio::spawn(async move {

@@ -13,7 +13,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
 
-use crate::{console, join, render, replay};
+use crate::wait::WaitArgs;
+use crate::{console, join, render, replay, wait};
 
 /// Inspects and operates an Idempost deployment through the order service's AdminService and the
 /// consumer's ConsumerAdminService.
@@ -168,6 +169,10 @@ enum Command {
     /// loopback, prints the URL to open, and calls the services with this command's flags and
     /// token until Ctrl-C.
     Console(console::ConsoleArgs),
+    /// Wait until an event is published (--published) or consumed by a named consumer
+    /// (--consumed --consumer), for scripts and integration tests. Exit code 0 when it is, 3 when
+    /// --timeout passed first, 4 when it was set aside (FAILED, dead-lettered or parked).
+    Wait(WaitArgs),
 }
 
 /// What every change names: whose order, which one, at which version, under which key.
@@ -267,6 +272,18 @@ pub(crate) enum CtlError {
     ConsumerSide { done: String, error: Box<CtlError> },
     #[error("{}", describe_change(.0))]
     Change(#[from] SafeSubmitError),
+    #[error(transparent)]
+    Wait(#[from] wait::WaitEnded),
+}
+
+impl CtlError {
+    /// The process's exit code: `wait`'s own codes, 1 for every other failure.
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            Self::Wait(ended) => ended.exit_code(),
+            _ => 1,
+        }
+    }
 }
 
 fn describe_change(error: &SafeSubmitError) -> String {
@@ -308,8 +325,8 @@ fn duration(flag: &str, value: Option<Duration>) -> Result<Option<prost_types::D
 }
 
 /// The settings naming the two endpoints, as errors name them.
-const ADMIN_URL: &str = "--admin-url (IDEMPOST_ADMIN_URL)";
-const CONSUMER_ADMIN_URL: &str = "--consumer-admin-url (IDEMPOST_CONSUMER_ADMIN_URL)";
+pub(crate) const ADMIN_URL: &str = "--admin-url (IDEMPOST_ADMIN_URL)";
+pub(crate) const CONSUMER_ADMIN_URL: &str = "--consumer-admin-url (IDEMPOST_CONSUMER_ADMIN_URL)";
 const ORDER_URL: &str = "--order-url (IDEMPOST_ORDER_URL)";
 
 type Authorized = InterceptedService<
@@ -322,6 +339,7 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
     let json = cli.json;
     Ok(match &cli.command {
         Command::Console(args) => console(cli, args).await?,
+        Command::Wait(args) => wait::wait(cli, args).await?,
         Command::Timeline { event_id } => timeline(cli, event_id).await?,
         Command::Find { tenant_id, request_id } => {
             let mut client = cli.admin().await?;
@@ -500,6 +518,18 @@ async fn version_states(cli: &Cli, timeline: &pb::EventTimeline) -> Result<Vec<S
 }
 
 impl Cli {
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
+    pub(crate) fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
+    pub(crate) fn consumer_admin_url(&self) -> &str {
+        &self.consumer_admin_url
+    }
+
     fn tls(&self) -> ClientTls {
         ClientTls {
             ca_file: self.ca_file.clone(),
@@ -516,7 +546,7 @@ impl Cli {
 
     /// A channel to `url`, the value of `setting`, and the token to send on it: the token is
     /// read first, so that it never travels in plaintext to another host.
-    async fn channel(
+    pub(crate) async fn channel(
         &self,
         setting: &'static str,
         url: &str,

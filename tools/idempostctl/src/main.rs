@@ -6,6 +6,7 @@ mod console;
 mod join;
 mod render;
 mod replay;
+mod wait;
 
 use std::process::ExitCode;
 
@@ -23,7 +24,7 @@ async fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("idempostctl: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -15,7 +15,7 @@ use super::retention::{OutboxPurgeReport, OutboxRetention};
 use idempost::backlog::{self, Redrive, RedriveAudit};
 use idempost::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use idempost::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
-use idempost::edge::{self, CallError, error_status, parse_event_id, timestamp};
+use idempost::edge::{self, CallError, LongPoll, error_status, parse_event_id, timestamp};
 use idempost::security::{Authenticator, Caller};
 
 const SERVICE: &str = "idempost.v1.AdminService";
@@ -26,6 +26,8 @@ pub(crate) struct AdminGrpc {
     inspector: Inspector,
     retention: OutboxRetention,
     auth: Authenticator,
+    /// The bounds of AwaitPublished's waits on this listener.
+    waits: LongPoll,
 }
 
 impl AdminGrpc {
@@ -33,8 +35,9 @@ impl AdminGrpc {
         db: sea_orm::DatabaseConnection,
         retention: OutboxRetention,
         auth: Authenticator,
+        waits: LongPoll,
     ) -> AdminServiceServer<Self> {
-        AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth })
+        AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth, waits })
     }
 
     /// Authenticates the caller and runs one call inside its server span, recording its status
@@ -53,6 +56,18 @@ impl AdminGrpc {
 
 #[tonic::async_trait]
 impl AdminService for AdminGrpc {
+    async fn await_published(
+        &self,
+        request: Request<pb::AwaitPublishedRequest>,
+    ) -> Result<Response<pb::AwaitPublishedResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.traced("AwaitPublished", &request, Some(&request.get_ref().event_id), |caller| async move {
+            let (db, waits) = (self.inspector.db(), &self.waits);
+            super::wait::await_published(db, waits, ask, &caller).await.map_err(AdminError::Call)
+        })
+        .await
+    }
+
     async fn get_event_timeline(
         &self,
         request: Request<pb::GetEventTimelineRequest>,

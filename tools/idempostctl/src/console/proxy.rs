@@ -90,6 +90,14 @@ pub(crate) struct AdminProxy(pub(crate) Upstream);
 
 #[tonic::async_trait]
 impl AdminService for AdminProxy {
+    /// The console shows states; it does not hold waits open for a browser.
+    async fn await_published(
+        &self,
+        _: Request<pb::AwaitPublishedRequest>,
+    ) -> Result<Response<pb::AwaitPublishedResponse>, Status> {
+        Err(Status::unimplemented("the console does not wait: use `idempostctl wait --published`"))
+    }
+
     async fn get_event_timeline(
         &self,
         request: Request<pb::GetEventTimelineRequest>,
@@ -152,6 +160,14 @@ pub(crate) struct ConsumerAdminProxy(pub(crate) Upstream);
 
 #[tonic::async_trait]
 impl ConsumerAdminService for ConsumerAdminProxy {
+    /// The console shows states; it does not hold waits open for a browser.
+    async fn await_consumed(
+        &self,
+        _: Request<pb::AwaitConsumedRequest>,
+    ) -> Result<Response<pb::AwaitConsumedResponse>, Status> {
+        Err(Status::unimplemented("the console does not wait: use `idempostctl wait --consumed`"))
+    }
+
     async fn get_consumer_timeline(
         &self,
         request: Request<pb::GetConsumerTimelineRequest>,

@@ -2,8 +2,8 @@
 // @generated from file idempost/v1/admin_service.proto (package idempost.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/admin_service.proto.
  */
 export const file_idempost_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCCLmAQoNUHVyZ2VSZXNwb25zZRITCgtvdXRib3hfcm93cxgBIAEoBBIZCg1jb25zdW1lZF9yb3dzGAIgASgEQgIYARIxCg1vdXRib3hfY3V0b2ZmGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3Cg9jb25zdW1lZF9jdXRvZmYYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgIYARI5ChJyZWRlbGl2ZXJ5X2hvcml6b24YBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBIuIBCg1SZXBsYXlSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEjAKDGNyZWF0ZWRfZnJvbRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF90bxgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKZXZlbnRfdHlwZRgEIAEoCRIPCgdkcnlfcnVuGAUgASgIEg4KBnJlYXNvbhgGIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYByABKAkSEgoKbGlzdF9saW1pdBgIIAEoDSKIAQoNUmVwbGF5ZWRFdmVudBIQCghldmVudF9pZBgBIAEoCRIQCghvcmRlcl9pZBgCIAEoAxIPCgd2ZXJzaW9uGAMgASgDEhIKCmV2ZW50X3R5cGUYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiyQEKDlJlcGxheVJlc3BvbnNlEhAKCHJlcGxheWVkGAEgASgEEioKBmV2ZW50cxgCIAMoCzIaLmlkZW1wb3N0LnYxLlJlcGxheWVkRXZlbnQSFQoNbm90X3B1Ymxpc2hlZBgDIAEoBBIOCgZwdXJnZWQYBCABKAQSDwoHZHJ5X3J1bhgFIAEoCBIQCghhdWRpdF9pZBgGIAEoAxIvCgtyZXBsYXllZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAy7gMKDEFkbWluU2VydmljZRJfChBHZXRFdmVudFRpbWVsaW5lEiQuaWRlbXBvc3QudjEuR2V0RXZlbnRUaW1lbGluZVJlcXVlc3QaJS5pZGVtcG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USYgoRRmluZEJ5QnVzaW5lc3NLZXkSJS5pZGVtcG9zdC52MS5GaW5kQnlCdXNpbmVzc0tleVJlcXVlc3QaJi5pZGVtcG9zdC52MS5GaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlElAKC0xpc3RCYWNrbG9nEh8uaWRlbXBvc3QudjEuTGlzdEJhY2tsb2dSZXF1ZXN0GiAuaWRlbXBvc3QudjEuTGlzdEJhY2tsb2dSZXNwb25zZRJECgdSZWRyaXZlEhsuaWRlbXBvc3QudjEuUmVkcml2ZVJlcXVlc3QaHC5pZGVtcG9zdC52MS5SZWRyaXZlUmVzcG9uc2USPgoFUHVyZ2USGS5pZGVtcG9zdC52MS5QdXJnZVJlcXVlc3QaGi5pZGVtcG9zdC52MS5QdXJnZVJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCCLmAQoNUHVyZ2VSZXNwb25zZRITCgtvdXRib3hfcm93cxgBIAEoBBIZCg1jb25zdW1lZF9yb3dzGAIgASgEQgIYARIxCg1vdXRib3hfY3V0b2ZmGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3Cg9jb25zdW1lZF9jdXRvZmYYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgIYARI5ChJyZWRlbGl2ZXJ5X2hvcml6b24YBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBIlIKFUF3YWl0UHVibGlzaGVkUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRInCgR3YWl0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIpgBChZBd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuUHVibGlzaFN0YXRlEg0KBWtub3duGAIgASgIEhUKDW91dGJveF9zdGF0dXMYAyABKAkSLgoLcmV0cnlfYWZ0ZXIYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i4gEKDVJlcGxheVJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSMAoMY3JlYXRlZF9mcm9tGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX3RvGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpldmVudF90eXBlGAQgASgJEg8KB2RyeV9ydW4YBSABKAgSDgoGcmVhc29uGAYgASgJEhQKDHJlcXVlc3RlZF9ieRgHIAEoCRISCgpsaXN0X2xpbWl0GAggASgNIogBCg1SZXBsYXllZEV2ZW50EhAKCGV2ZW50X2lkGAEgASgJEhAKCG9yZGVyX2lkGAIgASgDEg8KB3ZlcnNpb24YAyABKAMSEgoKZXZlbnRfdHlwZRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLJAQoOUmVwbGF5UmVzcG9uc2USEAoIcmVwbGF5ZWQYASABKAQSKgoGZXZlbnRzGAIgAygLMhouaWRlbXBvc3QudjEuUmVwbGF5ZWRFdmVudBIVCg1ub3RfcHVibGlzaGVkGAMgASgEEg4KBnB1cmdlZBgEIAEoBBIPCgdkcnlfcnVuGAUgASgIEhAKCGF1ZGl0X2lkGAYgASgDEi8KC3JlcGxheWVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCp/CgxQdWJsaXNoU3RhdGUSHQoZUFVCTElTSF9TVEFURV9VTlNQRUNJRklFRBAAEhkKFVBVQkxJU0hfU1RBVEVfV0FJVElORxABEhsKF1BVQkxJU0hfU1RBVEVfUFVCTElTSEVEEAISGAoUUFVCTElTSF9TVEFURV9GQUlMRUQQAzLJBAoMQWRtaW5TZXJ2aWNlEl8KEEdldEV2ZW50VGltZWxpbmUSJC5pZGVtcG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVxdWVzdBolLmlkZW1wb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXNwb25zZRJiChFGaW5kQnlCdXNpbmVzc0tleRIlLmlkZW1wb3N0LnYxLkZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBomLmlkZW1wb3N0LnYxLkZpbmRCeUJ1c2luZXNzS2V5UmVzcG9uc2USUAoLTGlzdEJhY2tsb2cSHy5pZGVtcG9zdC52MS5MaXN0QmFja2xvZ1JlcXVlc3QaIC5pZGVtcG9zdC52MS5MaXN0QmFja2xvZ1Jlc3BvbnNlEkQKB1JlZHJpdmUSGy5pZGVtcG9zdC52MS5SZWRyaXZlUmVxdWVzdBocLmlkZW1wb3N0LnYxLlJlZHJpdmVSZXNwb25zZRI+CgVQdXJnZRIZLmlkZW1wb3N0LnYxLlB1cmdlUmVxdWVzdBoaLmlkZW1wb3N0LnYxLlB1cmdlUmVzcG9uc2USWQoOQXdhaXRQdWJsaXNoZWQSIi5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlcXVlc3QaIy5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Asks for one event's timeline.
@@ -909,6 +909,81 @@ export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
   messageDesc(file_idempost_v1_admin_service, 19);
 
 /**
+ * Asks to wait until one event is published or FAILED.
+ *
+ * @generated from message idempost.v1.AwaitPublishedRequest
+ */
+export type AwaitPublishedRequest = Message<"idempost.v1.AwaitPublishedRequest"> & {
+  /**
+   * The event id: a canonical lower-case UUID.
+   *
+   * @generated from field: string event_id = 1;
+   */
+  eventId: string;
+
+  /**
+   * The longest this call may wait before answering WAITING; absent or zero means the server's
+   * maximum (10 s), and longer values are cut to it (and to within the listener's call
+   * timeout). The caller's deadline should leave a second beyond it.
+   *
+   * @generated from field: google.protobuf.Duration wait = 2;
+   */
+  wait?: Duration | undefined;
+};
+
+/**
+ * Describes the message idempost.v1.AwaitPublishedRequest.
+ * Use `create(AwaitPublishedRequestSchema)` to create a new message.
+ */
+export const AwaitPublishedRequestSchema: GenMessage<AwaitPublishedRequest> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 20);
+
+/**
+ * Where one awaited event is, when the call ended.
+ *
+ * @generated from message idempost.v1.AwaitPublishedResponse
+ */
+export type AwaitPublishedResponse = Message<"idempost.v1.AwaitPublishedResponse"> & {
+  /**
+   * PUBLISHED and FAILED are final; WAITING means the wait ended first.
+   *
+   * @generated from field: idempost.v1.PublishState state = 1;
+   */
+  state: PublishState;
+
+  /**
+   * Whether the event is known (its order committed, and the caller may see it). False answers
+   * an unknown event and another tenant's alike.
+   *
+   * @generated from field: bool known = 2;
+   */
+  known: boolean;
+
+  /**
+   * The outbox row's status when known: PENDING, PUBLISHING, PUBLISHED or FAILED; empty once
+   * retention purged the row after publication.
+   *
+   * @generated from field: string outbox_status = 3;
+   */
+  outboxStatus: string;
+
+  /**
+   * Set when the server answered WAITING at once because too many calls were already waiting:
+   * call again no sooner than this.
+   *
+   * @generated from field: google.protobuf.Duration retry_after = 4;
+   */
+  retryAfter?: Duration | undefined;
+};
+
+/**
+ * Describes the message idempost.v1.AwaitPublishedResponse.
+ * Use `create(AwaitPublishedResponseSchema)` to create a new message.
+ */
+export const AwaitPublishedResponseSchema: GenMessage<AwaitPublishedResponse> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 21);
+
+/**
  * Asks to publish PUBLISHED events again. At least `order_id` or `created_from` is required.
  *
  * @generated from message idempost.v1.ReplayRequest
@@ -979,7 +1054,7 @@ export type ReplayRequest = Message<"idempost.v1.ReplayRequest"> & {
  * Use `create(ReplayRequestSchema)` to create a new message.
  */
 export const ReplayRequestSchema: GenMessage<ReplayRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 20);
+  messageDesc(file_idempost_v1_admin_service, 22);
 
 /**
  * One event a replay returned (or, in a dry run, would return) to PENDING.
@@ -1028,7 +1103,7 @@ export type ReplayedEvent = Message<"idempost.v1.ReplayedEvent"> & {
  * Use `create(ReplayedEventSchema)` to create a new message.
  */
 export const ReplayedEventSchema: GenMessage<ReplayedEvent> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 21);
+  messageDesc(file_idempost_v1_admin_service, 23);
 
 /**
  * What a replay did, or in a dry run would do.
@@ -1093,7 +1168,49 @@ export type ReplayResponse = Message<"idempost.v1.ReplayResponse"> & {
  * Use `create(ReplayResponseSchema)` to create a new message.
  */
 export const ReplayResponseSchema: GenMessage<ReplayResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 22);
+  messageDesc(file_idempost_v1_admin_service, 24);
+
+/**
+ * Where an awaited event is on its way to the broker.
+ *
+ * @generated from enum idempost.v1.PublishState
+ */
+export enum PublishState {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: PUBLISH_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Not published yet (PENDING or PUBLISHING, or not known yet): call again.
+   *
+   * @generated from enum value: PUBLISH_STATE_WAITING = 1;
+   */
+  WAITING = 1,
+
+  /**
+   * The broker confirmed the record (the outbox row is PUBLISHED, or retention already purged it
+   * after publication).
+   *
+   * @generated from enum value: PUBLISH_STATE_PUBLISHED = 2;
+   */
+  PUBLISHED = 2,
+
+  /**
+   * The relay gave up (FAILED): nothing happens until an operator redrives it.
+   *
+   * @generated from enum value: PUBLISH_STATE_FAILED = 3;
+   */
+  FAILED = 3,
+}
+
+/**
+ * Describes the enum idempost.v1.PublishState.
+ */
+export const PublishStateSchema: GenEnum<PublishState> = /*@__PURE__*/
+  enumDesc(file_idempost_v1_admin_service, 0);
 
 /**
  * What operators need on day one from the order side: the order's and the outbox's state of an
@@ -1183,6 +1300,28 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof PurgeRequestSchema;
     output: typeof PurgeResponseSchema;
+  },
+  /**
+   * Waits, for a bounded time, until one event is published or FAILED: a long poll for users'
+   * integration tests ("my event is on the broker"), so that they need not poll tables. Long
+   * polling rather than a server stream: each call is an ordinary unary call that holds one of
+   * the listener's permits only for its bounded wait (at most 10 s, and always ending before the
+   * listener's --call-timeout), so it goes through the same admission, authentication and
+   * limits as every other call and a proxy or load balancer needs nothing special; a caller
+   * wanting longer calls again (the clients' await_published does). At most a quarter of the
+   * listener's calls (and at most 64) wait at once; past that a call answers at once with
+   * `retry_after` instead of waiting, so waiters never hold every permit. The server reads the
+   * outbox row every 100 ms while it waits. The permission rules of GetEventTimeline: without the
+   * operator scope, another tenant's event is answered exactly like an unknown one (WAITING with
+   * `known` false, until the wait ends). An unknown event is not an error: its id is made before
+   * its order commits, so a caller may start waiting first.
+   *
+   * @generated from rpc idempost.v1.AdminService.AwaitPublished
+   */
+  awaitPublished: {
+    methodKind: "unary";
+    input: typeof AwaitPublishedRequestSchema;
+    output: typeof AwaitPublishedResponseSchema;
   },
   /**
    * Publishes PUBLISHED events again, for a consumer that must see them again (a new consumer

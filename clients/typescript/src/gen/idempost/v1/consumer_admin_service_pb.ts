@@ -2,8 +2,8 @@
 // @generated from file idempost/v1/consumer_admin_service.proto (package idempost.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { ConsumerRecord, DeadLetterRecord, NotificationJobRecord } from "./admin_service_pb.js";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/consumer_admin_service.proto.
  */
 export const file_idempost_v1_consumer_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("CihpZGVtcG9zdC92MS9jb25zdW1lcl9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIuChpHZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJOChtHZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USLwoIdGltZWxpbmUYASABKAsyHS5pZGVtcG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsgBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi4KCWNvbnN1bWVycxgCIAMoCzIbLmlkZW1wb3N0LnYxLkNvbnN1bWVyUmVjb3JkEj0KEW5vdGlmaWNhdGlvbl9qb2JzGAMgAygLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgEIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiPgoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNIk4KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEjMKDGRlYWRfbGV0dGVycxgBIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiXwoUUHVyZ2VDb25zdW1lZFJlcXVlc3QSNgoTY29uc3VtZWRfb2xkZXJfdGhhbhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdkcnlfcnVuGAIgASgIIpoBChVQdXJnZUNvbnN1bWVkUmVzcG9uc2USFQoNY29uc3VtZWRfcm93cxgBIAEoBBIzCg9jb25zdW1lZF9jdXRvZmYYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEnJlZGVsaXZlcnlfaG9yaXpvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI6ChdMaXN0UGFya2VkRXZlbnRzUmVxdWVzdBIQCghvcmRlcl9pZBgBIAEoAxINCgVsaW1pdBgCIAEoDSLUAQoRUGFya2VkRXZlbnRSZWNvcmQSFQoNY29uc3VtZXJfbmFtZRgBIAEoCRIQCghldmVudF9pZBgCIAEoCRIQCghvcmRlcl9pZBgDIAEoAxIVCg1ldmVudF92ZXJzaW9uGAQgASgDEhIKCmV2ZW50X3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEi0KCXBhcmtlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVhZF9tb2RlbF92ZXJzaW9uGAggASgDIlEKGExpc3RQYXJrZWRFdmVudHNSZXNwb25zZRI1Cg1wYXJrZWRfZXZlbnRzGAEgAygLMh4uaWRlbXBvc3QudjEuUGFya2VkRXZlbnRSZWNvcmQiOwoXUmVsZWFzZVBhcmtlZEdhcFJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSDgoGcmVhc29uGAIgASgJIqIBChhSZWxlYXNlUGFya2VkR2FwUmVzcG9uc2USHQoVcmVsZWFzZWRfZnJvbV92ZXJzaW9uGAEgASgDEhsKE3JlbGVhc2VkX3RvX3ZlcnNpb24YAiABKAMSGAoQYXBwbGllZF92ZXJzaW9ucxgDIAMoAxIaChJyZWFkX21vZGVsX3ZlcnNpb24YBCABKAMSFAoMc3RpbGxfcGFya2VkGAUgASgNMvgDChRDb25zdW1lckFkbWluU2VydmljZRJoChNHZXRDb25zdW1lclRpbWVsaW5lEicuaWRlbXBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QaKC5pZGVtcG9zdC52MS5HZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USXAoPTGlzdERlYWRMZXR0ZXJzEiMuaWRlbXBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBokLmlkZW1wb3N0LnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElYKDVB1cmdlQ29uc3VtZWQSIS5pZGVtcG9zdC52MS5QdXJnZUNvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXNwb25zZRJfChBMaXN0UGFya2VkRXZlbnRzEiQuaWRlbXBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QaJS5pZGVtcG9zdC52MS5MaXN0UGFya2VkRXZlbnRzUmVzcG9uc2USXwoQUmVsZWFzZVBhcmtlZEdhcBIkLmlkZW1wb3N0LnYxLlJlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0GiUuaWRlbXBvc3QudjEuUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempost_v1_admin_service]);
+  fileDesc("CihpZGVtcG9zdC92MS9jb25zdW1lcl9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIuChpHZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJOChtHZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USLwoIdGltZWxpbmUYASABKAsyHS5pZGVtcG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsgBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi4KCWNvbnN1bWVycxgCIAMoCzIbLmlkZW1wb3N0LnYxLkNvbnN1bWVyUmVjb3JkEj0KEW5vdGlmaWNhdGlvbl9qb2JzGAMgAygLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgEIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiPgoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNIk4KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEjMKDGRlYWRfbGV0dGVycxgBIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiXwoUUHVyZ2VDb25zdW1lZFJlcXVlc3QSNgoTY29uc3VtZWRfb2xkZXJfdGhhbhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdkcnlfcnVuGAIgASgIIpoBChVQdXJnZUNvbnN1bWVkUmVzcG9uc2USFQoNY29uc3VtZWRfcm93cxgBIAEoBBIzCg9jb25zdW1lZF9jdXRvZmYYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEnJlZGVsaXZlcnlfaG9yaXpvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI6ChdMaXN0UGFya2VkRXZlbnRzUmVxdWVzdBIQCghvcmRlcl9pZBgBIAEoAxINCgVsaW1pdBgCIAEoDSLUAQoRUGFya2VkRXZlbnRSZWNvcmQSFQoNY29uc3VtZXJfbmFtZRgBIAEoCRIQCghldmVudF9pZBgCIAEoCRIQCghvcmRlcl9pZBgDIAEoAxIVCg1ldmVudF92ZXJzaW9uGAQgASgDEhIKCmV2ZW50X3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEi0KCXBhcmtlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVhZF9tb2RlbF92ZXJzaW9uGAggASgDIlEKGExpc3RQYXJrZWRFdmVudHNSZXNwb25zZRI1Cg1wYXJrZWRfZXZlbnRzGAEgAygLMh4uaWRlbXBvc3QudjEuUGFya2VkRXZlbnRSZWNvcmQiOwoXUmVsZWFzZVBhcmtlZEdhcFJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSDgoGcmVhc29uGAIgASgJIqIBChhSZWxlYXNlUGFya2VkR2FwUmVzcG9uc2USHQoVcmVsZWFzZWRfZnJvbV92ZXJzaW9uGAEgASgDEhsKE3JlbGVhc2VkX3RvX3ZlcnNpb24YAiABKAMSGAoQYXBwbGllZF92ZXJzaW9ucxgDIAMoAxIaChJyZWFkX21vZGVsX3ZlcnNpb24YBCABKAMSFAoMc3RpbGxfcGFya2VkGAUgASgNImgKFEF3YWl0Q29uc3VtZWRSZXF1ZXN0EhAKCGV2ZW50X2lkGAEgASgJEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSJwoEd2FpdBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKYAQoVQXdhaXRDb25zdW1lZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuQ29uc3VtZVN0YXRlEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSDgoGZGV0YWlsGAMgASgJEi4KC3JldHJ5X2FmdGVyGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKp8BCgxDb25zdW1lU3RhdGUSHQoZQ09OU1VNRV9TVEFURV9VTlNQRUNJRklFRBAAEhkKFUNPTlNVTUVfU1RBVEVfV0FJVElORxABEhoKFkNPTlNVTUVfU1RBVEVfQ09OU1VNRUQQAhIfChtDT05TVU1FX1NUQVRFX0RFQURfTEVUVEVSRUQQAxIYChRDT05TVU1FX1NUQVRFX1BBUktFRBAEMtAEChRDb25zdW1lckFkbWluU2VydmljZRJoChNHZXRDb25zdW1lclRpbWVsaW5lEicuaWRlbXBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QaKC5pZGVtcG9zdC52MS5HZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USXAoPTGlzdERlYWRMZXR0ZXJzEiMuaWRlbXBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBokLmlkZW1wb3N0LnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElYKDVB1cmdlQ29uc3VtZWQSIS5pZGVtcG9zdC52MS5QdXJnZUNvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXNwb25zZRJfChBMaXN0UGFya2VkRXZlbnRzEiQuaWRlbXBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QaJS5pZGVtcG9zdC52MS5MaXN0UGFya2VkRXZlbnRzUmVzcG9uc2USXwoQUmVsZWFzZVBhcmtlZEdhcBIkLmlkZW1wb3N0LnYxLlJlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0GiUuaWRlbXBvc3QudjEuUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlElYKDUF3YWl0Q29uc3VtZWQSIS5pZGVtcG9zdC52MS5Bd2FpdENvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLkF3YWl0Q29uc3VtZWRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempost_v1_admin_service]);
 
 /**
  * Asks for the consumer's part of one event's timeline.
@@ -412,6 +412,137 @@ export const ReleaseParkedGapResponseSchema: GenMessage<ReleaseParkedGapResponse
   messageDesc(file_idempost_v1_consumer_admin_service, 11);
 
 /**
+ * Asks to wait until a consumer has consumed, dead-lettered or parked one event.
+ *
+ * @generated from message idempost.v1.AwaitConsumedRequest
+ */
+export type AwaitConsumedRequest = Message<"idempost.v1.AwaitConsumedRequest"> & {
+  /**
+   * The event id: a canonical lower-case UUID.
+   *
+   * @generated from field: string event_id = 1;
+   */
+  eventId: string;
+
+  /**
+   * The consumer name (its consumed_event identity); empty means this consumer's own
+   * (--consumer-name).
+   *
+   * @generated from field: string consumer_name = 2;
+   */
+  consumerName: string;
+
+  /**
+   * The longest this call may wait before answering WAITING; absent or zero means the server's
+   * maximum (10 s), and longer values are cut to it (and to within the listener's call
+   * timeout). The caller's deadline should leave a second beyond it.
+   *
+   * @generated from field: google.protobuf.Duration wait = 3;
+   */
+  wait?: Duration | undefined;
+};
+
+/**
+ * Describes the message idempost.v1.AwaitConsumedRequest.
+ * Use `create(AwaitConsumedRequestSchema)` to create a new message.
+ */
+export const AwaitConsumedRequestSchema: GenMessage<AwaitConsumedRequest> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_consumer_admin_service, 12);
+
+/**
+ * Where one awaited event is for one consumer, when the call ended.
+ *
+ * @generated from message idempost.v1.AwaitConsumedResponse
+ */
+export type AwaitConsumedResponse = Message<"idempost.v1.AwaitConsumedResponse"> & {
+  /**
+   * CONSUMED, DEAD_LETTERED and PARKED end a wait; WAITING means the wait ended first. A parked
+   * event may still be applied later, when its gap fills or is released.
+   *
+   * @generated from field: idempost.v1.ConsumeState state = 1;
+   */
+  state: ConsumeState;
+
+  /**
+   * The consumer name answered for.
+   *
+   * @generated from field: string consumer_name = 2;
+   */
+  consumerName: string;
+
+  /**
+   * Why, when DEAD_LETTERED (the decode error) or PARKED (why it waits).
+   *
+   * @generated from field: string detail = 3;
+   */
+  detail: string;
+
+  /**
+   * Set when the server answered WAITING at once because too many calls were already waiting:
+   * call again no sooner than this.
+   *
+   * @generated from field: google.protobuf.Duration retry_after = 4;
+   */
+  retryAfter?: Duration | undefined;
+};
+
+/**
+ * Describes the message idempost.v1.AwaitConsumedResponse.
+ * Use `create(AwaitConsumedResponseSchema)` to create a new message.
+ */
+export const AwaitConsumedResponseSchema: GenMessage<AwaitConsumedResponse> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_consumer_admin_service, 13);
+
+/**
+ * Where an awaited event is for one consumer.
+ *
+ * @generated from enum idempost.v1.ConsumeState
+ */
+export enum ConsumeState {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: CONSUME_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The consumer has no record of the event yet: call again.
+   *
+   * @generated from enum value: CONSUME_STATE_WAITING = 1;
+   */
+  WAITING = 1,
+
+  /**
+   * The consumer committed the event's effect and applied it to its read model.
+   *
+   * @generated from enum value: CONSUME_STATE_CONSUMED = 2;
+   */
+  CONSUMED = 2,
+
+  /**
+   * The consumer set a record of the event aside as undecodable (a dead letter).
+   *
+   * @generated from enum value: CONSUME_STATE_DEAD_LETTERED = 3;
+   */
+  DEAD_LETTERED = 3,
+
+  /**
+   * The consumer recorded the event but parked it: it waits behind a missing earlier version of
+   * its order, or has a type this consumer does not know (see ListParkedEvents).
+   *
+   * @generated from enum value: CONSUME_STATE_PARKED = 4;
+   */
+  PARKED = 4,
+}
+
+/**
+ * Describes the enum idempost.v1.ConsumeState.
+ */
+export const ConsumeStateSchema: GenEnum<ConsumeState> = /*@__PURE__*/
+  enumDesc(file_idempost_v1_consumer_admin_service, 0);
+
+/**
  * The consumer's side of what operators need: its records of an event, its dead letters, and
  * the retention purge of its dedup history. Served by the consumer on its health listener
  * (`--listen`), from the consumer's own database, so it answers wherever that database lives.
@@ -497,6 +628,23 @@ export const ConsumerAdminService: GenService<{
     methodKind: "unary";
     input: typeof ReleaseParkedGapRequestSchema;
     output: typeof ReleaseParkedGapResponseSchema;
+  },
+  /**
+   * Waits, for a bounded time, until a named consumer consumed one event, dead-lettered it or
+   * parked it: a long poll for users' integration tests ("my event was applied"), built like
+   * AdminService.AwaitPublished (a bounded unary call rather than a stream, so it passes the
+   * listener's admission and limits like any call; at most 10 s and always within the
+   * listener's --call-timeout; at most a quarter of the listener's calls wait at once, past that
+   * `retry_after`; the consumer's tables are read every 100 ms while it waits). The operator
+   * scope is needed, as for every call here: these tables do not know tenants. An event the
+   * consumer has not seen is not an error: it may not be delivered yet.
+   *
+   * @generated from rpc idempost.v1.ConsumerAdminService.AwaitConsumed
+   */
+  awaitConsumed: {
+    methodKind: "unary";
+    input: typeof AwaitConsumedRequestSchema;
+    output: typeof AwaitConsumedResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idempost_v1_consumer_admin_service, 0);
