@@ -218,7 +218,15 @@ impl ChangeOrder {
             format!("{}\n{}\n{}\n", self.operation().as_str(), self.order_id, self.expected_version);
         match &self.change {
             Change::Amend { customer_id, lines } => {
-                text.push_str(customer_id.as_ref().map_or("-", CustomerId::as_str));
+                // "-" stands for "keep the customer". A customer id that is itself "-" is written
+                // with a leading space, which no customer id can hold (visible ASCII only): the two
+                // must differ, and every other fingerprint stays as it was before this rule, so
+                // replays of changes committed before it still match.
+                text.push_str(match customer_id.as_ref().map(CustomerId::as_str) {
+                    None => "-",
+                    Some("-") => " -",
+                    Some(customer_id) => customer_id,
+                });
                 text.push('\n');
                 match lines {
                     None => text.push_str("-\n"),
@@ -311,6 +319,8 @@ mod tests {
         };
         assert_ne!(amend("c", Vec::new()), amend("", vec![("c".into(), 1, 1)]));
         assert_ne!(amend("", vec![("S".into(), 1, 2)]), amend("", vec![("S".into(), 2, 1)]));
+        let line = || vec![("S".to_owned(), 1, 2)];
+        assert_ne!(amend("-", line()), amend("", line()), "a customer named - is not keep-the-customer");
     }
 
     #[test]

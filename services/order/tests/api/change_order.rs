@@ -155,6 +155,13 @@ async fn a_key_used_by_any_operation_is_request_id_reused_for_every_other_conten
         // Other lines, another expected version, a cancellation, under the amendment's key.
         (app.amend(amend("amend-1", order_id, 1, 4)).await.unwrap_err(), &amended.event_id),
         (app.amend(amend("amend-1", order_id, 2, 3)).await.unwrap_err(), &amended.event_id),
+        // The customer set to "-", where the amendment kept the customer (an empty customer_id).
+        (
+            app.amend(pb::AmendOrderRequest { customer_id: "-".into(), ..amend("amend-1", order_id, 1, 3) })
+                .await
+                .unwrap_err(),
+            &amended.event_id,
+        ),
         (app.cancel(cancel("amend-1", order_id, 2)).await.unwrap_err(), &amended.event_id),
         // A submission under a change's key, and changes under a submission's.
         (app.submit(order(7, "amend-1")).await.unwrap_err(), &amended.event_id),
