@@ -18,6 +18,7 @@ mod m20261205_000003_per_order_order;
 mod m20261205_000004_held_back;
 mod m20261206_000001_backlog_on_ready;
 mod m20261206_000002_replay_audit;
+mod m20261206_000003_consumer_names_exact;
 
 /// Every migration Idempost knows, oldest first.
 #[derive(Debug)]
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000004_held_back::Migration),
             Box::new(m20261206_000001_backlog_on_ready::Migration),
             Box::new(m20261206_000002_replay_audit::Migration),
+            Box::new(m20261206_000003_consumer_names_exact::Migration),
         ]
     }
 }

@@ -92,6 +92,26 @@ async fn identifiers_compared_in_sql_match_only_their_exact_bytes(backend: Backe
         ))
         .await;
     }
+    // The read model's tables too: each name has its own row for the same order and event.
+    for name in ["planner", "Planner"] {
+        run(format!(
+            "INSERT INTO order_view (consumer_name, order_id, tenant_id, version, status, total_minor, last_event_id, updated_at) \
+             VALUES ('{name}', 1, 1, 1, 'ACCEPTED', 100, '{}', CURRENT_TIMESTAMP)",
+            accepted.event_id
+        ))
+        .await;
+        run(format!(
+            "INSERT INTO parked_event (consumer_name, event_id, order_id, version, event_type, payload, reason, parked_at) \
+             VALUES ('{name}', '{}', 1, 3, 't', '', 'gap', CURRENT_TIMESTAMP)",
+            accepted.event_id
+        ))
+        .await;
+        run(format!(
+            "INSERT INTO gap_release (consumer_name, order_id, from_version, to_version, released_by, reason, released_at) \
+             VALUES ('{name}', 1, 2, 2, 'op', 'r', CURRENT_TIMESTAMP)"
+        ))
+        .await;
+    }
 
     for (what, sql) in [
         ("request_id", "SELECT COUNT(*) FROM orders WHERE request_id IN ('REQ-1', 'req-1 ')"),
@@ -108,6 +128,9 @@ async fn identifiers_compared_in_sql_match_only_their_exact_bytes(backend: Backe
             "SELECT COUNT(*) FROM consumed_event WHERE consumer_name IN ('PLANNER', 'planner ')",
         ),
         ("dead letter topic", "SELECT COUNT(*) FROM dead_letter WHERE topic IN ('ORDERS.V1', 'orders.v1 ')"),
+        ("read model", "SELECT COUNT(*) FROM order_view WHERE consumer_name IN ('PLANNER', 'planner ')"),
+        ("parked event", "SELECT COUNT(*) FROM parked_event WHERE consumer_name IN ('PLANNER', 'planner ')"),
+        ("gap release", "SELECT COUNT(*) FROM gap_release WHERE consumer_name IN ('PLANNER', 'planner ')"),
     ] {
         assert_eq!(app.scalar_i64(sql).await, 0, "{what} matched another spelling: {sql}");
     }
