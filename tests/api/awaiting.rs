@@ -19,7 +19,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::broker::TestBroker;
-use crate::helpers::{Backend, TestOrder, on_every_backend, order, service_binary};
+use crate::helpers::{Backend, TestOrder, assert_eventually, on_every_backend, order, service_binary};
+use idempost_testkit::wait::WAIT;
 
 /// Long enough for a pipeline on a busy machine; the waits end as soon as the event is there.
 const LONG: Duration = Duration::from_secs(60);
@@ -402,6 +403,92 @@ mod typescript {
         crate::typescript::node_test("test/service/await.test.ts", &vars).await;
         consumer.stop().await;
         relay.stop().await;
+        app.stop().await;
+    }
+}
+
+/// The bounds: waiting calls never hold every permit of the listener, and a call never outlives
+/// the listener's call timeout however long it asks to wait.
+mod bounds {
+    use idempost_proto::v1 as pb;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn ask(event_id: &str, seconds: i64) -> pb::AwaitPublishedRequest {
+        let wait = Some(prost_types::Duration { seconds, nanos: 0 });
+        pb::AwaitPublishedRequest { event_id: event_id.to_owned(), wait }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn past_a_quarter_of_the_listeners_calls_a_wait_answers_at_once_and_says_when_to_call_again() {
+        // Four calls on the admin listener: one may wait, the others must still be answered.
+        let app =
+            TestOrder::spawn_with(Backend::Sqlite, |s| s.security.listeners.max_concurrent_calls = Some(4))
+                .await;
+        let unknown = uuid::Uuid::now_v7().to_string();
+        // The holder takes the one waiter's place for 8 s, calling again (as the clients do) while
+        // a probe below holds it for an instant.
+        let holder = {
+            let mut admin = app.admin.clone();
+            let unknown = unknown.clone();
+            tokio::spawn(async move {
+                loop {
+                    let reply = admin.await_published(ask(&unknown, 8)).await.unwrap().into_inner();
+                    match reply.retry_after.and_then(|after| Duration::try_from(after).ok()) {
+                        Some(after) => tokio::time::sleep(after).await,
+                        None => return reply,
+                    }
+                }
+            })
+        };
+        let probe = |wait: Duration| {
+            let mut admin = app.admin.clone();
+            let ask = pb::AwaitPublishedRequest {
+                event_id: unknown.clone(),
+                wait: Some(prost_types::Duration::try_from(wait).unwrap()),
+            };
+            async move { admin.await_published(ask).await.unwrap().into_inner() }
+        };
+        assert_eventually("the holder waits in the only waiter's place", WAIT, || async {
+            probe(Duration::from_millis(1)).await.retry_after.is_some()
+        })
+        .await;
+
+        let started = Instant::now();
+        let refused_wait = probe(Duration::from_secs(3)).await;
+        let took = started.elapsed();
+        let timeline = app
+            .admin
+            .clone()
+            .get_event_timeline(pb::GetEventTimelineRequest { event_id: unknown.clone() })
+            .await;
+
+        assert_eq!(refused_wait.state(), pb::PublishState::Waiting);
+        assert!(took < Duration::from_secs(2), "answered at once, not after a wait: {took:?}");
+        assert_eq!(refused_wait.retry_after, Some(prost_types::Duration { seconds: 0, nanos: 500_000_000 }));
+        assert_eq!(timeline.unwrap_err().code(), Code::NotFound, "other calls are still served");
+        let held = holder.await.unwrap();
+        assert_eq!((held.state(), held.known, held.retry_after), (pb::PublishState::Waiting, false, None));
+        app.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_wait_ends_inside_the_listeners_call_timeout_instead_of_being_cut_by_it() {
+        let app = TestOrder::spawn_with(Backend::Sqlite, |s| {
+            s.security.listeners.call_timeout = Duration::from_secs(4)
+        })
+        .await;
+        let unknown = uuid::Uuid::now_v7().to_string();
+
+        let started = Instant::now();
+        let reply = app.admin.clone().await_published(ask(&unknown, 600)).await;
+        let took = started.elapsed();
+
+        let reply = reply.expect("answered WAITING, not DEADLINE_EXCEEDED").into_inner();
+        assert_eq!(reply.state(), pb::PublishState::Waiting);
+        // Three quarters of the call timeout, leaving the last read a second.
+        assert!(took >= Duration::from_millis(2900) && took < Duration::from_secs(4), "{took:?}");
         app.stop().await;
     }
 }
