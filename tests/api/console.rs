@@ -73,7 +73,12 @@ async fn console(global: &[String], token_file: &Path, log: PathBuf) -> (TestSer
         "--listen=127.0.0.1:0".to_owned(),
         "--jaeger-url=http://localhost:16686/".to_owned(),
     ]);
-    let process = TestService::spawn_logged("idempostctl", &args, &[], log);
+    started_console(&args, log).await
+}
+
+/// `idempostctl` started with `args`, and the URL the console printed.
+async fn started_console(args: &[String], log: PathBuf) -> (TestService, String) {
+    let process = TestService::spawn_logged("idempostctl", args, &[], log);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Some(line) = process.log().lines().find(|l| l.contains("open http://")) {
@@ -402,8 +407,12 @@ async fn an_operator_finds_a_timeline_and_redrives_a_failed_event_in_the_console
     let refused = steps["refused"]["banner"].as_str().unwrap();
     assert!(refused.contains("Unauthenticated") && refused.contains("TOKEN_INVALID"), "{refused}");
     assert!(refused.contains("--token-file"), "the banner says what to do: {refused}");
+    let reloaded = &steps["reloaded"];
+    assert_eq!(reloaded["banner"], false, "a reload keeps the session: {reloaded}");
+    let spent = steps["spent"]["banner"].as_str().unwrap();
+    assert!(spent.contains("CONSOLE_KEY_SPENT") && spent.contains("press Enter"), "{spent}");
     let keyless = steps["keyless"]["banner"].as_str().unwrap();
-    assert!(keyless.contains("CONSOLE_KEY_MISSING"), "{keyless}");
+    assert!(keyless.contains("CONSOLE_SESSION_MISSING") && keyless.contains("press Enter"), "{keyless}");
     assert_eq!(steps["done"]["problems"], json!([]), "the browser saw errors or requests elsewhere");
 
     for (process, token) in [(&console_process, &operator), (&refused_process, &stranger)] {
@@ -449,4 +458,215 @@ async fn the_committed_console_bundle_is_built_from_the_sources_as_they_are() {
         .await
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// Where a console sends its calls in the access tests: a listener that counts the connections
+/// made to it and never answers, so that any call the console forwards shows as a connection.
+struct Upstream {
+    address: std::net::SocketAddr,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Upstream {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&connections);
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        Self { address, connections }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A console (no token: the upstream is a loopback listener) that calls `upstream` for both
+/// services, its address (`127.0.0.1:port`) and the key its URL carries.
+async fn console_calling(upstream: &Upstream, log: PathBuf) -> (TestService, String, String) {
+    let url = format!("http://{}", upstream.address);
+    let args = [
+        format!("--admin-url={url}"),
+        format!("--consumer-admin-url={url}"),
+        "console".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+    ];
+    let (process, printed) = started_console(&args, log).await;
+    let (origin, key) = printed.split_once("/#key=").unwrap();
+    (process, origin.trim_start_matches("http://").to_owned(), key.to_owned())
+}
+
+/// One HTTP/1.1 exchange on a connection of its own: the answer's status line and headers.
+async fn http1(address: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer)).await.expect("answered in time").unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    answer.split_once("\r\n\r\n").map_or(answer.clone(), |(head, _)| head.to_owned())
+}
+
+/// A request to the console at `address` from its own page, with `headers` (each `name: value`).
+fn request(method: &str, address: &str, path: &str, headers: &[&str], body: &[u8]) -> String {
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nOrigin: http://{address}\r\nConnection: close\r\n"
+    );
+    for header in headers {
+        request.push_str(&format!("{header}\r\n"));
+    }
+    // Bodies here are gRPC-Web frames of empty messages: five bytes, all zero but the flag's.
+    request.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    request.push_str(&String::from_utf8_lossy(body));
+    request
+}
+
+/// The exchange of the printed key for a session: the answer's head.
+async fn exchange(address: &str, key: &str) -> String {
+    let header = format!("x-idempost-console-key: {key}");
+    http1(address, &request("POST", address, "/session", &[&header], b"")).await
+}
+
+/// An HTTP/2 GET with prior knowledge (h2c) of `path` with a plain `host` header: what a local
+/// process that knows no key tries. `None` when the console does not speak HTTP/2 or answers
+/// anything but 200.
+async fn h2c_get(address: &str, path: &str) -> Option<hyper::StatusCode> {
+    let attempt = async {
+        let stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.ok()?;
+        tokio::spawn(connection);
+        let get = hyper::Request::get(format!("http://{address}{path}"))
+            .header("host", address)
+            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+            .unwrap();
+        let answer = sender.send_request(get).await.ok()?;
+        Some(answer.status()).filter(|status| *status == hyper::StatusCode::OK)
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt).await.ok().flatten()
+}
+
+const CALLS: [&str; 5] = [
+    "/idempost.v1.AdminService/ListBacklog",
+    "/idempost.v1.AdminService/Purge",
+    "/idempost.v1.AdminService/Redrive",
+    "/idempost.v1.AdminService/Replay",
+    "/idempost.v1.ConsumerAdminService/ReleaseParkedGap",
+];
+
+/// A gRPC-Web frame holding an empty message.
+const EMPTY_FRAME: &[u8] = &[0, 0, 0, 0, 0];
+
+fn status_of(head: &str) -> &str {
+    head.split(' ').nth(1).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_console_call_without_a_session_over_h2c_or_by_get_head_or_keyless_post_reaches_no_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (_console, address, key) = console_calling(&upstream, dir.path().join("console.log")).await;
+    let grpc_web = "Content-Type: application/grpc-web+proto";
+
+    for call in CALLS {
+        assert_eq!(h2c_get(&address, call).await, None, "h2c GET {call} was answered OK");
+        for method in ["GET", "HEAD"] {
+            let head = http1(&address, &request(method, &address, call, &[grpc_web], b"")).await;
+            assert_eq!(status_of(&head), "405", "{method} {call}: {head}");
+        }
+        let keyless = http1(&address, &request("POST", &address, call, &[grpc_web], EMPTY_FRAME)).await;
+        assert!(keyless.contains("grpc-status: 16"), "a keyless POST {call} is UNAUTHENTICATED: {keyless}");
+        let with_key = format!("x-idempost-console-key: {key}");
+        let key_only = request("POST", &address, call, &[grpc_web, &with_key], EMPTY_FRAME);
+        assert!(http1(&address, &key_only).await.contains("grpc-status: 16"), "the key is not a session");
+    }
+    assert_eq!(upstream.connections(), 0, "a refused request reached the service");
+
+    // The same console forwards a call within a session, but only as gRPC-Web: the refusals
+    // above were the console's, and the upstream would have seen a forwarded call.
+    let exchanged = exchange(&address, &key).await;
+    let cookie = exchanged
+        .lines()
+        .find_map(|line| line.strip_prefix("set-cookie: "))
+        .unwrap_or_else(|| panic!("no session cookie: {exchanged}"));
+    let session = format!("Cookie: {}", cookie.split(';').next().unwrap());
+    let plain_grpc = "Content-Type: application/grpc";
+    let head =
+        http1(&address, &request("POST", &address, CALLS[0], &[plain_grpc, &session], EMPTY_FRAME)).await;
+    assert_eq!(status_of(&head), "415", "{head}");
+    let head = http1(&address, &request("GET", &address, CALLS[0], &[grpc_web, &session], b"")).await;
+    assert_eq!(status_of(&head), "405", "{head}");
+    assert_eq!(upstream.connections(), 0, "a refused request reached the service");
+    let call = request("POST", &address, CALLS[0], &[grpc_web, &session], EMPTY_FRAME);
+    let forwarded = tokio::spawn({
+        let address = address.clone();
+        async move { http1(&address, &call).await }
+    });
+    assert_eventually("the call within a session reaches the service", WAIT, || async {
+        upstream.connections() > 0
+    })
+    .await;
+    forwarded.abort();
+}
+
+#[tokio::test]
+async fn the_console_key_is_exchanged_once_for_a_strict_session_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (_console, address, key) = console_calling(&upstream, dir.path().join("console.log")).await;
+
+    let first = exchange(&address, &key).await;
+    assert_eq!(status_of(&first), "204", "{first}");
+    let cookie = first.lines().find_map(|line| line.strip_prefix("set-cookie: ")).unwrap();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=3600"] {
+        assert!(cookie.split("; ").any(|a| a == attribute), "the cookie lacks {attribute}: {cookie}");
+    }
+    let port = address.rsplit_once(':').unwrap().1;
+    assert!(cookie.starts_with(&format!("idempost_console_{port}=")), "{cookie}");
+
+    let second = exchange(&address, &key).await;
+    assert_eq!(status_of(&second), "403", "{second}");
+    assert!(!second.contains("set-cookie"), "a spent key made a session: {second}");
+    let guessed = exchange(&address, "0123456789abcdef").await;
+    assert_eq!(status_of(&guessed), "403", "{guessed}");
+    // The page itself still loads without any key or session.
+    let page = http1(&address, &request("GET", &address, "/", &[], b"")).await;
+    assert_eq!(status_of(&page), "200", "{page}");
+    assert_eq!(upstream.connections(), 0);
+}
+
+#[tokio::test]
+async fn a_silent_or_slow_connection_to_the_console_is_closed_and_an_oversized_head_refused() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (_console, address, _) = console_calling(&upstream, dir.path().join("console.log")).await;
+
+    // The console's head timeout is 10 s (tools/idempostctl/src/console/http.rs).
+    let closed_in_time = async |mut stream: tokio::net::TcpStream| {
+        let started = tokio::time::Instant::now();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "the connection was still open after 20 s");
+        started.elapsed()
+    };
+    let silent = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(format!("GET / HTTP/1.1\r\nHost: {address}\r\n").as_bytes()).await.unwrap();
+    let (silent, slow) = tokio::join!(closed_in_time(silent), closed_in_time(slow));
+    for (which, elapsed) in [("silent", silent), ("slow", slow)] {
+        assert!(elapsed >= Duration::from_secs(8), "the {which} connection closed after {elapsed:?}");
+    }
+
+    let oversized = format!("X-Padding: {}", "a".repeat(32 * 1024));
+    let head = http1(&address, &request("GET", &address, "/", &[&oversized], b"")).await;
+    assert_eq!(status_of(&head), "431", "{head}");
 }

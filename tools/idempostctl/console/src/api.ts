@@ -1,7 +1,9 @@
 // The two services as the page sees them: gRPC-Web calls to the console process (same origin),
-// which makes each call again to the real service with the operator's token. The page holds only
-// the console key, in memory, taken from the URL's fragment and removed from the address bar.
-import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
+// which makes each call again to the real service with the operator's token. The page never holds
+// a secret: the console key, taken from the URL's fragment and removed from the address bar, is
+// sent once to /session, and the console answers with an HttpOnly session cookie that the browser
+// sends with every call by itself.
+import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import { AdminService, ConsumerAdminService, ErrorInfoSchema } from "./stubs.js";
 
@@ -17,12 +19,22 @@ export function takeConsoleKey(): string {
   return key;
 }
 
-export function connect(key: string): Api {
-  const withKey: Interceptor = (next) => async (request) => {
-    request.header.set("x-idempost-console-key", key);
-    return next(request);
-  };
-  const transport = createGrpcWebTransport({ baseUrl: location.origin, interceptors: [withKey] });
+/**
+ * Exchanges the key for a session; null when done or when there is no key (a reload, whose
+ * session cookie the browser still holds), the console's refusal otherwise.
+ */
+export async function openSession(key: string): Promise<Failure | null> {
+  if (!key) return null;
+  const answer = await fetch("/session", { method: "POST", headers: { "x-idempost-console-key": key } });
+  if (answer.ok) return null;
+  // The console answers "REASON: what happened and what to do".
+  const text = await answer.text();
+  const [reason, message] = text.includes(": ") ? text.split(/: (.*)/s, 2) : ["", text];
+  return { code: "Unauthenticated", reason, message, hint: "" };
+}
+
+export function connect(): Api {
+  const transport = createGrpcWebTransport({ baseUrl: location.origin });
   return { admin: createClient(AdminService, transport), consumer: createClient(ConsumerAdminService, transport) };
 }
 
@@ -39,8 +51,8 @@ export function failure(error: unknown): Failure {
   const reason = e.findDetails(ErrorInfoSchema)[0]?.reason ?? "";
   const code = Code[e.code] ?? String(e.code);
   let hint = "";
-  if (reason === "CONSOLE_KEY_MISSING") {
-    hint = "Open the URL that `idempostctl console` printed (it carries the console key).";
+  if (reason === "CONSOLE_SESSION_MISSING") {
+    hint = "This page has no console session (or it ended): press Enter in the terminal running `idempostctl console` and open the new URL it prints.";
   } else if (e.code === Code.Unauthenticated) {
     hint = "The service refused the console's token: start `idempostctl console` with a valid operator token (--token-file or IDEMPOST_TOKEN).";
   } else if (e.code === Code.PermissionDenied) {

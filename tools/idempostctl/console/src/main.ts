@@ -1,5 +1,5 @@
 // The console's page: a header with the five pages, a banner for refusals, and the page shown.
-import { connect, describe, failure, takeConsoleKey, type Failure } from "./api.js";
+import { connect, describe, failure, openSession, takeConsoleKey, type Failure } from "./api.js";
 import { h, replace } from "./dom.js";
 import * as backlog from "./backlog.js";
 import * as timeline from "./timeline.js";
@@ -37,13 +37,19 @@ async function start(): Promise<void> {
       replace(banner, h("strong", {}, describe(problem)), problem.hint ? h("p", {}, problem.hint) : null);
     }
   };
+  const refused = await openSession(key);
+  if (refused) {
+    // Every call would be refused too: the banner says why, and nothing else is shown.
+    report(refused);
+    return;
+  }
   let config: Config = { jaegerUrl: null };
   try {
     config = (await (await fetch("/config.json")).json()) as Config;
   } catch {
     // The defaults: no Jaeger link.
   }
-  const context: Context = { api: connect(key), config, report, show: (page, argument) => show(page, argument) };
+  const context: Context = { api: connect(), config, report, show: (page, argument) => show(page, argument) };
   const buttons = new Map<PageName, HTMLButtonElement>();
   for (const [name, page] of Object.entries(pages) as [PageName, Page][]) {
     const button = h("button", { type: "button", "data-page": name }, page.title);

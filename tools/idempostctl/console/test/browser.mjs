@@ -1,7 +1,7 @@
 // Drives the console in Debian's Chromium (playwright-core, no browser download) the way an
 // operator would, for tests/api/console.rs, which starts the services and `idempostctl console`
 // and checks the databases. Usage: node browser.mjs '<JSON settings>' with
-//   url        the URL the console printed (with its key)
+//   url        the URL the console printed (with its one-time key)
 //   refusedUrl the URL of a console whose token the services refuse
 //   outDir     where the screenshots go
 //   published  {eventId, tenantId, requestId} of an event that was consumed (its order was then
@@ -225,7 +225,19 @@ try {
   await refused.getByTestId("banner").waitFor({ state: "visible", timeout: WAIT });
   report("refused", { banner: await refused.getByTestId("banner").innerText(), screenshot: await shot(refused, "refused") });
 
-  // The page without its key (reloaded, or the address typed by hand) says what to do.
+  // A reload keeps the session: the key is gone from the address bar, the cookie is not.
+  await page.reload();
+  await page.getByTestId("count-pending").locator(".value").filter({ hasText: /^0$/ }).waitFor({ timeout: WAIT });
+  report("reloaded", { address: page.url(), banner: await page.getByTestId("banner").isVisible() });
+
+  // Another browser (no cookie) given the same URL: its key was spent by the first.
+  await context.clearCookies();
+  const spent = await context.newPage();
+  await spent.goto(settings.url);
+  await spent.getByTestId("banner").waitFor({ state: "visible", timeout: WAIT });
+  report("spent", { banner: await spent.getByTestId("banner").innerText() });
+
+  // The page without a key or a session (the address typed by hand) says what to do.
   const keyless = await context.newPage();
   await keyless.goto(new URL(settings.url).origin + "/");
   await keyless.getByTestId("banner").waitFor({ state: "visible", timeout: WAIT });

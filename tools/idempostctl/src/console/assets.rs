@@ -17,7 +17,10 @@ const INDEX: &str = include_str!("../../console/static/index.html");
 const SCRIPT: &str = include_str!("../../console/dist/console.js");
 const STYLE: &str = include_str!("../../console/static/console.css");
 
-/// The static routes: the page, its script and style, and `/config.json` (what the page cannot
+/// The paths of the static routes: the only ones served without a session.
+pub(super) const PATHS: [&str; 4] = ["/", "/console.js", "/console.css", "/config.json"];
+
+/// The static routes ([`PATHS`]): the page, its script and style, and `/config.json` (what the page cannot
 /// know by itself; nothing secret).
 pub(super) fn router(jaeger_url: Option<&str>) -> Router {
     let config = serde_json::json!({ "jaegerUrl": jaeger_url.map(|u| u.trim_end_matches('/')) }).to_string();
