@@ -670,3 +670,39 @@ async fn a_silent_or_slow_connection_to_the_console_is_closed_and_an_oversized_h
     let head = http1(&address, &request("GET", &address, "/", &[&oversized], b"")).await;
     assert_eq!(status_of(&head), "431", "{head}");
 }
+
+#[tokio::test]
+async fn enter_in_the_consoles_terminal_prints_a_new_url_whose_key_replaces_the_unused_one() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+    let upstream = Upstream::start().await;
+    let url = format!("--admin-url=http://{}", upstream.address);
+    let consumer_url = format!("--consumer-admin-url=http://{}", upstream.address);
+    let mut child = tokio::process::Command::new(service_binary("idempostctl"))
+        .args([url.as_str(), consumer_url.as_str(), "console", "--listen=127.0.0.1:0"])
+        .env_remove("IDEMPOST_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut terminal = child.stdin.take().unwrap();
+    let mut printed = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_url = async || loop {
+        let line = tokio::time::timeout(WAIT, printed.next_line()).await.unwrap().unwrap().unwrap();
+        if let Some((_, url)) = line.split_once("open http://") {
+            let (address, key) = url.split_once("/#key=").unwrap();
+            return (address.to_owned(), key.to_owned());
+        }
+    };
+    let (address, first) = next_url().await;
+
+    terminal.write_all(b"\n").await.unwrap();
+    let (same_address, second) = next_url().await;
+
+    assert_eq!(same_address, address);
+    assert_ne!(first, second);
+    let replaced = exchange(&address, &first).await;
+    assert_eq!(status_of(&replaced), "403", "the unused key was replaced: {replaced}");
+    let exchanged = exchange(&address, &second).await;
+    assert_eq!(status_of(&exchanged), "204", "{exchanged}");
+}
