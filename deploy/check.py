@@ -9,6 +9,9 @@
     check.py inventory   one JSON document: for each place that starts a binary, the binary, the
                          flags, subcommands and environment variables it is given. The Rust test
                          tests/api/deploy.rs compares them with each binary's --help.
+    check.py hardening   one JSON document: for each rule of hardening.py (secret file modes,
+                         secrets as files, Kafka over SASL/TLS with ACLs, egress, ingress
+                         namespaces, image tags, ignore files), what it checked and what is wrong.
 
 Exit status 0 when everything is valid, 1 otherwise.
 """
@@ -172,8 +175,16 @@ def inventory() -> int:
     return 0
 
 
+def hardening() -> int:
+    import hardening as rules
+
+    json.dump(rules.report(HERE), sys.stdout, indent=1)
+    print()
+    return 0
+
+
 if __name__ == "__main__":
-    commands = {"validate": validate, "inventory": inventory}
+    commands = {"validate": validate, "inventory": inventory, "hardening": hardening}
     if len(sys.argv) != 2 or sys.argv[1] not in commands:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

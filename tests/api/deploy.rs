@@ -4,7 +4,10 @@
 //! they cannot drift from the code, and the Prometheus alert rules pass `promtool check rules`
 //! and their `promtool test rules` fixtures. Builds nothing: the binaries are the ones next to
 //! the test executable. (The dashboard's and the rules' metric names are compared with a live
-//! scrape in metrics_scrape.rs.)
+//! scrape in metrics_scrape.rs.) The security rules of deploy/hardening.py hold: secret files
+//! readable by the pod's group only, database URLs and Kafka credentials as mounted files, Kafka
+//! over SASL_SSL with ACLs that let only the relay write, egress and ingress bounded, no `:latest`
+//! image, secrets kept out of the build context and git.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -128,4 +131,41 @@ fn the_alert_rules_pass_promtool_check_rules_and_their_promtool_test_fixtures() 
     assert!(checked.contains("SUCCESS: 5 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "alerts.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+/// Asserts that each of `rules` of `check.py hardening` checked something and found nothing.
+fn assert_hardened(rules: &[&str]) {
+    let report: Value = serde_json::from_str(&check("hardening")).unwrap();
+    for rule in rules {
+        let result = &report[*rule];
+        let problems: Vec<_> =
+            result["problems"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        assert!(problems.is_empty(), "hardening rule {rule}:\n{}", problems.join("\n"));
+        assert!(result["checked"].as_u64().unwrap() > 0, "hardening rule {rule} checked nothing: {result}");
+    }
+}
+
+#[test]
+fn secret_files_are_readable_by_the_pods_group_only_and_database_urls_are_files_not_environment_variables() {
+    assert_hardened(&["secret-volumes", "database-url-files"]);
+}
+
+#[test]
+fn no_image_is_latest_or_untagged_and_secrets_stay_out_of_the_build_context_and_git() {
+    assert_hardened(&["images", "ignore-files"]);
+}
+
+#[test]
+fn the_relay_and_the_consumer_reach_kafka_over_sasl_ssl_as_themselves_and_only_the_relay_may_write() {
+    assert_hardened(&["kafka"]);
+}
+
+#[test]
+fn egress_is_denied_but_for_dns_the_database_the_broker_and_the_collector() {
+    assert_hardened(&["egress"]);
+}
+
+#[test]
+fn callers_and_operators_are_admitted_only_from_namespaces_labelled_as_clients() {
+    assert_hardened(&["ingress-namespaces"]);
 }
