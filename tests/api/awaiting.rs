@@ -2,7 +2,8 @@
 //! `await_published` and `await_consumed`, and `idempostctl wait` with its exit codes. An event
 //! is awaited until published and until consumed by a named consumer; a wait with no relay
 //! running times out; a FAILED, dead-lettered or parked event ends the wait with its own answer;
-//! another tenant's event is not revealed.
+//! another tenant's event is not revealed. (The Python and TypeScript clients' await tests are in
+//! their own suites, python.rs and typescript.rs.)
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use idempost_testkit::auth::{authenticated, operator, tenant, with_token};
 use idempost_testkit::consumer::{TestConsumer, consumer_settings};
 use idempost_testkit::pipeline::Pipeline;
 use idempost_testkit::pki::{AUDIENCE, ISSUER};
+use idempost_testkit::set_aside::{dead_letter, fail_event};
 use sea_orm::{ConnectionTrait, Value};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -133,14 +135,8 @@ async fn a_failed_dead_lettered_or_parked_event_ends_the_wait_with_its_own_answe
         vec![failed.clone().into()],
     )
     .await;
-    let (dead, parked) = (uuid::Uuid::now_v7().to_string(), uuid::Uuid::now_v7().to_string());
-    exec(
-        &app.conn,
-        "INSERT INTO dead_letter (consumer_name, topic, partition_id, offset_id, payload, event_id, error, created_at) \
-         VALUES (?, ?, 0, 7, ?, ?, 'cannot decode', ?)",
-        vec![DEFAULT_CONSUMER_NAME.into(), topic.clone().into(), b"junk".to_vec().into(), dead.clone().into(), Utc::now().into()],
-    )
-    .await;
+    let dead = dead_letter(&app.conn, DEFAULT_CONSUMER_NAME, &topic).await;
+    let parked = uuid::Uuid::now_v7().to_string();
     exec(
         &app.conn,
         "INSERT INTO consumed_event (consumer_name, event_id, consumed_at) VALUES (?, ?, ?)",
@@ -206,12 +202,7 @@ async fn another_tenants_event_is_answered_like_an_unknown_one_and_the_consumer_
     let (own, other, operator) = (tenant(&pki, 1), tenant(&pki, 2), operator(&pki, "ops"));
     let accepted =
         app.client.clone().submit_order(with_token(order(1, "mine-1"), &own)).await.unwrap().into_inner();
-    exec(
-        &app.conn,
-        "UPDATE outbox_event SET status = 'FAILED' WHERE event_id = ?",
-        vec![accepted.event_id.clone().into()],
-    )
-    .await;
+    fail_event(&app.conn, &accepted.event_id).await;
 
     let as_owner =
         await_published(&endpoint(app.admin_port, Some(&own)).await, &accepted.event_id, LONG).await;
@@ -231,180 +222,6 @@ async fn another_tenants_event_is_answered_like_an_unknown_one_and_the_consumer_
     assert_eq!(status.code(), Code::PermissionDenied);
     consumer.stop().await;
     app.stop().await;
-}
-
-/// The Python client's `await_event.py` (its functions, run as a user's script would), against
-/// the same services.
-mod python {
-    use idempost_testkit::python::{PythonRun, run_python};
-
-    use super::*;
-
-    async fn await_event(target: u16, token_file: Option<&std::path::Path>, command: &[&str]) -> PythonRun {
-        let mut args = vec![format!("--target=127.0.0.1:{target}")];
-        args.extend(token_file.map(|file| format!("--token-file={}", file.display())));
-        args.extend(command.iter().map(|arg| (*arg).to_owned()));
-        run_python("await_event.py", &args, "").await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_python_test_awaits_an_event_until_published_and_until_consumed() {
-        let broker = TestBroker::start().await;
-        let topic = topic();
-        broker.create_topic(&topic, 1).await;
-        let pipeline = Pipeline::spawn(Backend::MariaDb, &broker.address(), &topic, "await-py").await;
-        let event_id = pipeline.order.submit(order(7, "py-1")).await.unwrap().event_id;
-
-        let published =
-            await_event(pipeline.order.admin_port, None, &["published", &event_id, "--timeout=60"]).await;
-        let consumed = await_event(
-            pipeline.consumer.port,
-            None,
-            &["consumed", &event_id, "--consumer", DEFAULT_CONSUMER_NAME, "--timeout=60"],
-        )
-        .await;
-
-        assert!(published.status.success(), "{published}");
-        assert_eq!(published.result()["outcome"], "published");
-        assert_eq!(published.result()["event_id"], event_id.as_str());
-        assert!(consumed.status.success(), "{consumed}");
-        assert_eq!(consumed.result()["outcome"], "consumed");
-        assert_eq!(consumed.result()["consumer_name"], DEFAULT_CONSUMER_NAME);
-        pipeline.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_python_wait_times_out_ends_at_failed_or_dead_lettered_and_hides_another_tenants_event() {
-        let (app, pki, dir) = authenticated(Backend::MariaDb, |_| {}).await;
-        let broker = TestBroker::start().await;
-        let topic = topic();
-        broker.create_topic(&topic, 1).await;
-        let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "await-py-2");
-        settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
-        let consumer = TestConsumer::spawn(settings).await;
-        let token = |name: &str, token: String| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, token).unwrap();
-            path
-        };
-        let (own, other, ops) = (
-            token("own", tenant(&pki, 1)),
-            token("other", tenant(&pki, 2)),
-            token("ops", operator(&pki, "ops")),
-        );
-        let request = with_token(order(1, "py-2"), &std::fs::read_to_string(&own).unwrap());
-        let event_id = app.client.clone().submit_order(request).await.unwrap().into_inner().event_id;
-        let dead = uuid::Uuid::now_v7().to_string();
-        exec(
-            &app.conn,
-            "INSERT INTO dead_letter (consumer_name, topic, partition_id, offset_id, payload, event_id, error, created_at) \
-             VALUES (?, ?, 0, 7, ?, ?, 'cannot decode', ?)",
-            vec![DEFAULT_CONSUMER_NAME.into(), topic.clone().into(), b"junk".to_vec().into(), dead.clone().into(), Utc::now().into()],
-        )
-        .await;
-
-        // No relay runs: the owner's wait times out on PENDING, the other tenant's on UNKNOWN.
-        let pending = await_event(app.admin_port, Some(&own), &["published", &event_id, "--timeout=1"]).await;
-        let hidden =
-            await_event(app.admin_port, Some(&other), &["published", &event_id, "--timeout=1"]).await;
-        exec(
-            &app.conn,
-            "UPDATE outbox_event SET status = 'FAILED' WHERE event_id = ?",
-            vec![event_id.clone().into()],
-        )
-        .await;
-        let failed = await_event(app.admin_port, Some(&own), &["published", &event_id, "--timeout=60"]).await;
-        let still_hidden =
-            await_event(app.admin_port, Some(&other), &["published", &event_id, "--timeout=1"]).await;
-        let consumed = ["consumed", dead.as_str(), "--consumer", DEFAULT_CONSUMER_NAME, "--timeout=60"];
-        let dead_lettered = await_event(consumer.port, Some(&ops), &consumed).await;
-        let not_an_operator = await_event(consumer.port, Some(&own), &consumed).await;
-
-        assert_eq!(pending.status.code(), Some(3), "{pending}");
-        assert_eq!(
-            (&pending.result()["outcome"], &pending.result()["last_state"]),
-            (&"timed_out".into(), &"PENDING".into())
-        );
-        for hidden in [&hidden, &still_hidden] {
-            assert_eq!(hidden.status.code(), Some(3), "{hidden}");
-            assert_eq!(hidden.result()["last_state"], "UNKNOWN", "{hidden}");
-        }
-        assert_eq!(failed.status.code(), Some(4), "{failed}");
-        assert_eq!(failed.result()["outcome"], "failed");
-        assert_eq!(dead_lettered.status.code(), Some(4), "{dead_lettered}");
-        assert_eq!(
-            (&dead_lettered.result()["outcome"], &dead_lettered.result()["error"]),
-            (&"dead_lettered".into(), &"cannot decode".into())
-        );
-        assert_eq!(not_an_operator.status.code(), Some(1), "{not_an_operator}");
-        assert_eq!(not_an_operator.result()["code"], "PERMISSION_DENIED");
-        consumer.stop().await;
-        app.stop().await;
-    }
-}
-
-/// The TypeScript client's `awaitPublished` and `awaitConsumed`, run by node's test runner
-/// (`clients/typescript/test/service/await.test.ts`) against the services started here.
-mod typescript {
-    use idempost_testkit::relay::{TestRelay, relay_defaults};
-
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn the_typescript_client_awaits_publication_and_consumption_and_each_way_a_wait_ends() {
-        let (app, pki, dir) = authenticated(Backend::MariaDb, |_| {}).await;
-        let broker = TestBroker::start().await;
-        let topic = topic();
-        broker.create_topic(&topic, 1).await;
-        let token_file = |name: &str, token: String| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, token).unwrap();
-            path.display().to_string()
-        };
-        let own = tenant(&pki, 1);
-        let submit = |request_id: &str| {
-            let mut client = app.client.clone();
-            let request = with_token(order(1, request_id), &own);
-            async move { client.submit_order(request).await.unwrap().into_inner().event_id }
-        };
-        // Both committed before a relay runs: the first flows once it starts, the second was
-        // given up (FAILED), which no relay touches.
-        let (flowing, failed) = (submit("ts-await-1").await, submit("ts-await-2").await);
-        exec(
-            &app.conn,
-            "UPDATE outbox_event SET status = 'FAILED' WHERE event_id = ?",
-            vec![failed.clone().into()],
-        )
-        .await;
-        let dead = uuid::Uuid::now_v7().to_string();
-        exec(
-            &app.conn,
-            "INSERT INTO dead_letter (consumer_name, topic, partition_id, offset_id, payload, event_id, error, created_at) \
-             VALUES (?, ?, 0, 7, ?, ?, 'cannot decode', ?)",
-            vec![DEFAULT_CONSUMER_NAME.into(), topic.clone().into(), b"junk".to_vec().into(), dead.clone().into(), Utc::now().into()],
-        )
-        .await;
-        let relay = TestRelay::spawn(relay_defaults(&app.db.url, &broker.address(), &topic)).await;
-        let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "await-ts");
-        settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
-        let consumer = TestConsumer::spawn(settings).await;
-
-        let vars = [
-            ("IDEMPOST_TS_ADMIN_TARGET", format!("127.0.0.1:{}", app.admin_port)),
-            ("IDEMPOST_TS_CONSUMER_TARGET", format!("127.0.0.1:{}", consumer.port)),
-            ("IDEMPOST_TS_TOKEN_FILE", token_file("own", own.clone())),
-            ("IDEMPOST_TS_OTHER_TENANT_TOKEN_FILE", token_file("other", tenant(&pki, 2))),
-            ("IDEMPOST_TS_OPERATOR_TOKEN_FILE", token_file("ops", operator(&pki, "ops"))),
-            ("IDEMPOST_TS_CONSUMER_NAME", DEFAULT_CONSUMER_NAME.to_owned()),
-            ("IDEMPOST_TS_EVENT_ID", flowing),
-            ("IDEMPOST_TS_FAILED_EVENT_ID", failed),
-            ("IDEMPOST_TS_DEAD_EVENT_ID", dead),
-        ];
-        crate::typescript::node_test("test/service/await.test.ts", &vars).await;
-        consumer.stop().await;
-        relay.stop().await;
-        app.stop().await;
-    }
 }
 
 /// The bounds: waiting calls never hold every permit of the listener, and a call never outlives

@@ -527,3 +527,109 @@ async fn the_python_cloudevents_sdk_reads_binary_and_structured_records_and_thei
         topic.app.stop().await;
     }
 }
+
+/// The hooks for users' own tests: `await_event.py` (its functions, run as a user's script
+/// would) waits until an event is published or consumed, against real services.
+mod awaiting {
+    use idempost::security::AuthSettings;
+    use idempost_consumer::DEFAULT_CONSUMER_NAME;
+    use idempost_testkit::auth::{authenticated, operator, tenant, with_token};
+    use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+    use idempost_testkit::pipeline::Pipeline;
+    use idempost_testkit::pki::{AUDIENCE, ISSUER};
+    use idempost_testkit::python::{PythonRun, run_python};
+    use idempost_testkit::set_aside::{dead_letter, fail_event};
+
+    use crate::broker::TestBroker;
+    use crate::helpers::{Backend, order};
+
+    async fn await_event(target: u16, token_file: Option<&std::path::Path>, command: &[&str]) -> PythonRun {
+        let mut args = vec![format!("--target=127.0.0.1:{target}")];
+        args.extend(token_file.map(|file| format!("--token-file={}", file.display())));
+        args.extend(command.iter().map(|arg| (*arg).to_owned()));
+        run_python("await_event.py", &args, "").await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_python_test_awaits_an_event_until_published_and_until_consumed() {
+        let broker = TestBroker::start().await;
+        let topic = idempost_testkit::topic::unique("idempost-await");
+        broker.create_topic(&topic, 1).await;
+        let pipeline = Pipeline::spawn(Backend::MariaDb, &broker.address(), &topic, "await-py").await;
+        let event_id = pipeline.order.submit(order(7, "py-1")).await.unwrap().event_id;
+
+        let published =
+            await_event(pipeline.order.admin_port, None, &["published", &event_id, "--timeout=60"]).await;
+        let consumed = await_event(
+            pipeline.consumer.port,
+            None,
+            &["consumed", &event_id, "--consumer", DEFAULT_CONSUMER_NAME, "--timeout=60"],
+        )
+        .await;
+
+        assert!(published.status.success(), "{published}");
+        assert_eq!(published.result()["outcome"], "published");
+        assert_eq!(published.result()["event_id"], event_id.as_str());
+        assert!(consumed.status.success(), "{consumed}");
+        assert_eq!(consumed.result()["outcome"], "consumed");
+        assert_eq!(consumed.result()["consumer_name"], DEFAULT_CONSUMER_NAME);
+        pipeline.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_python_wait_times_out_ends_at_failed_or_dead_lettered_and_hides_another_tenants_event() {
+        let (app, pki, dir) = authenticated(Backend::MariaDb, |_| {}).await;
+        let broker = TestBroker::start().await;
+        let topic = idempost_testkit::topic::unique("idempost-await");
+        broker.create_topic(&topic, 1).await;
+        let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "await-py-2");
+        settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+        let consumer = TestConsumer::spawn(settings).await;
+        let token = |name: &str, token: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, token).unwrap();
+            path
+        };
+        let (own, other, ops) = (
+            token("own", tenant(&pki, 1)),
+            token("other", tenant(&pki, 2)),
+            token("ops", operator(&pki, "ops")),
+        );
+        let request = with_token(order(1, "py-2"), &std::fs::read_to_string(&own).unwrap());
+        let event_id = app.client.clone().submit_order(request).await.unwrap().into_inner().event_id;
+        let dead = dead_letter(&app.conn, DEFAULT_CONSUMER_NAME, &topic).await;
+
+        // No relay runs: the owner's wait times out on PENDING, the other tenant's on UNKNOWN.
+        let pending = await_event(app.admin_port, Some(&own), &["published", &event_id, "--timeout=1"]).await;
+        let hidden =
+            await_event(app.admin_port, Some(&other), &["published", &event_id, "--timeout=1"]).await;
+        fail_event(&app.conn, &event_id).await;
+        let failed = await_event(app.admin_port, Some(&own), &["published", &event_id, "--timeout=60"]).await;
+        let still_hidden =
+            await_event(app.admin_port, Some(&other), &["published", &event_id, "--timeout=1"]).await;
+        let consumed = ["consumed", dead.as_str(), "--consumer", DEFAULT_CONSUMER_NAME, "--timeout=60"];
+        let dead_lettered = await_event(consumer.port, Some(&ops), &consumed).await;
+        let not_an_operator = await_event(consumer.port, Some(&own), &consumed).await;
+
+        assert_eq!(pending.status.code(), Some(3), "{pending}");
+        assert_eq!(
+            (&pending.result()["outcome"], &pending.result()["last_state"]),
+            (&"timed_out".into(), &"PENDING".into())
+        );
+        for hidden in [&hidden, &still_hidden] {
+            assert_eq!(hidden.status.code(), Some(3), "{hidden}");
+            assert_eq!(hidden.result()["last_state"], "UNKNOWN", "{hidden}");
+        }
+        assert_eq!(failed.status.code(), Some(4), "{failed}");
+        assert_eq!(failed.result()["outcome"], "failed");
+        assert_eq!(dead_lettered.status.code(), Some(4), "{dead_lettered}");
+        assert_eq!(
+            (&dead_lettered.result()["outcome"], &dead_lettered.result()["error"]),
+            (&"dead_lettered".into(), &"cannot decode".into())
+        );
+        assert_eq!(not_an_operator.status.code(), Some(1), "{not_an_operator}");
+        assert_eq!(not_an_operator.result()["code"], "PERMISSION_DENIED");
+        consumer.stop().await;
+        app.stop().await;
+    }
+}

@@ -4,7 +4,6 @@
 //! process-global and the service runs in this process) or made by stopping a private MariaDB.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde_json::json;
 
@@ -15,50 +14,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use crate::helpers::assert_eventually;
 use crate::helpers::{Backend, InProcess, TestDb};
 use crate::pki::{AUDIENCE, ISSUER, Pki};
-
-/// Longer than the harness's `WAIT`: this file waits on runs of thousands of events or on a Node
-/// toolchain, which take that long on a loaded two-core machine.
-const SLOW_WAIT: Duration = Duration::from_secs(120);
-
-/// clients/typescript, with its packages installed.
-fn client_dir() -> PathBuf {
-    let dir = std::env::var_os("IDEMPOST_TS_CLIENT")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript"), PathBuf::from);
-    assert!(
-        dir.join("node_modules/.bin/tsx").exists(),
-        "{} has no node_modules: scripts/test installs them (ensure_typescript_client in \
-         scripts/common.sh; by hand: npm ci in clients/typescript)",
-        dir.display()
-    );
-    dir
-}
-
-/// Runs `node --test` on one test file of clients/typescript with `vars` in its environment,
-/// and fails (showing its report) unless every test in it ran and passed.
-pub(crate) async fn node_test(file: &str, vars: &[(&str, String)]) {
-    let mut command = tokio::process::Command::new("node");
-    command
-        .current_dir(client_dir())
-        .args(["--import", "tsx", "--test", "--test-reporter=spec", file])
-        .envs(vars.iter().map(|(name, value)| (*name, value.as_str())))
-        .env_remove("IDEMPOST_TOKEN")
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(SLOW_WAIT, command.output())
-        .await
-        .unwrap_or_else(|_| panic!("node --test {file} did not finish within {SLOW_WAIT:?}"))
-        .unwrap_or_else(|e| panic!("cannot run node (Node 20 or later on PATH): {e}"));
-    let report =
-        format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "node --test {file}: {}\n{report}", output.status);
-    let count = |label: &str| {
-        report
-            .lines()
-            .find_map(|line| line.trim_start_matches(['ℹ', '#', ' ']).strip_prefix(label))
-            .and_then(|n| n.trim().parse::<u32>().ok())
-    };
-    assert!(count("pass ").is_some_and(|n| n > 0), "no test of {file} passed:\n{report}");
-    assert_eq!((count("fail "), count("skipped ")), (Some(0), Some(0)), "{report}");
-}
+use idempost_testkit::node::{SLOW_WAIT, node_test};
 
 /// An order service with TLS and JWT over `db`, the CA and token files the node tests use, and
 /// the ids of the order under test.
@@ -368,4 +324,64 @@ async fn the_typescript_cloudevents_sdk_reads_binary_and_structured_records_from
     node_test("test/service/cloudevents.test.ts", &vars).await;
     binary.app.stop().await;
     structured.app.stop().await;
+}
+
+/// The hooks for users' own tests: `awaitPublished` and `awaitConsumed`, run by node's test
+/// runner (`clients/typescript/test/service/await.test.ts`) against the services started here.
+mod awaiting {
+    use idempost::security::AuthSettings;
+    use idempost_consumer::DEFAULT_CONSUMER_NAME;
+    use idempost_testkit::auth::{authenticated, operator, tenant, with_token};
+    use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+    use idempost_testkit::node::node_test;
+    use idempost_testkit::pki::{AUDIENCE, ISSUER};
+    use idempost_testkit::relay::{TestRelay, relay_defaults};
+    use idempost_testkit::set_aside::{dead_letter, fail_event};
+
+    use crate::broker::TestBroker;
+    use crate::helpers::{Backend, order};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_typescript_client_awaits_publication_and_consumption_and_each_way_a_wait_ends() {
+        let (app, pki, dir) = authenticated(Backend::MariaDb, |_| {}).await;
+        let broker = TestBroker::start().await;
+        let topic = idempost_testkit::topic::unique("idempost-await");
+        broker.create_topic(&topic, 1).await;
+        let token_file = |name: &str, token: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, token).unwrap();
+            path.display().to_string()
+        };
+        let own = tenant(&pki, 1);
+        let submit = |request_id: &str| {
+            let mut client = app.client.clone();
+            let request = with_token(order(1, request_id), &own);
+            async move { client.submit_order(request).await.unwrap().into_inner().event_id }
+        };
+        // Both committed before a relay runs: the first flows once it starts, the second was
+        // given up (FAILED), which no relay touches.
+        let (flowing, failed) = (submit("ts-await-1").await, submit("ts-await-2").await);
+        fail_event(&app.conn, &failed).await;
+        let dead = dead_letter(&app.conn, DEFAULT_CONSUMER_NAME, &topic).await;
+        let relay = TestRelay::spawn(relay_defaults(&app.db.url, &broker.address(), &topic)).await;
+        let mut settings = consumer_settings(&app.db.url, &broker.address(), &topic, "await-ts");
+        settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+        let consumer = TestConsumer::spawn(settings).await;
+
+        let vars = [
+            ("IDEMPOST_TS_ADMIN_TARGET", format!("127.0.0.1:{}", app.admin_port)),
+            ("IDEMPOST_TS_CONSUMER_TARGET", format!("127.0.0.1:{}", consumer.port)),
+            ("IDEMPOST_TS_TOKEN_FILE", token_file("own", own.clone())),
+            ("IDEMPOST_TS_OTHER_TENANT_TOKEN_FILE", token_file("other", tenant(&pki, 2))),
+            ("IDEMPOST_TS_OPERATOR_TOKEN_FILE", token_file("ops", operator(&pki, "ops"))),
+            ("IDEMPOST_TS_CONSUMER_NAME", DEFAULT_CONSUMER_NAME.to_owned()),
+            ("IDEMPOST_TS_EVENT_ID", flowing),
+            ("IDEMPOST_TS_FAILED_EVENT_ID", failed),
+            ("IDEMPOST_TS_DEAD_EVENT_ID", dead),
+        ];
+        node_test("test/service/await.test.ts", &vars).await;
+        consumer.stop().await;
+        relay.stop().await;
+        app.stop().await;
+    }
 }
