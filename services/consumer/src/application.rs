@@ -107,20 +107,7 @@ impl Application {
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
         let metrics = MetricsListener::bind(settings.metrics_listen, &settings.security).await?;
-        settings.instance_name = settings.static_instance_name();
-        let instance = match (&settings.instance_name, settings.group_instance_id()) {
-            (Some(name), Some(id)) => {
-                let identity = Identity { group: settings.group().to_owned(), instance: name.clone(), id };
-                // Before joining: a second live instance under this name stops here.
-                let lock =
-                    InstanceLock::acquire(&settings.database.url, identity.clone(), INSTANCE_WAIT).await?;
-                Some((identity, lock))
-            }
-            _ => {
-                settings.membership = Membership::Dynamic;
-                None
-            }
-        };
+        let instance = instance_lock(&mut settings).await?;
         let consumer = subscribed(&settings, &stats)?;
         let inbox = Inbox::new(db.clone(), settings.consumer_name.clone());
         // Last: whoever waits for the file finds the consumer subscribed, not only listening.
@@ -408,6 +395,38 @@ async fn leave_group(consumer: &StreamConsumer<CommitOnRevoke>) {
     {
         let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
     }
+}
+
+/// Takes this instance's lock before it joins: under its own name (a second live instance under
+/// that name stops here), or under the lowest free slot of its group when it has no stable name,
+/// which then becomes its name. Sets `settings.instance_name` to the name it runs under, and the
+/// membership to dynamic when there is none (an in-memory database, or `--membership dynamic`).
+async fn instance_lock(settings: &mut Settings) -> Result<Option<(Identity, InstanceLock)>, StartupError> {
+    let group = settings.group().to_owned();
+    let taken = if settings.takes_a_slot() {
+        let slot = |n: u32| {
+            let instance = format!("slot-{n}");
+            Identity { group: group.clone(), id: settings.instance_id(&instance), instance }
+        };
+        InstanceLock::first_free_slot(&settings.database.url, &group, slot).await?
+    } else if let (Some(instance), Some(id)) = (settings.static_instance_name(), settings.group_instance_id())
+    {
+        let identity = Identity { group, instance, id };
+        Some((
+            identity.clone(),
+            InstanceLock::acquire(&settings.database.url, identity, INSTANCE_WAIT).await?,
+        ))
+    } else {
+        None
+    };
+    match &taken {
+        Some((identity, _)) => settings.instance_name = Some(identity.instance.clone()),
+        None => {
+            settings.instance_name = None;
+            settings.membership = Membership::Dynamic;
+        }
+    }
+    Ok(taken)
 }
 
 /// How long a starting instance waits for its name's lock: a predecessor killed an instant ago

@@ -9,7 +9,9 @@
 //! database (MariaDB/MySQL `GET_LOCK`, a PostgreSQL session advisory lock) or, on SQLite, on a
 //! lock file beside the database. The server or the OS releases it when the process dies, even
 //! by SIGKILL, so a restarted instance takes its name (and its partitions) back at once, and a
-//! second live instance under the same name stops at start-up.
+//! second live instance under the same name stops at start-up. An instance without a name of
+//! its own takes the lowest numbered slot of its group whose lock no live process holds, and runs
+//! under that slot's name: its restart after a crash takes the same slot.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +34,17 @@ pub enum InstanceError {
         instance: String,
         /// The static membership id.
         id: String,
+    },
+    /// Every numbered slot of the group is held by a live instance.
+    #[error(
+        "all {slots} instance slots of group `{group}` are held by live consumers: give this one an \
+         --instance-name"
+    )]
+    NoFreeSlot {
+        /// The consumer group.
+        group: String,
+        /// How many slots there are.
+        slots: u32,
     },
     /// The database could not be asked.
     #[error("cannot take the instance lock: {0}")]
@@ -115,6 +128,28 @@ impl InstanceLock {
         Ok(Self { identity, url: url.to_owned(), held, wait })
     }
 
+    /// Takes the lowest numbered slot no live process holds, `identity(n)` naming slot `n`, each
+    /// tried once without waiting; `None` when `url` is an in-memory database (nothing to lock,
+    /// so no stable name either). Why slots: a consumer without a name of its own still gets one
+    /// that is stable across its restarts, because its dead predecessor's lock ends with its
+    /// process, so a restarted instance takes the same slot and, as a static member, its
+    /// partitions back at once.
+    pub(crate) async fn first_free_slot(
+        url: &str,
+        group: &str,
+        identity: impl Fn(u32) -> Identity,
+    ) -> Result<Option<(Identity, Self)>, InstanceError> {
+        for slot in 0..SLOTS {
+            match Self::acquire(url, identity(slot), Duration::ZERO).await {
+                Ok(Self { held: Held::Nothing, .. }) => return Ok(None),
+                Ok(lock) => return Ok(Some((lock.identity.clone(), lock))),
+                Err(InstanceError::Duplicate { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(InstanceError::NoFreeSlot { group: group.to_owned(), slots: SLOTS })
+    }
+
     /// Checks that the lock is still held: a database connection that broke (the server
     /// restarted) loses its lock, so it is taken again on a new connection, and
     /// [`InstanceError::Duplicate`] means another process took it meanwhile. Other errors are
@@ -144,6 +179,10 @@ impl InstanceLock {
         Ok(())
     }
 }
+
+/// How many numbered slots a group's unnamed instances may take: more live instances than a
+/// topic has partitions would hold nothing anyway.
+const SLOTS: u32 = 256;
 
 /// How often a lock held by another process is tried again while waiting.
 const RETRY: Duration = Duration::from_millis(100);
@@ -257,5 +296,20 @@ mod tests {
         let _other = acquire("pod-1").await.unwrap();
         drop(first);
         acquire("pod-0").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unnamed_instance_takes_the_lowest_slot_no_live_process_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/c.db?mode=rwc", dir.path().display());
+        let slot = |n: u32| identity(&format!("slot-{n}"));
+        let take = || InstanceLock::first_free_slot(&url, "g", slot);
+        let (zero, zero_lock) = take().await.unwrap().unwrap();
+        let (one, _one_lock) = take().await.unwrap().unwrap();
+        assert_eq!((zero.instance.as_str(), one.instance.as_str()), ("slot-0", "slot-1"));
+        drop(zero_lock);
+        let (again, _) = take().await.unwrap().unwrap();
+        assert_eq!(again.instance, "slot-0", "a restarted instance takes its dead predecessor's slot");
+        assert!(InstanceLock::first_free_slot("sqlite::memory:", "g", slot).await.unwrap().is_none());
     }
 }

@@ -46,8 +46,13 @@ pub struct Settings {
     /// `group.instance.id` (the consumer name and the instance name), so an instance that
     /// restarts under its name, even after SIGKILL, takes its own partitions back at once.
     /// `dynamic`: every start is a new member, and a dead one holds its partitions until the
-    /// broker drops it. `auto`: static when the instance has a stable name (`--instance-name`,
-    /// or a fixed `--listen` port), dynamic otherwise.
+    /// broker drops it (on Tansu 0.6, only when another dynamic member joins after the dead
+    /// one's session timeout). `auto`: static under the instance's stable name
+    /// (`--instance-name`, or a fixed `--listen` port), or else under the lowest numbered slot
+    /// of the group that no live instance holds (`slot-0`, `slot-1`, ...; taken through the
+    /// instance lock in the database, so a restart takes its dead predecessor's slot); dynamic
+    /// on an in-memory SQLite database, which nothing can share a lock through, or with a
+    /// `session.timeout.ms` under 10 s, too short for a static join on Tansu 0.6.
     #[arg(long, env = "IDEMPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
     pub membership: Membership,
 
@@ -55,8 +60,8 @@ pub struct Settings {
     /// different from every other instance's (under Kubernetes, the StatefulSet pod name, such as
     /// `notification-planner-0`, which a restarted pod keeps). Default: `<host name>-<listen
     /// port>`, which two consumers on one host cannot share. With `--listen` port 0 there is no
-    /// default: static membership then needs this name. A second live instance under the same
-    /// name stops at start-up (exit status 1, naming it).
+    /// such default: `--membership static` then needs this name, and `auto` takes a slot. A
+    /// second live instance under the same name stops at start-up (exit status 1, naming it).
     #[arg(long, env = "IDEMPOST_CONSUMER_INSTANCE_NAME")]
     pub instance_name: Option<String>,
 
@@ -185,13 +190,38 @@ impl Settings {
     /// The static membership id, `<consumer name>.<instance name>` in the characters Kafka
     /// allows; `None` for a dynamic member.
     pub(crate) fn group_instance_id(&self) -> Option<String> {
-        let instance = self.static_instance_name()?;
-        let id = format!("{}.{instance}", self.consumer_name)
+        self.static_instance_name().map(|instance| self.instance_id(&instance))
+    }
+
+    /// The static membership id of instance `instance` of this consumer.
+    pub(crate) fn instance_id(&self, instance: &str) -> String {
+        format!("{}.{instance}", self.consumer_name)
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
             .take(GROUP_INSTANCE_ID_MAX_CHARS)
-            .collect();
-        Some(id)
+            .collect()
+    }
+
+    /// The group session timeout this consumer asks for: `session.timeout.ms` as librdkafka
+    /// reads it from the options (its default, 45 s, when none is given).
+    pub(crate) fn session_timeout(&self) -> Duration {
+        let ms = self
+            .kafka_config()
+            .ok()
+            .and_then(|config| config.create_native_config().ok())
+            .and_then(|native| native.get("session.timeout.ms").ok())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(45_000);
+        Duration::from_millis(ms)
+    }
+
+    /// Whether this instance names itself after the lowest free slot of its group (`slot-<n>`,
+    /// held through its instance lock): `auto` membership without a stable name of its own, and
+    /// a session timeout a static member can join within (see [`STATIC_SESSION_MIN`]).
+    pub(crate) fn takes_a_slot(&self) -> bool {
+        self.membership == Membership::Auto
+            && self.static_instance_name().is_none()
+            && self.session_timeout() >= STATIC_SESSION_MIN
     }
 
     /// Refuses settings that would break a guarantee at run time: a consumer name its columns
@@ -293,6 +323,12 @@ pub(crate) const CONSUMER_NAME_MAX_CHARS: usize = 128;
 
 /// The longest `group.instance.id` Kafka accepts.
 const GROUP_INSTANCE_ID_MAX_CHARS: usize = 249;
+
+/// The shortest session timeout under which an unnamed `auto` instance takes a slot (a static
+/// membership): Tansu 0.6 pauses every static join and every static sync for 3 s, and a static
+/// member with a 6 s session never got its partitions in our tests. Below it, such an instance
+/// stays a dynamic member, as a short session asks for a dead member to go quickly.
+const STATIC_SESSION_MIN: Duration = Duration::from_secs(10);
 
 /// librdkafka options Idempost sets from settings of its own, which name them instead.
 const OWN_SETTINGS: [(&str, &str); 3] = [
@@ -400,6 +436,22 @@ mod tests {
         assert!(settings.group_instance_id().unwrap().ends_with("-50053"), "a fixed port names it");
         let refused = with_options(&[("group.instance.id", "x")]).check().unwrap_err();
         assert!(refused.contains("--instance-name"), "{refused}");
+    }
+
+    #[test]
+    fn an_unnamed_auto_instance_takes_a_slot_unless_its_session_is_too_short_for_a_static_join() {
+        let mut settings = with_options(&[]);
+        settings.listen.set_port(0);
+        assert_eq!(settings.session_timeout(), Duration::from_secs(45), "librdkafka's default");
+        assert!(settings.takes_a_slot());
+        let mut short = with_options(&[("session.timeout.ms", "6000")]);
+        short.listen.set_port(0);
+        assert!(!short.takes_a_slot(), "6 s is too short for a static join on Tansu");
+        settings.instance_name = Some("pod-0".to_owned());
+        assert!(!settings.takes_a_slot(), "a name of its own");
+        settings.instance_name = None;
+        settings.membership = Membership::Dynamic;
+        assert!(!settings.takes_a_slot(), "dynamic asked for");
     }
 
     #[test]

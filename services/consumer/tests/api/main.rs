@@ -13,3 +13,4 @@ use idempost_testkit::broker;
 mod consumer;
 mod membership;
 mod parking;
+mod restart;
