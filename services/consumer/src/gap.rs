@@ -73,7 +73,11 @@ pub(crate) async fn release(
         }
     };
     let (from, to, version) = match given_up {
-        None => (current + 1, current, current),
+        // Nothing given up: the empty range `from > to`, written without overflow at i64::MAX.
+        None => match current.checked_add(1) {
+            Some(next) => (next, current, current),
+            None => (current, current - 1, current),
+        },
         Some((from, to)) => {
             model::skip_to(&txn, consumer, order_id, to, now).await?;
             let (version, more) = model::drain(&txn, consumer, order_id, to, exists, now).await?;
@@ -117,7 +121,10 @@ enum GiveUp {
 fn give_up(current: i64, head: Option<i64>) -> GiveUp {
     match head {
         None => GiveUp::Nothing,
-        Some(head) if head > current + 1 => GiveUp::Missing { from: current + 1, to: head - 1 },
+        // A gap before the head means `current + 1 < head`: neither bound below overflows.
+        Some(head) if model::skips_ahead(head, current) => {
+            GiveUp::Missing { from: current + 1, to: head - 1 }
+        }
         Some(head) => GiveUp::Head(head),
     }
 }

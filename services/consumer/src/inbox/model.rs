@@ -47,7 +47,7 @@ pub(crate) async fn apply(
         None if event.version == 1 => 0,
         None => legacy_version(txn, consumer, event.order_id, Some(&event.event_id.to_string())).await?,
     };
-    if event.version > current + 1 {
+    if skips_ahead(event.version, current) {
         // Parked events this consumer can apply now (an upgrade taught it their type) may fill
         // the gap; only an event out of order pays for the look.
         let (after, applied) = drain(txn, consumer, event.order_id, current, exists, now).await?;
@@ -67,6 +67,18 @@ pub(crate) async fn apply(
     };
     park(txn, consumer, event, &why.reason(&event.event_type), now).await?;
     Ok(Outcome::Parked)
+}
+
+/// Whether `version` is the model's next after `current`. Versions come from the topic, which
+/// anyone allowed to produce to it can write: a record claiming `i64::MAX` must not make the
+/// next version overflow (a panic in a debug build, a wrap to `i64::MIN` in a release build).
+pub(crate) fn is_next(version: i64, current: i64) -> bool {
+    current.checked_add(1) == Some(version)
+}
+
+/// Whether `version` lies more than one ahead of `current` (a gap before it), without overflow.
+pub(crate) fn skips_ahead(version: i64, current: i64) -> bool {
+    i128::from(version) > i128::from(current) + 1
 }
 
 /// What the read model does with one event, by its version and the model's.
@@ -109,7 +121,7 @@ pub(crate) fn decide<S>(version: i64, current: i64, change: Option<S>) -> Decisi
         return Decision::Stale;
     }
     match change {
-        Some(state) if version == current + 1 => Decision::Apply(state),
+        Some(state) if is_next(version, current) => Decision::Apply(state),
         Some(_) => Decision::Park(ParkReason::SkipsAhead { version, current }),
         None => Decision::Park(ParkReason::UnknownType),
     }
@@ -128,9 +140,9 @@ pub(crate) enum DrainStep {
 
 /// The draining rule for one parked event, in version order.
 pub(crate) fn drain_step(version: i64, current: i64) -> DrainStep {
-    if version > current + 1 {
+    if skips_ahead(version, current) {
         DrainStep::Gap
-    } else if version == current + 1 {
+    } else if is_next(version, current) {
         DrainStep::Next
     } else {
         DrainStep::Duplicate
@@ -425,6 +437,20 @@ async fn park(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_at_the_end_of_the_range_decide_without_overflow() {
+        assert_eq!(decide(i64::MAX, i64::MAX, Some(())), Decision::Stale);
+        assert_eq!(decide(2, i64::MAX, Some(())), Decision::Stale);
+        assert_eq!(decide(i64::MAX, i64::MAX - 1, Some(())), Decision::Apply(()));
+        assert_eq!(
+            decide(i64::MAX, 1, Some(())),
+            Decision::Park(ParkReason::SkipsAhead { version: i64::MAX, current: 1 })
+        );
+        assert_eq!(drain_step(i64::MAX, i64::MAX), DrainStep::Duplicate);
+        assert_eq!(drain_step(i64::MIN, i64::MAX), DrainStep::Duplicate);
+        assert_eq!(drain_step(i64::MAX, i64::MAX - 1), DrainStep::Next);
+    }
 
     #[test]
     fn an_event_at_or_below_the_models_version_is_a_duplicate_whatever_its_type() {

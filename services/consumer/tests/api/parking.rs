@@ -63,16 +63,22 @@ async fn publish(
     payload: Option<&[u8]>,
 ) -> String {
     let event_id = uuid::Uuid::now_v7().to_string();
-    let (known_type, known_payload) = change_payload(order_id, version, last, &event_id);
+    // Both given: no payload of the version's own is made (none can be for the last versions).
+    let (event_type, value) = match (event_type, payload) {
+        (Some(event_type), Some(payload)) => (event_type.to_owned(), payload.to_vec()),
+        _ => {
+            let (known_type, known_payload) = change_payload(order_id, version, last, &event_id);
+            (event_type.unwrap_or(known_type).to_owned(), payload.map_or(known_payload, <[u8]>::to_vec))
+        }
+    };
     let (key, version_text) = (order_id.to_string(), version.to_string());
     let headers = OwnedHeaders::new()
         .insert(Header { key: "event_id", value: Some(event_id.as_str()) })
-        .insert(Header { key: "event_type", value: Some(event_type.unwrap_or(known_type)) })
+        .insert(Header { key: "event_type", value: Some(event_type.as_str()) })
         .insert(Header { key: "event_version", value: Some(version_text.as_str()) })
         .insert(Header { key: "aggregate_type", value: Some("order") })
         .insert(Header { key: "aggregate_id", value: Some(key.as_str()) });
-    let value = payload.unwrap_or(&known_payload);
-    let record = FutureRecord::to(topic).key(&key).payload(value).headers(headers);
+    let record = FutureRecord::to(topic).key(&key).payload(&value).headers(headers);
     producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
     event_id
 }
@@ -199,5 +205,47 @@ async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the
     })
     .await;
     assert!(consumer.parked(5).await.is_empty());
+    consumer.service.stop().await;
+}
+
+/// Anyone who can produce to the topic can claim any version. An unknown-type record claiming
+/// version `i64::MAX`, released twice by an operator (the gap before it, then the record itself),
+/// leaves the read model at `i64::MAX`; a later record of that order is absorbed as stale instead
+/// of overflowing the next-version arithmetic, and the consumer goes on applying other orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_claiming_the_last_possible_version_cannot_overflow_the_read_models_arithmetic() {
+    let app = TestOrder::spawn(Backend::Sqlite).await;
+    let broker = TestBroker::start().await;
+    let topic = idempost_testkit::topic::unique("idempost-test");
+    broker.create_topic(&topic, 1).await;
+    let producer = producer(&broker);
+    publish(&producer, &topic, (9, 1, 3), None, None).await;
+    publish(&producer, &topic, (9, i64::MAX, i64::MAX), Some("idempost.v1.OrderShipped"), Some(b"?")).await;
+    let consumer = Consumer::start(&app, &broker, &topic).await;
+    assert_eventually("the last possible version is parked", WAIT, || async {
+        consumer.parked(9).await == vec![(i64::MAX, "idempost.v1.OrderShipped".to_owned())]
+    })
+    .await;
+
+    let gap = consumer.release(9, "the versions before it never existed").await.unwrap();
+    assert_eq!((gap.released_from_version, gap.released_to_version), (2, i64::MAX - 1));
+    let head = consumer.release(9, "and it is not ours either").await.unwrap();
+    assert_eq!((head.released_from_version, head.released_to_version), (i64::MAX, i64::MAX));
+    let nothing = consumer.release(9, "nothing is left to give up").await.unwrap_err();
+    assert_eq!(nothing.code(), tonic::Code::FailedPrecondition, "{nothing:?}");
+
+    // Alone, so that it is consumed one record at a time, the path that compares it with the
+    // model's next version (a batch's set-based path finds it stale first).
+    let late = publish(&producer, &topic, (9, 2, 3), None, None).await;
+    let consumed = format!("SELECT COUNT(*) FROM consumed_event WHERE event_id = '{late}'");
+    assert_eventually("the late version 2 is consumed", WAIT, || async { count(&app, &consumed).await == 1 })
+        .await;
+    publish(&producer, &topic, (11, 1, 3), None, None).await;
+    assert_eventually("the consumer goes on to the next order", WAIT, || async {
+        read_model(&app.conn, &consumer.name).await.contains_key(&11)
+    })
+    .await;
+    assert_eq!(read_model(&app.conn, &consumer.name).await.get(&9).map(|m| m.version), Some(i64::MAX));
+    assert!(consumer.parked(9).await.is_empty(), "the late version 2 is absorbed, not parked");
     consumer.service.stop().await;
 }
