@@ -80,13 +80,26 @@ impl Identity {
     /// A stable 64-bit name for the lock (FNV-1a of group and id): MariaDB lock names are at
     /// most 64 characters and PostgreSQL advisory locks are numbers.
     fn key(&self) -> u64 {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in self.group.bytes().chain([0]).chain(self.id.bytes()) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        hash
+        fnv1a(self.group.bytes().chain([0]).chain(self.id.bytes()))
     }
+}
+
+fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// The MariaDB/MySQL lock name of `key` in `database`. `GET_LOCK` names are server-wide, unlike
+/// PostgreSQL's advisory locks (per database) and SQLite's lock file (per database file): without
+/// the database in the name, two deployments in two schemas of one server would take each
+/// other's instances for duplicates.
+fn mysql_lock_name(database: Option<&str>, key: u64) -> String {
+    let schema = fnv1a(database.unwrap_or_default().bytes());
+    format!("idempost.consumer.{schema:016x}.{key:016x}")
 }
 
 /// The held lock; dropping it (or the process ending) releases it.
@@ -193,7 +206,8 @@ async fn lock_mysql(
     wait: Duration,
 ) -> Result<MySqlConnection, InstanceError> {
     let mut conn = MySqlConnection::connect(url).await?;
-    let name = format!("idempost.consumer.{:016x}", identity.key());
+    let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()").fetch_one(&mut conn).await?;
+    let name = mysql_lock_name(database.as_deref(), identity.key());
     // 1: taken; 0: another session held it for the whole wait; NULL (-1 here): an error.
     let taken: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
         .bind(name)
@@ -273,6 +287,15 @@ mod tests {
     fn the_lock_name_is_stable_and_differs_per_instance() {
         assert_eq!(identity("pod-0").key(), identity("pod-0").key());
         assert_ne!(identity("pod-0").key(), identity("pod-1").key());
+    }
+
+    #[test]
+    fn a_mysql_lock_name_differs_per_database_and_fits_get_lock() {
+        let key = identity("pod-0").key();
+        let (one, other) = (mysql_lock_name(Some("shop_eu"), key), mysql_lock_name(Some("shop_us"), key));
+        assert_ne!(one, other);
+        assert_eq!(one, mysql_lock_name(Some("shop_eu"), key));
+        assert!(one.len() <= 64, "GET_LOCK takes at most 64 characters: {one}");
     }
 
     #[test]

@@ -85,3 +85,46 @@ async fn static_membership_on_a_port_picked_at_start_without_a_name_is_refused_a
     assert!(!status.success(), "{status:?}");
     assert!(stderr.contains("--instance-name"), "the error says what to set: {stderr}");
 }
+
+/// MariaDB's `GET_LOCK` names are server-wide: two deployments in two databases of one server,
+/// each with an instance `pod-0` of a group `g1` (each with its own broker), are not duplicates
+/// of each other, and both run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_of_one_name_in_two_databases_of_one_mariadb_server_both_run() {
+    let (first_app, second_app) =
+        (TestOrder::spawn(Backend::MariaDb).await, TestOrder::spawn(Backend::MariaDb).await);
+    let (first_broker, second_broker) = (TestBroker::start().await, TestBroker::start().await);
+    let topic = idempost_testkit::topic::unique("idempost-test");
+    let args = |app: &TestOrder, broker: &TestBroker, port: u16| {
+        vec![
+            format!("--database-url={}", app.db.url),
+            format!("--brokers={}", broker.address()),
+            format!("--topic={topic}"),
+            "--group-id=g1".to_owned(),
+            "--membership=static".to_owned(),
+            "--instance-name=pod-0".to_owned(),
+            format!("--listen=127.0.0.1:{port}"),
+        ]
+    };
+    let mut running = Vec::new();
+    for (app, broker) in [(&first_app, &first_broker), (&second_app, &second_broker)] {
+        broker.create_topic(&topic, 1).await;
+        let port = free_port();
+        running.push(TestService::spawn("idempost-consumer", &args(app, broker, port), &[]));
+        assert_health("the instance serves", port, "", ServingStatus::Serving).await;
+    }
+    for (app, broker, key) in [(&first_app, &first_broker, "41"), (&second_app, &second_broker, "42")] {
+        let (event_id, payload) = event_record(key.parse().unwrap());
+        produce(&broker.address(), &topic, key, &payload, Some(&event_id)).await;
+        assert_eventually("each deployment's instance consumes its own events", WAIT, || async {
+            app.count("notification_job").await == 1
+        })
+        .await;
+    }
+    for mut service in running {
+        service.signal("TERM").await;
+        assert!(service.wait(WAIT).await.success(), "each instance stops cleanly");
+    }
+    first_app.stop().await;
+    second_app.stop().await;
+}
