@@ -3,6 +3,7 @@
 //! FAILED, and the outbox's retention purge. It reads the order database only; the consumer
 //! serves its own records (`idempost-consumer`'s `admin`).
 
+mod audit;
 mod grpc;
 mod inspect;
 mod replay;

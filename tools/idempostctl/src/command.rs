@@ -276,6 +276,17 @@ pub(crate) enum CtlError {
     Wait(#[from] wait::WaitEnded),
 }
 
+/// A wait that did not reach its goal: a failed call is reported as every command reports one
+/// (exit code 1); the wait's own ends keep their exit codes.
+impl From<idempost_client::AwaitError> for CtlError {
+    fn from(error: idempost_client::AwaitError) -> Self {
+        match error {
+            idempost_client::AwaitError::Call(status) => Self::Call(status),
+            error => Self::Wait(error.into()),
+        }
+    }
+}
+
 impl CtlError {
     /// The process's exit code: `wait`'s own codes, 1 for every other failure.
     pub(crate) fn exit_code(&self) -> u8 {
@@ -339,7 +350,14 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
     let json = cli.json;
     Ok(match &cli.command {
         Command::Console(args) => console(cli, args).await?,
-        Command::Wait(args) => wait::wait(cli, args).await?,
+        Command::Wait(args) => {
+            let (setting, url) = match args.side() {
+                wait::Side::Order => (ADMIN_URL, cli.admin_url.as_str()),
+                wait::Side::Consumer => (CONSUMER_ADMIN_URL, cli.consumer_admin_url.as_str()),
+            };
+            let (channel, token) = cli.channel(setting, url).await?;
+            wait::wait(&idempost_client::AdminEndpoint::new(channel, token), args, json).await?
+        }
         Command::Timeline { event_id } => timeline(cli, event_id).await?,
         Command::Find { tenant_id, request_id } => {
             let mut client = cli.admin().await?;
@@ -518,18 +536,6 @@ async fn version_states(cli: &Cli, timeline: &pb::EventTimeline) -> Result<Vec<S
 }
 
 impl Cli {
-    pub(crate) fn json(&self) -> bool {
-        self.json
-    }
-
-    pub(crate) fn admin_url(&self) -> &str {
-        &self.admin_url
-    }
-
-    pub(crate) fn consumer_admin_url(&self) -> &str {
-        &self.consumer_admin_url
-    }
-
     fn tls(&self) -> ClientTls {
         ClientTls {
             ca_file: self.ca_file.clone(),

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use idempost_client::{AdminEndpoint, AwaitError};
 
-use crate::command::{ADMIN_URL, CONSUMER_ADMIN_URL, Cli, CtlError};
-
 /// The exit code of a wait whose timeout passed first (the event unknown, or not there yet).
 pub(crate) const TIMED_OUT: u8 = 3;
 /// The exit code of a wait the event will not reach on its own: FAILED on the order side,
@@ -49,32 +47,45 @@ impl WaitEnded {
     }
 }
 
-/// Runs `wait`; what to print when the goal was reached.
-pub(crate) async fn wait(cli: &Cli, args: &WaitArgs) -> Result<String, CtlError> {
-    let json = cli.json();
-    // A failed call is reported as every command reports one (exit code 1).
-    let ended = |error| match error {
-        AwaitError::Call(status) => CtlError::Call(status),
-        error => CtlError::Wait(WaitEnded { error }),
-    };
+/// The admin service that answers a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// The order service's AdminService (`--published`).
+    Order,
+    /// The consumer's ConsumerAdminService (`--consumed`).
+    Consumer,
+}
+
+impl WaitArgs {
+    /// Which service answers this wait: the caller connects to it.
+    pub(crate) fn side(&self) -> Side {
+        if self.published.is_some() { Side::Order } else { Side::Consumer }
+    }
+}
+
+impl From<AwaitError> for WaitEnded {
+    fn from(error: AwaitError) -> Self {
+        Self { error }
+    }
+}
+
+/// Runs `wait` against `endpoint` (the service [`WaitArgs::side`] names); what to print when
+/// the goal was reached. A failed call comes back as `AwaitError::Call`, for the caller to report
+/// as every command reports one (exit code 1).
+pub(crate) async fn wait(
+    endpoint: &AdminEndpoint,
+    args: &WaitArgs,
+    json: bool,
+) -> Result<String, AwaitError> {
     if let Some(event_id) = &args.published {
-        let admin = endpoint(cli, ADMIN_URL, cli.admin_url()).await?;
-        let published =
-            idempost_client::await_published(&admin, event_id, args.timeout).await.map_err(ended)?;
+        let published = idempost_client::await_published(endpoint, event_id, args.timeout).await?;
         return Ok(reached(json, &published.event_id, "published", None));
     }
     let (Some(event_id), Some(name)) = (&args.consumed, &args.consumer) else {
         unreachable!("clap requires --published, or --consumed with --consumer")
     };
-    let consumer = endpoint(cli, CONSUMER_ADMIN_URL, cli.consumer_admin_url()).await?;
-    let consumed =
-        idempost_client::await_consumed(&consumer, event_id, name, args.timeout).await.map_err(ended)?;
+    let consumed = idempost_client::await_consumed(endpoint, event_id, name, args.timeout).await?;
     Ok(reached(json, &consumed.event_id, "consumed", Some(&consumed.consumer_name)))
-}
-
-async fn endpoint(cli: &Cli, setting: &'static str, url: &str) -> Result<AdminEndpoint, CtlError> {
-    let (channel, token) = cli.channel(setting, url).await?;
-    Ok(AdminEndpoint::new(channel, token))
 }
 
 fn reached(json: bool, event_id: &str, state: &str, consumer: Option<&str>) -> String {

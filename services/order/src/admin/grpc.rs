@@ -9,6 +9,7 @@ use idempost_proto::v1::{
 };
 use tonic::{Code, Request, Response, Status};
 
+use super::audit::audit_of;
 use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
 use super::replay;
 use super::retention::{OutboxPurgeReport, OutboxRetention};
@@ -253,23 +254,6 @@ fn parse_redrive(ask: pb::RedriveRequest, caller: &Caller) -> Result<(String, Re
     InvalidInput::check(violations)?;
     let audit = audit_of(caller, ask.requested_by, ask.reason);
     event_id.map(|id| (id, audit)).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
-}
-
-/// Who asks and why, as recorded: the token's subject when there is one (the request's
-/// `requested_by`, when it differs, kept as a note in the reason), else `requested_by` as given.
-pub(super) fn audit_of(caller: &Caller, requested_by: String, reason: String) -> RedriveAudit {
-    match &caller.subject {
-        None => RedriveAudit { requested_by, reason },
-        Some(subject) => {
-            let note = requested_by.trim();
-            let reason = if note.is_empty() || note == subject {
-                reason
-            } else {
-                format!("{reason} (requested_by note: {note})")
-            };
-            RedriveAudit { requested_by: subject.clone(), reason }
-        }
-    }
 }
 
 /// Everything the admin API can answer besides OK.

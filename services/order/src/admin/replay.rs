@@ -11,7 +11,7 @@ use sea_orm::{
     QueryFilter, QueryOrder, QuerySelect, TransactionTrait, Value,
 };
 
-use super::grpc::audit_of;
+use super::audit::audit_of;
 use idempost::backlog::{self, RedriveAudit};
 use idempost::contract::{AGGREGATE_TYPE, EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use idempost::db;
