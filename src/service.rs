@@ -9,7 +9,9 @@ use opentelemetry::KeyValue;
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
 use tonic_health::server::HealthReporter;
+use tonic_reflection::pb::v1::server_reflection_server::{ServerReflection, ServerReflectionServer};
 
 use crate::db::{self, SchemaError};
 use crate::security::{Authenticator, Listener};
@@ -81,6 +83,30 @@ pub async fn open_database_for(
 /// lazily, like the main pool, and again after the database comes back.
 pub async fn open_health_connection(url: &str) -> Result<DatabaseConnection, ReadyError> {
     db::connect(url, 1).await.map_err(ReadyError::Database)
+}
+
+/// The largest health request decoded: a service name. Health needs no token, so a bigger
+/// declared message is refused before any of it is buffered (tonic would reserve up to 4 MiB).
+const MAX_HEALTH_REQUEST_BYTES: usize = 1024;
+
+/// The largest reflection request decoded: a symbol or file name. Unauthenticated, like health.
+const MAX_REFLECTION_REQUEST_BYTES: usize = 4 * 1024;
+
+/// The `grpc.health.v1` service every listener serves, with its tiny request limit, and the
+/// reporter that sets its statuses.
+pub fn health_service() -> (HealthReporter, HealthServer<impl HealthService>) {
+    let (reporter, server) = tonic_health::server::health_reporter();
+    (reporter, server.max_decoding_message_size(MAX_HEALTH_REQUEST_BYTES))
+}
+
+/// gRPC reflection of Idempost's services and health, with its small request limit.
+pub fn reflection_service()
+-> Result<ServerReflectionServer<impl ServerReflection>, tonic_reflection::server::Error> {
+    let server = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(idempost_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    Ok(server.max_decoding_message_size(MAX_REFLECTION_REQUEST_BYTES))
 }
 
 /// How often each service re-checks what its health depends on.
@@ -276,7 +302,7 @@ impl HealthEndpoint {
         auth: &Authenticator,
         mut stop: watch::Receiver<bool>,
     ) -> Self {
-        let (reporter, grpc) = tonic_health::server::health_reporter();
+        let (reporter, grpc) = health_service();
         let health = Health::new(reporter, service, &[""]).await;
         let routes = routes.add_service(grpc);
         let server = tokio::spawn(listener.server(auth).add_routes(routes).serve_with_incoming_shutdown(

@@ -1,34 +1,69 @@
 //! The admission of one listener's calls, in one tower layer, in this order:
 //! 1. health checks are always admitted (an orchestrator must not restart a busy instance for
-//!    being busy); `Health/Watch` streams up to their own bound, since each lives as long as its
-//!    connection;
+//!    being busy); `Health/Watch` streams up to the listener's bound and their connection's,
+//!    since each lives as long as its connection;
 //! 2. on a connection kept past the listener's limits, nothing else is;
-//! 3. every other call is authenticated from its `authorization` header alone, before it holds
-//!    anything: a caller without a valid token is answered at once, its body never read;
+//! 3. every other call but reflection is authenticated from its `authorization` header alone,
+//!    before it holds anything: a caller without a valid token, or without the operator scope
+//!    for a method that needs it, is answered at once, its body never read;
 //! 4. one of the listener's permits and one of its connection's, or RESOURCE_EXHAUSTED at once;
-//! 5. its request body must arrive within the body timeout, its answer within the call timeout.
-
+//! 5. every request body, health's too, must arrive within the body timeout, and every answer
+//!    but a Watch's must be delivered within the call timeout: a reader that does not take its
+//!    answer then loses its permits and its connection.
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::codegen::{Bytes, http};
 use tonic_types::{ErrorDetails, StatusExt as _};
 use tower::{Layer, Service};
 
 use super::auth::{AuthError, Authenticator};
-use super::connection::{ConnectionInfo, InFlight};
+use super::connection::{ConnectionInfo, ConnectionState, InFlight};
 use super::refusals::note_refusal;
 
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 const WATCH_PATH: &str = "/grpc.health.v1.Health/Watch";
 /// Reflection answers what the services are, never data: it is not authenticated.
 const REFLECTION_PATH: &str = "/grpc.reflection.";
+
+/// An answer that was ready just before the call timeout still gets this long to be delivered,
+/// so that a handler finishing late does not cost its caller the connection.
+const LEAST_DELIVERY: Duration = Duration::from_secs(1);
+
+/// What a call is, by its path: how it is admitted and how long it may live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `Health/Watch`: lives as long as its connection.
+    Watch,
+    /// `Health/Check`: no token, no permit.
+    Health,
+    /// Reflection: no token, a permit.
+    Reflection,
+    /// Everything else: a token and a permit.
+    Call,
+}
+
+impl Kind {
+    fn of(path: &str) -> Self {
+        if path == WATCH_PATH {
+            Self::Watch
+        } else if path.starts_with(HEALTH_PATH) {
+            Self::Health
+        } else if path.starts_with(REFLECTION_PATH) {
+            Self::Reflection
+        } else {
+            Self::Call
+        }
+    }
+}
 
 /// The call limits of one listener and its callers' authentication.
 ///
@@ -37,7 +72,9 @@ const REFLECTION_PATH: &str = "/grpc.reflection.";
 /// instead, which callers read as "the client gave up", not as "the server's time was up". Like
 /// any deadline, it bounds the wait for the answer, not the work: a call ended here may still
 /// have taken effect, so the caller treats it as unknown (the safe caller protocol reconciles).
-/// A caller's own shorter deadline (`grpc-timeout`) is still enforced by tonic.
+/// A caller's own shorter deadline (`grpc-timeout`) is still enforced by tonic. The same
+/// deadline bounds the answer's delivery: a caller that does not read it (an HTTP/2 window left
+/// at zero) must not keep the permits of a call that is over.
 #[derive(Debug, Clone)]
 pub(crate) struct CallLimits {
     permits: Arc<Semaphore>,
@@ -45,6 +82,9 @@ pub(crate) struct CallLimits {
     watches: Arc<Semaphore>,
     timeout: Duration,
     body_timeout: Duration,
+    /// The methods (`/package.Service/Method`, or `/package.Service/` for all of a service's)
+    /// that only operators may call.
+    operator_only: &'static [&'static str],
 }
 
 impl CallLimits {
@@ -55,7 +95,14 @@ impl CallLimits {
             watches: Arc::new(Semaphore::new(watches)),
             timeout,
             body_timeout,
+            operator_only: &[],
         }
+    }
+
+    /// Refuses `methods` to callers without the operator scope at the door, before their
+    /// request bodies are read.
+    pub(crate) fn operators_only(&mut self, methods: &'static [&'static str]) {
+        self.operator_only = methods;
     }
 
     /// Most calls the listener runs at once, and the longest one may run.
@@ -66,6 +113,12 @@ impl CallLimits {
     /// The layer admitting calls within these limits for callers `auth` accepts.
     pub(crate) fn admitting(&self, auth: &Authenticator) -> Admission {
         Admission { limits: self.clone(), auth: auth.clone() }
+    }
+
+    fn needs_operator(&self, path: &str) -> bool {
+        self.operator_only
+            .iter()
+            .any(|method| path == *method || (method.ends_with('/') && path.starts_with(method)))
     }
 }
 
@@ -81,7 +134,8 @@ fn overloaded(what: &str) -> Refusal {
     Box::new(tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details).into_http())
 }
 
-/// The caller's refusal (UNAUTHENTICATED with its reason): nothing was done.
+/// The caller's refusal (UNAUTHENTICATED or PERMISSION_DENIED with its reason): nothing was
+/// done.
 fn refused(why: AuthError) -> Refusal {
     note_refusal(why);
     let mut details = ErrorDetails::new();
@@ -114,32 +168,47 @@ pub struct Limited<S> {
 /// What an admitted call holds until its answer has been sent.
 #[derive(Debug, Default)]
 struct Held {
+    connection: Option<Arc<ConnectionState>>,
     _in_flight: Option<InFlight>,
     _permits: Vec<OwnedSemaphorePermit>,
 }
 
 impl<S> Limited<S> {
     /// Admits `request` (see the module's order), or the answer that refuses it.
-    fn admit(&self, request: &mut http::Request<Body>) -> Result<Held, Refusal> {
+    fn admit(&self, kind: Kind, request: &mut http::Request<Body>) -> Result<Held, Refusal> {
         let limits = &self.admission.limits;
         let connection = request.extensions().get::<ConnectionInfo>().map(|info| Arc::clone(&info.state));
-        let mut held = Held { _in_flight: connection.as_ref().map(|c| c.begin()), _permits: Vec::new() };
-        let path = request.uri().path();
-        if path == WATCH_PATH {
-            let watch = Arc::clone(&limits.watches).try_acquire_owned();
-            held._permits.push(watch.map_err(|_| overloaded("too many health Watch streams are open"))?);
-            return Ok(held);
-        }
-        if path.starts_with(HEALTH_PATH) {
-            return Ok(held);
+        let mut held = Held {
+            _in_flight: connection.as_ref().map(|c| c.begin()),
+            connection: connection.clone(),
+            _permits: Vec::new(),
+        };
+        match kind {
+            Kind::Watch => {
+                let watch = Arc::clone(&limits.watches).try_acquire_owned();
+                held._permits.push(watch.map_err(|_| overloaded("too many health Watch streams are open"))?);
+                if let Some(connection) = &connection {
+                    let watch = Arc::clone(&connection.watches).try_acquire_owned();
+                    held._permits.push(watch.map_err(|_| {
+                        overloaded("too many health Watch streams are open on this connection")
+                    })?);
+                }
+                return Ok(held);
+            }
+            Kind::Health => return Ok(held),
+            Kind::Reflection | Kind::Call => {}
         }
         if connection.as_ref().is_some_and(|c| c.health_only) {
             return Err(overloaded("the service is at its connection limit and answers health checks only"));
         }
-        if !path.starts_with(REFLECTION_PATH) {
+        if kind == Kind::Call {
             let authorization = request.headers().get(http::header::AUTHORIZATION);
             let caller = self.admission.auth.authenticate_header(authorization.map(|v| v.as_bytes()));
-            request.extensions_mut().insert(caller.map_err(refused)?);
+            let caller = caller.map_err(refused)?;
+            if limits.needs_operator(request.uri().path()) {
+                caller.require_operator().map_err(refused)?;
+            }
+            request.extensions_mut().insert(caller);
         }
         let listener = Arc::clone(&limits.permits).try_acquire_owned();
         let limit = limits.limit;
@@ -171,20 +240,21 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        let held = match self.admit(&mut request) {
+        let kind = Kind::of(request.uri().path());
+        let held = match self.admit(kind, &mut request) {
             Ok(held) => held,
             Err(refusal) => return Box::pin(std::future::ready(Ok(*refusal))),
         };
-        if request.uri().path().starts_with(HEALTH_PATH) {
-            // Checks answer at once; a Watch lives as long as its connection allows.
-            let call = self.inner.call(request);
-            return Box::pin(async move { Ok(call.await?.map(|body| Body::new(Holding { body, held }))) });
-        }
         let (timeout, body_timeout) = (self.admission.limits.timeout, self.admission.limits.body_timeout);
         let request = request.map(|body| Body::new(BodyDeadline::new(body, body_timeout)));
         let call = self.inner.call(request);
+        if kind == Kind::Watch {
+            // A Watch lives as long as its connection allows.
+            return Box::pin(async move { Ok(call.await?.map(|body| Holding::until_sent(body, held))) });
+        }
+        let deadline = Instant::now() + timeout;
         Box::pin(async move {
-            let answer = match tokio::time::timeout(timeout, call).await {
+            let answer = match tokio::time::timeout_at(deadline, call).await {
                 Ok(answer) => answer?,
                 Err(_) => {
                     tracing::debug!(?timeout, "call ended at the server's call timeout");
@@ -194,15 +264,64 @@ where
                     status.into_http()
                 }
             };
-            Ok(answer.map(|body| Body::new(Holding { body, held })))
+            let deliver_by = deadline.max(Instant::now() + LEAST_DELIVERY);
+            Ok(answer.map(|body| Holding::delivered_by(body, held, deliver_by)))
         })
     }
 }
 
-/// A response body that keeps what its call holds until it has been sent (or dropped).
+/// A response body that keeps what its call holds until it has been sent (or dropped), or, when
+/// it has a delivery deadline, until then at the latest: past it the holdings are released and
+/// the call's connection closed, which resets its stream. The deadline is kept by a timer task
+/// of its own, since a body whose reader gives no flow-control window is never polled again.
 struct Holding {
     body: Body,
-    held: Held,
+    held: Arc<Mutex<Option<Held>>>,
+    expiry: Option<AbortHandle>,
+}
+
+impl Holding {
+    fn until_sent(body: Body, held: Held) -> Body {
+        Body::new(Self { body, held: Arc::new(Mutex::new(Some(held))), expiry: None })
+    }
+
+    fn delivered_by(body: Body, held: Held, deadline: Instant) -> Body {
+        if http_body::Body::is_end_stream(&body) {
+            // Headers only (every refusal and error): no flow control can hold them back.
+            return Self::until_sent(body, held);
+        }
+        let held = Arc::new(Mutex::new(Some(held)));
+        let expiry = tokio::spawn(expire_at(deadline, Arc::clone(&held))).abort_handle();
+        Body::new(Self { body, held, expiry: Some(expiry) })
+    }
+
+    /// Gives back what the call holds: its answer was sent, or will never be.
+    fn release(&mut self) {
+        if let Some(expiry) = self.expiry.take() {
+            expiry.abort();
+        }
+        drop(take(&self.held));
+    }
+}
+
+fn take(held: &Mutex<Option<Held>>) -> Option<Held> {
+    held.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
+/// Releases what an undelivered answer holds at `deadline`, and closes its connection.
+async fn expire_at(deadline: Instant, held: Arc<Mutex<Option<Held>>>) {
+    tokio::time::sleep_until(deadline).await;
+    let Some(held) = take(&held) else { return };
+    tracing::debug!("answer not delivered within the call timeout; permits released, connection closed");
+    if let Some(connection) = &held.connection {
+        connection.close();
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl http_body::Body for Holding {
@@ -214,9 +333,14 @@ impl http_body::Body for Holding {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
+        if this.expiry.is_some() && this.held.lock().unwrap_or_else(PoisonError::into_inner).is_none() {
+            return Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(
+                "the answer was not delivered within the server's call timeout",
+            ))));
+        }
         let frame = Pin::new(&mut this.body).poll_frame(cx);
         if let Poll::Ready(None) = frame {
-            this.held = Held::default();
+            this.release();
         }
         frame
     }

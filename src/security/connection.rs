@@ -2,11 +2,12 @@
 //! handshakes run at once, the process's open-file limit, and how long one may sit idle.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use opentelemetry::KeyValue;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -24,6 +25,10 @@ const HEALTH_ONLY_CONNECTIONS: usize = 8;
 
 /// A health-only connection is closed this long after its last check.
 const HEALTH_ONLY_IDLE: Duration = Duration::from_secs(5);
+
+/// Most health `Watch` streams one connection keeps open: a client watches a few services at
+/// most, and each stream lives as long as its connection.
+const WATCHES_PER_CONNECTION: usize = 4;
 
 /// New connections are shed once the process holds this share (in tenths) of its open-file
 /// limit, keeping the rest for its database and broker connections, files and health probes.
@@ -167,8 +172,13 @@ pub struct ConnectionState {
     pub calls: Arc<Semaphore>,
     /// Accepted past a limit: only health checks are answered on it.
     pub health_only: bool,
+    /// This connection's share of its listener's health `Watch` streams.
+    pub watches: Arc<Semaphore>,
     in_flight: AtomicUsize,
     idle_since: Mutex<Instant>,
+    /// Set by [`ConnectionState::close`]; the reader to wake for it.
+    closing: AtomicBool,
+    reader: AtomicWaker,
 }
 
 impl ConnectionState {
@@ -176,9 +186,25 @@ impl ConnectionState {
         Arc::new(Self {
             calls: Arc::new(Semaphore::new(calls)),
             health_only,
+            watches: Arc::new(Semaphore::new(WATCHES_PER_CONNECTION)),
             in_flight: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
+            closing: AtomicBool::new(false),
+            reader: AtomicWaker::new(),
         })
+    }
+
+    /// Closes the connection at once: its reads end, and the server drops it with every stream
+    /// on it (how a stream whose answer its reader never takes is reset).
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        self.reader.wake();
+    }
+
+    /// Whether [`ConnectionState::close`] was called; otherwise the reader is woken when it is.
+    fn closed(&self, cx: &mut Context<'_>) -> bool {
+        self.reader.register(cx.waker());
+        self.closing.load(Ordering::SeqCst)
     }
 
     /// Marks a request in flight until the returned guard is dropped (when its answer is sent).
@@ -263,7 +289,7 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        if this.idle_expired(cx) {
+        if this.info.state.closed(cx) || this.idle_expired(cx) {
             // The end of the stream: the server closes a connection with nothing in flight.
             return Poll::Ready(Ok(()));
         }

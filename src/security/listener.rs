@@ -161,6 +161,14 @@ impl Listener {
         self.limits.bounds()
     }
 
+    /// Refuses `methods` (`/package.Service/Method`, or `/package.Service/` for every method
+    /// of a service) to callers without the operator scope before their request bodies are
+    /// read.
+    pub fn operators_only(mut self, methods: &'static [&'static str]) -> Self {
+        self.limits.operators_only(methods);
+        self
+    }
+
     /// Whether the listener serves TLS.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()

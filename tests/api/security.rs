@@ -635,3 +635,57 @@ async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_an
     assert!(idempost_testkit::health::health(port, "").await.is_some(), "health answers without a token");
     consumer.stop().await;
 }
+
+/// A call to the consumer's ConsumerAdminService `method` on `port` with `token`, whose request
+/// message declares `declared` bytes and never arrives: the `grpc-status` it is answered with.
+async fn consumer_call_declaring(port: u16, method: &str, token: &str, declared: u32) -> Option<String> {
+    use futures::StreamExt as _;
+    use http_body_util::StreamBody;
+    use hyper::body::{Bytes, Frame};
+
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(tcp);
+    let (mut send, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(connection);
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&declared.to_be_bytes());
+    let first = Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(prefix)));
+    let body = StreamBody::new(futures::stream::iter([first]).chain(futures::stream::pending()));
+    let request =
+        hyper::Request::post(format!("http://127.0.0.1:{port}/idempost.v1.ConsumerAdminService/{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {token}"))
+            .body(body)
+            .unwrap();
+    let answer = tokio::time::timeout(WAIT, send.send_request(request)).await.expect("answered at once");
+    answer.unwrap().headers().get("grpc-status").map(|status| status.to_str().unwrap().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumers_admin_service_refuses_tenants_and_oversized_requests_before_reading_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path()).unwrap();
+    let db = TestDb::migrated(Backend::Sqlite).await;
+    let broker = crate::broker::TestBroker::start().await;
+    let mut settings = idempost_consumer::Settings::new(&db.url, broker.address());
+    settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
+    settings.shutdown_grace = Duration::from_secs(5);
+    settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+    // Far longer than the test waits: only the admission or the message limit can answer.
+    settings.security.body_timeout = Duration::from_secs(600);
+    settings.security.call_timeout = Duration::from_secs(600);
+    let consumer = idempost_consumer::Application::build(settings).await.unwrap();
+    let port = consumer.port();
+    let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
+    let (seven, ops) = (tenant(&pki, 7), operator(&pki, "alice"));
+
+    for method in ["ListDeadLetters", "PurgeConsumed", "ReleaseParkedGap"] {
+        let status = consumer_call_declaring(port, method, &seven, 1024 * 1024).await;
+        assert_eq!(status.as_deref(), Some("7"), "{method}: PERMISSION_DENIED before the body");
+    }
+    let status = consumer_call_declaring(port, "ListDeadLetters", &ops, 100 * 1024).await;
+    assert_eq!(status.as_deref(), Some("11"), "OUT_OF_RANGE past 64 KiB, before the body");
+    consumer.stop().await;
+}

@@ -23,6 +23,10 @@ use idempost::security::{Authenticator, Caller};
 
 const SERVICE: &str = "idempost.v1.ConsumerAdminService";
 
+/// The largest request decoded: the biggest is a gap release's reason, far below it. tonic's
+/// default (4 MiB) would let one call make the consumer reserve that much.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
 /// The `ConsumerAdminService` implementation.
 #[derive(Debug, Clone)]
 pub(crate) struct ConsumerAdminGrpc {
@@ -44,7 +48,11 @@ impl ConsumerAdminGrpc {
         waits: LongPoll,
     ) -> ConsumerAdminServiceServer<Self> {
         ConsumerAdminServiceServer::new(Self { db, consumer_name, retention, auth, waits })
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
     }
+
+    /// Every method needs the operator scope: refused at the listener, before the body is read.
+    pub(crate) const OPERATOR_ONLY: &[&str] = &["/idempost.v1.ConsumerAdminService/"];
 
     /// Authenticates the caller, requires the operator scope, and runs one call inside its
     /// server span, recording its status there.

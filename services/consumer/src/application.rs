@@ -104,7 +104,10 @@ impl Application {
         let stats = Arc::<ConsumerStats>::default();
         // Bound first: a fixed port names the instance when --instance-name does not, and no
         // two processes on one host hold the same port.
-        let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
+        let listener = Listener::bind(settings.listen, &settings.security)
+            .await
+            .map_err(ReadyError::from)?
+            .operators_only(ConsumerAdminGrpc::OPERATOR_ONLY);
         let port = listener.port();
         let metrics = MetricsListener::bind(settings.metrics_listen, &settings.security).await?;
         let instance = instance_lock(&mut settings).await?;
@@ -236,12 +239,8 @@ impl Application {
     /// settings allow it on this listener. Fails only when reflection cannot load the service
     /// descriptors.
     fn admin_routes(&self) -> Result<tonic::service::Routes, StartupError> {
-        let reflection = self.settings.auth.reflection_on(self.settings.listen).then(|| {
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(idempost_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .build_v1()
-        });
+        let reflection =
+            self.settings.auth.reflection_on(self.settings.listen).then(service::reflection_service);
         let mut routes = tonic::service::Routes::new(ConsumerAdminGrpc::server(
             self.db.clone(),
             self.settings.consumer_name.clone(),

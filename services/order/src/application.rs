@@ -89,8 +89,10 @@ impl Application {
             .listeners
             .limited_by_default(settings.db_max_connections.saturating_mul(CALLS_PER_CONNECTION));
         let listener = Listener::bind(settings.listen, &limited).await.map_err(ReadyError::from)?;
-        let admin_listener =
-            Listener::bind(settings.admin_listen, &limited).await.map_err(ReadyError::from)?;
+        let admin_listener = Listener::bind(settings.admin_listen, &limited)
+            .await
+            .map_err(ReadyError::from)?
+            .operators_only(AdminGrpc::OPERATOR_ONLY);
         let metrics = MetricsListener::bind(settings.metrics_listen, &security.listeners).await?;
         let (port, admin_port) = (listener.port(), admin_listener.port());
         let mut bound = vec![
@@ -142,12 +144,9 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
-        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let (reporter, health_service) = service::health_service();
         let health = Health::new(reporter, "idempost-order", HEALTH_NAMES).await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(idempost_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+        let reflection = service::reflection_service()?;
 
         let (stop, stopped) = watch::channel(false);
         let draining = health.clone();

@@ -21,6 +21,10 @@ use idempost::security::{Authenticator, Caller};
 
 const SERVICE: &str = "idempost.v1.AdminService";
 
+/// The largest admin request decoded: the biggest is a Replay's filter and reason, far below it.
+/// tonic's default (4 MiB) would let one call make the service reserve that much.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
 /// The `AdminService` implementation.
 #[derive(Debug, Clone)]
 pub(crate) struct AdminGrpc {
@@ -39,7 +43,17 @@ impl AdminGrpc {
         waits: LongPoll,
     ) -> AdminServiceServer<Self> {
         AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth, waits })
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
     }
+
+    /// The methods only operators may call: refused at the listener, before their bodies are
+    /// read, as well as in the call (a method added here needs its `require_operator` too).
+    pub(crate) const OPERATOR_ONLY: &[&str] = &[
+        "/idempost.v1.AdminService/ListBacklog",
+        "/idempost.v1.AdminService/Redrive",
+        "/idempost.v1.AdminService/Purge",
+        "/idempost.v1.AdminService/Replay",
+    ];
 
     /// Authenticates the caller and runs one call inside its server span, recording its status
     /// there; a refused caller reaches no query.

@@ -19,6 +19,10 @@ use idempost_testkit::health::health;
 
 use idempost_testkit::wait::WAIT;
 
+mod admin;
+mod delivery;
+mod health;
+
 /// How long health would take to turn NOT_SERVING if its ping queued behind the callers' pool:
 /// the ping's 2 s timeout after a 1 s check interval, three times over.
 const HEALTH_WOULD_FAIL_WITHIN: Duration = Duration::from_secs(9);
@@ -121,6 +125,21 @@ async fn stalled_call(
     }
     futures::future::poll_fn(|cx| send.poll_ready(cx)).await.unwrap();
     send.send_request(request.body(()).unwrap(), false).unwrap()
+}
+
+/// A call to `path` whose request message declares `declared` bytes and sends only its length
+/// prefix; the answer, and the open request stream to keep it stalled.
+async fn declaring(
+    send: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+    token: Option<&str>,
+    declared: u32,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let (response, mut body) = stalled_call(send, path, token).await;
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&declared.to_be_bytes());
+    body.send_data(Bytes::from(prefix), false).unwrap();
+    (response, body)
 }
 
 /// A complete call to `path` with an empty request message; the answer.
