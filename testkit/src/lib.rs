@@ -9,6 +9,8 @@
 //! none of them knows it, except as a dev-dependency of their tests.
 //! Test support fails loudly: a set-up step that cannot happen panics with what went wrong.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// The futures of whole end-to-end set-ups nest deeper than the compiler's default layout limit.
+#![recursion_limit = "256"]
 
 pub mod auth;
 pub mod broker;
