@@ -5,9 +5,11 @@
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Value,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, TransactionTrait, Value,
 };
 
+use crate::audit::{self, Action};
 use crate::db;
 use crate::domain::OutboxStatus;
 use crate::entity::outbox_event::{self, Column};
@@ -148,7 +150,7 @@ fn first_unpublished() -> Expr {
     ))
 }
 
-/// Who redrives an event and why: recorded on the row.
+/// Who redrives an event and why: recorded on the row and in the audit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedriveAudit {
     /// The operator (or tool) asking.
@@ -173,14 +175,16 @@ pub enum Redrive {
 }
 
 /// Returns a FAILED event to PENDING with its attempts reset, counting the redrive and recording
-/// when (database clock), by whom and why on the row. Any other state is left alone: a FAILED row
-/// has no lease, so no relay's lease can be overwritten.
+/// when (database clock), by whom and why on the row and in a REDRIVE row of the audit
+/// ([`audit`]), in one transaction. Any other state is left alone and nothing is recorded: a
+/// FAILED row has no lease, so no relay's lease can be overwritten.
 pub async fn redrive(
-    db: &impl ConnectionTrait,
+    db: &DatabaseConnection,
     event_id: &str,
     audit: &RedriveAudit,
 ) -> Result<Redrive, DbErr> {
-    let now = db::now(db).await?;
+    let txn = db.begin().await?;
+    let now = db::now(&txn).await?;
     let by: String = audit.requested_by.chars().take(AUDIT_CHARS).collect();
     let reason: String = audit.reason.chars().take(REASON_CHARS).collect();
     let result = outbox_event::Entity::update_many()
@@ -194,12 +198,22 @@ pub async fn redrive(
         .col_expr(Column::LastRedriveReason, Expr::value(reason))
         .filter(Column::EventId.eq(event_id))
         .filter(Column::Status.eq(OutboxStatus::Failed.as_str()))
-        .exec(db)
+        .exec(&txn)
         .await?;
     if result.rows_affected == 1 {
+        let mut entry = audit::Entry::new(
+            Action::Redrive,
+            &audit.requested_by,
+            &audit.reason,
+            "FAILED -> PENDING".to_owned(),
+        );
+        entry.event_id = Some(event_id.to_owned());
+        audit::record(&txn, entry).await?;
+        txn.commit().await?;
         return Ok(Redrive::Redriven);
     }
-    let current = outbox_event::Entity::find_by_id(event_id.to_owned()).one(db).await?;
+    let current = outbox_event::Entity::find_by_id(event_id.to_owned()).one(&txn).await?;
+    txn.rollback().await?;
     Ok(match current.and_then(|row| OutboxStatus::from_stored(&row.status)) {
         Some(status) => Redrive::NotFailed(status),
         None => Redrive::NotFound,

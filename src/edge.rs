@@ -15,9 +15,11 @@ use crate::domain::{FieldViolation, InvalidInput};
 use crate::security::{AuthError, Authenticator, Caller};
 use crate::telemetry;
 
+mod audit;
 mod convert;
 mod long_poll;
 
+pub use audit::list_audit;
 pub use long_poll::{LongPoll, MAX_WAIT, Polled};
 
 /// A server span for one call, continuing the caller's trace from its request metadata.
@@ -51,7 +53,7 @@ pub fn record_status<T>(span: &tracing::Span, answer: &Result<T, Status>) {
         if let Some(event_id) =
             status.get_details_error_info().and_then(|i| i.metadata.get("event_id").cloned())
         {
-            span.record("idempost.event_id", event_id);
+            span.record("idempost.event_id", recorded_event_id(&event_id));
         }
     }
 }
@@ -84,7 +86,7 @@ where
     let metadata = request.metadata();
     let span = rpc_span(service, method, metadata);
     if let Some(event_id) = event_id {
-        span.record("idempost.event_id", event_id);
+        span.record("idempost.event_id", recorded_event_id(event_id));
     }
     let caller = span.in_scope(|| auth.caller(request));
     let answer = async {
@@ -208,6 +210,13 @@ pub fn parse_event_id(text: &str) -> Result<String, InvalidInput> {
     EventId::parse(text)
         .map(|id| id.to_string())
         .map_err(|e| InvalidInput { violations: vec![FieldViolation::new("event_id", e)] })
+}
+
+/// An event id as a span or a log records it: its canonical form once it parses, else only
+/// that it did not and how long it was (a caller's text of up to the message limit, newlines and
+/// escapes included, never reaches a span or a log).
+pub fn recorded_event_id(text: &str) -> String {
+    EventId::parse(text).map_or_else(|_| format!("invalid ({} bytes)", text.len()), |id| id.to_string())
 }
 
 /// The most rows one admin listing returns, and how many when the request says 0.

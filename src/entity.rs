@@ -1,6 +1,7 @@
 //! SeaORM entities for the tables the migrations create. Crate-private: the stores wrap them.
 #![allow(unreachable_pub)]
 
+pub mod admin_audit;
 pub mod consumed_event;
 pub mod dead_letter;
 pub mod gap_release;

@@ -7,6 +7,7 @@
 //! `idempost-relay` publishes the outbox to Kafka under leases, and `idempost-consumer` turns
 //! each event into one local effect.
 
+pub mod audit;
 pub mod backlog;
 pub mod contract;
 pub mod db;

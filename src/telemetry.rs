@@ -24,9 +24,21 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::{EnvFilter, Layer, filter::Targets, fmt, prelude::*};
 
 pub use context::{
-    TraceHeaders, context_from, follow, grpc_context, inject_into, record_trace_id, trace_id_of,
+    TraceHeaders, context_from, current_trace_id, follow, grpc_context, inject_into, record_trace_id,
+    trace_id_of,
 };
 pub use metrics::{metrics, start_at_zero};
+
+/// The most bytes of free text from elsewhere (a caller's field, an operator's reason, a record's
+/// header, a broker's or a database's error) one log field or span attribute holds.
+pub const TEXT_BOUND: usize = 512;
+
+/// Free text from elsewhere as a log field or span attribute holds it: control characters escaped
+/// and at most [`TEXT_BOUND`] bytes ([`idempost_proto::escape_for_log`]), so that a caller cannot
+/// forge log lines, move an operator's terminal, or make one record megabytes long.
+pub fn logged(text: &str) -> String {
+    idempost_proto::escape_for_log(text, TEXT_BOUND)
+}
 
 /// The exporters of one process; [`Telemetry::shutdown`] flushes what they still hold.
 #[derive(Debug, Default)]

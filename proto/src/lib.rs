@@ -1,11 +1,13 @@
 //! Idempost's gRPC contracts, generated from `proto/idempost/v1` at build time: the one crate the
 //! services, the Rust client and the tools share for the wire types. Beside the generated code,
-//! the two hand-written parts of the contract both sides need: the error domain and the event
-//! id's one text form.
+//! the hand-written parts of the contract both sides need: the error domain, the event id's one
+//! text form, and the one way text from the other side is escaped before it is shown.
 
 mod event_id;
+mod text;
 
 pub use event_id::EventId;
+pub use text::escape_for_log;
 
 /// Package `idempost.v1`: messages, the `OrderService`, `AdminService` and `ConsumerAdminService`
 /// clients and servers.

@@ -87,6 +87,14 @@ pub fn record_trace_id(span: &Span) {
     }
 }
 
+/// The trace id of the current span, when it is traced: what ties a record written in a call
+/// (an audit row) to the call's span and log lines.
+pub fn current_trace_id() -> Option<String> {
+    let context = Span::current().context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| span_context.trace_id().to_string())
+}
+
 /// The context a gRPC caller sent in its request metadata.
 pub fn grpc_context(metadata: &tonic::metadata::MetadataMap) -> Context {
     struct Metadata<'a>(&'a tonic::metadata::MetadataMap);

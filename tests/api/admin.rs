@@ -121,6 +121,13 @@ async fn purge(app: &TestOrder, request: pb::PurgeRequest) -> Result<pb::PurgeRe
     app.admin.clone().purge(request).await.map(tonic::Response::into_inner)
 }
 
+/// The order side's audit rows of `action`, newest first, as (actor, reason, event id).
+async fn audit(app: &TestOrder, action: &str) -> Vec<(String, String, String)> {
+    let request = pb::ListAuditRequest { action: action.to_owned(), ..Default::default() };
+    let rows = app.admin.clone().list_audit(request).await.unwrap().into_inner().records;
+    rows.into_iter().map(|r| (r.actor, r.reason, r.event_id)).collect()
+}
+
 on_every_backend!(
     the_timeline_follows_an_event_from_its_order_to_its_effect,
     the_backlog_lists_one_status_oldest_first_with_the_counts_that_need_attention,
@@ -390,6 +397,18 @@ async fn redrive_returns_only_a_failed_event_to_pending_and_records_who_and_why(
     );
     let record = timeline(&app, &failed).await.unwrap().outbox.unwrap();
     assert_eq!((record.status.as_str(), record.redrive_count), ("PENDING", 1));
+
+    // It fails again and is redriven again: the row keeps the last redrive, the audit both.
+    exec(&app, "UPDATE outbox_event SET status = 'FAILED' WHERE event_id = ?", vec![failed.clone().into()])
+        .await;
+    let twice = redrive(&app, &failed, "carol", "broker quota raised").await.unwrap();
+    assert_eq!((twice.redrive_count, twice.last_redrive_reason.as_str()), (2, "broker quota raised"));
+    let who = |by: &str, why: &str| (by.to_owned(), why.to_owned(), failed.clone());
+    assert_eq!(
+        audit(&app, "REDRIVE").await,
+        [who("carol", "broker quota raised"), who("alice", "topic ACL fixed")],
+        "one audit row per redrive, newest first; refused redrives leave none"
+    );
     app.stop().await;
 }
 
@@ -464,23 +483,52 @@ async fn purge_deletes_only_published_rows_past_retention_and_keeps_dedup_histor
     assert_eq!(app.count("consumed_event").await, 3);
     // The order side leaves the consumer's rows to the consumer, and says so.
     #[allow(deprecated)]
-    let elsewhere = pb::PurgeRequest { consumed_older_than: Some(week), ..Default::default() };
+    let elsewhere = pb::PurgeRequest {
+        consumed_older_than: Some(week),
+        reason: "dedup too".into(),
+        ..Default::default()
+    };
     let elsewhere = purge(&app, elsewhere).await.unwrap_err();
     assert_eq!(elsewhere.code(), Code::InvalidArgument);
     assert_eq!(violated_fields(&elsewhere), ["consumed_older_than"]);
 
-    let dry = purge(&app, pb::PurgeRequest { dry_run: true, ..Default::default() }).await.unwrap();
+    // A purge needs a reason, in a dry run too.
+    let unexplained =
+        purge(&app, pb::PurgeRequest { dry_run: true, ..Default::default() }).await.unwrap_err();
+    assert_eq!(unexplained.code(), Code::InvalidArgument);
+    assert_eq!(violated_fields(&unexplained), ["reason"]);
+    let dry = pb::PurgeRequest { dry_run: true, reason: "counting first".into(), ..Default::default() };
+    let dry = purge(&app, dry).await.unwrap();
     assert_eq!(dry.outbox_rows, 5);
+    assert!(audit(&app, "PURGE").await.is_empty(), "a dry run writes no audit row");
     let dry = consumer.purge(pb::PurgeConsumedRequest { dry_run: true, ..Default::default() }).await.unwrap();
     assert_eq!(dry.consumed_rows, 1);
     assert_eq!(dry.redelivery_horizon.map(|h| h.seconds), Some(14 * 24 * 3600));
     assert_eq!((app.count("outbox_event").await, app.count("consumed_event").await), (9, 3));
 
     let [url, consumer_url] = consumer.ctl_urls(&app);
-    let done = idempostctl(&[&url, &consumer_url, "--json", "purge"]).await;
+    let unexplained = idempostctl(&[&url, &consumer_url, "purge"]).await;
+    assert!(!unexplained.ok && unexplained.stderr.contains("--reason"), "{}", unexplained.stderr);
+    let done =
+        idempostctl(&[&url, &consumer_url, "--json", "purge", "--reason=retention review (ticket 7)"]).await;
     assert!(done.ok, "{}", done.stderr);
     let done: serde_json::Value = serde_json::from_str(&done.stdout).unwrap();
     assert_eq!((done["outboxRows"].as_u64(), done["consumedRows"].as_u64()), (Some(5), Some(1)));
+    // Both sides audited it (here in one database, each side's row of its own action).
+    let why = "retention review (ticket 7)".to_owned();
+    assert_eq!(
+        audit(&app, "PURGE").await,
+        [("unauthenticated (--auth none)".to_owned(), why.clone(), String::new())]
+    );
+    let shown = idempostctl(&[&consumer_url, "audit", "--consumer", "--action=PURGE_CONSUMED"]).await;
+    assert!(shown.ok, "{}", shown.stderr);
+    assert!(
+        shown.stdout.contains("PURGE_CONSUMED")
+            && shown.stdout.contains(&why)
+            && shown.stdout.contains("1 eligible"),
+        "{}",
+        shown.stdout
+    );
 
     let remaining: Vec<String> = futures::future::join_all(ids.iter().map(|id| timeline(&app, id)))
         .await
@@ -580,7 +628,7 @@ async fn a_consumer_on_its_own_database_answers_for_its_tables_and_idempostctl_j
         vec![uuid::Uuid::now_v7().to_string().into(), ago(Duration::from_secs(3 * 3600)).into()],
     )
     .await;
-    let purged = idempostctl(&[&url, &consumer_url, "--json", "purge"]).await;
+    let purged = idempostctl(&[&url, &consumer_url, "--json", "purge", "--reason=retention"]).await;
     assert!(purged.ok, "{}", purged.stderr);
     let purged: serde_json::Value = serde_json::from_str(&purged.stdout).unwrap();
     assert_eq!((purged["outboxRows"].as_u64(), purged["consumedRows"].as_u64()), (Some(0), Some(1)));

@@ -24,6 +24,7 @@ mod console;
 mod credentials;
 mod dependencies;
 mod deploy;
+mod escaping;
 mod metrics_scrape;
 mod ordering;
 mod outage;

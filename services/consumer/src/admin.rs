@@ -20,6 +20,7 @@ use idempost::domain::{FieldViolation, InvalidInput};
 use idempost::edge::{self, CallError, LongPoll, error_status, parse_event_id, timestamp};
 use idempost::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
 use idempost::security::{Authenticator, Caller};
+use idempost::telemetry::logged;
 
 const SERVICE: &str = "idempost.v1.ConsumerAdminService";
 
@@ -131,7 +132,7 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
         &self,
         request: Request<pb::PurgeConsumedRequest>,
     ) -> Result<Response<pb::PurgeConsumedResponse>, Status> {
-        let ask = *request.get_ref();
+        let ask = request.get_ref().clone();
         self.operator("PurgeConsumed", &request, None, |caller| async move {
             let mut violations = Vec::new();
             let consumed = edge::window(
@@ -142,9 +143,15 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
             );
             InvalidInput::check(violations)?;
             let retention = DedupRetention { consumed, ..self.retention.clone() };
-            let report = retention.purge(&self.db, ask.dry_run).await?;
+            let requested_by = caller.subject.as_deref().unwrap_or(UNAUTHENTICATED);
+            let report = if ask.dry_run {
+                retention.purge(&self.db, true).await?
+            } else {
+                retention.purge_audited(&self.db, requested_by, &ask.reason).await?
+            };
             tracing::info!(
-                requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),
+                requested_by = %logged(requested_by),
+                reason = %logged(&ask.reason),
                 consumed_rows = report.consumed_rows,
                 dry_run = ask.dry_run,
                 "purge of consumed_event"
@@ -189,14 +196,14 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
                 violations.push(FieldViolation::new("reason", "must be at most 512 characters"));
             }
             InvalidInput::check(violations)?;
-            let released_by = caller.subject.as_deref().unwrap_or("unauthenticated");
+            let released_by = caller.subject.as_deref().unwrap_or(UNAUTHENTICATED);
             let audit = Audit { released_by, reason: &ask.reason };
             let released = gap::release(&self.db, &self.consumer_name, ask.order_id, &audit)
                 .await?
                 .ok_or(ConsumerAdminError::NothingParked(ask.order_id))?;
             tracing::warn!(
-                released_by,
-                reason = %ask.reason,
+                released_by = %logged(released_by),
+                reason = %logged(&ask.reason),
                 order_id = ask.order_id,
                 from_version = released.from,
                 to_version = released.to,
@@ -213,7 +220,22 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
         })
         .await
     }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.operator("ListAudit", &request, None, |_| async move {
+            edge::list_audit(&self.db, ask).await.map_err(ConsumerAdminError::Call)
+        })
+        .await
+    }
 }
+
+/// Who an operator's write is recorded as when the listener runs with `--auth none` (loopback
+/// only).
+const UNAUTHENTICATED: &str = "unauthenticated (--auth none)";
 
 /// `consumer`'s parked events (of `order_id`, or of every order for 0), by order and version,
 /// each with the version its order's read model is at.

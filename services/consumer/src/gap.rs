@@ -1,14 +1,17 @@
 //! An operator's release of a gap in one order's read model: the missing versions are given up
-//! and what waits behind them is applied in version order, in one audited transaction.
+//! and what waits behind them is applied in version order, in one audited transaction. A parked
+//! event that is given up becomes a dead letter, payload and all: nothing an operator gives up
+//! is deleted.
 
-use chrono::{SubsecRound as _, Utc};
+use chrono::{DateTime, SubsecRound as _, Utc};
 use sea_orm::{
-    ActiveValue::NotSet, ActiveValue::Set, ColumnTrait as _, DatabaseConnection, DbErr, EntityTrait as _,
-    PaginatorTrait as _, QueryFilter as _, TransactionTrait as _,
+    ActiveValue::NotSet, ActiveValue::Set, ColumnTrait as _, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait as _, PaginatorTrait as _, QueryFilter as _, TransactionTrait as _,
 };
 
 use super::inbox::model;
-use idempost::entity::{gap_release, parked_event};
+use idempost::audit::{self, Action, Entry};
+use idempost::entity::{dead_letter, parked_event};
 
 /// What a release did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +40,9 @@ pub(crate) struct Audit<'a> {
 /// First applies whatever already follows the model (a consumer upgraded since it parked an
 /// event of a type it did not know applies it now). If events still wait, the versions before
 /// the first of them are given up, or that first event itself when it follows on but cannot be
-/// applied here; then what follows is applied up to the next gap. The release is recorded in
-/// `gap_release` with the caller's subject and reason, in the same transaction.
+/// applied here (kept as a dead letter: [`keep_as_dead_letter`]); then what follows is applied
+/// up to the next gap. The release is recorded in the audit (a RELEASE_GAP row) with the caller's
+/// subject and reason, in the same transaction.
 pub(crate) async fn release(
     db: &DatabaseConnection,
     consumer: &str,
@@ -60,6 +64,7 @@ pub(crate) async fn release(
     let exists = view.is_some() || !applied.is_empty();
     let waiting = model::parked(&txn, consumer, order_id).await?;
     let head = waiting.first();
+    let mut kept = None;
     let given_up = match (give_up(current, head.map(|head| head.version)), head) {
         (GiveUp::Nothing, _) | (_, None) => None,
         (GiveUp::Missing { from, to }, Some(_)) => Some((from, to)),
@@ -69,6 +74,7 @@ pub(crate) async fn release(
                 .filter(parked_event::Column::EventId.eq(head.event_id.as_str()))
                 .exec(&txn)
                 .await?;
+            kept = Some(head.clone());
             Some((version, version))
         }
     };
@@ -85,18 +91,21 @@ pub(crate) async fn release(
             (from, to, version)
         }
     };
-    gap_release::Entity::insert(gap_release::ActiveModel {
-        id: NotSet,
-        consumer_name: Set(consumer.to_owned()),
-        order_id: Set(order_id),
-        from_version: Set(from),
-        to_version: Set(to),
-        released_by: Set(audit.released_by.chars().take(256).collect()),
-        reason: Set(audit.reason.chars().take(1000).collect()),
-        released_at: Set(now),
-    })
-    .exec_without_returning(&txn)
-    .await?;
+    let outcome = if from > to {
+        format!("nothing given up; applied versions {applied:?}; read model at version {version}")
+    } else {
+        format!(
+            "versions {from}..={to} given up; applied versions {applied:?}; read model at version {version}"
+        )
+    };
+    let mut entry = Entry::new(Action::ReleaseGap, audit.released_by, audit.reason, outcome);
+    entry.order_id = Some(order_id);
+    entry.consumer_name = Some(consumer.to_owned());
+    entry.event_id = kept.as_ref().map(|head| head.event_id.clone());
+    let audit_id = audit::record(&txn, entry).await?;
+    if let Some(head) = kept {
+        keep_as_dead_letter(&txn, head, audit_id, audit.reason, now).await?;
+    }
     let still_parked = parked_event::Entity::find()
         .filter(parked_event::Column::ConsumerName.eq(consumer))
         .filter(parked_event::Column::OrderId.eq(order_id))
@@ -104,6 +113,43 @@ pub(crate) async fn release(
         .await?;
     txn.commit().await?;
     Ok(Some(Released { from, to, applied, version, still_parked }))
+}
+
+/// Where a dead letter made of a given-up parked event says it came from: no broker coordinates
+/// are kept with a parked event, so its `partition_id` is this and its `offset_id` the release's
+/// audit row id (unique, as the dead letters' coordinates must be).
+const RELEASED_TOPIC: &str = "(released gap)";
+const RELEASED_PARTITION: i32 = -1;
+
+/// The given-up parked event `head` as a dead letter of its consumer, with its payload, its
+/// event id and the release's reason: an operator can still read what was given up, and
+/// AwaitConsumed and the timelines show it as dead-lettered.
+async fn keep_as_dead_letter(
+    txn: &DatabaseTransaction,
+    head: parked_event::Model,
+    audit_id: i64,
+    reason: &str,
+    now: DateTime<Utc>,
+) -> Result<(), DbErr> {
+    let error = format!(
+        "given up by an operator's release of order {}'s gap (audit row {audit_id}; parked because: {}): {reason}",
+        head.order_id, head.reason
+    );
+    dead_letter::Entity::insert(dead_letter::ActiveModel {
+        id: NotSet,
+        consumer_name: Set(head.consumer_name),
+        topic: Set(RELEASED_TOPIC.to_owned()),
+        partition_id: Set(RELEASED_PARTITION),
+        offset_id: Set(audit_id),
+        record_key: Set(Some(head.order_id.to_string().into_bytes())),
+        payload: Set(head.payload),
+        event_id: Set(Some(head.event_id)),
+        error: Set(error.chars().take(1024).collect()),
+        created_at: Set(now),
+    })
+    .exec_without_returning(txn)
+    .await?;
+    Ok(())
 }
 
 /// What a release gives up, with the model at `current` and `head` the lowest version still

@@ -10,10 +10,10 @@
 //! transaction, in version order: an event at or below the model's version is a duplicate; one
 //! that skips ahead (its predecessor was dead-lettered, or not delivered yet) or whose type this
 //! consumer does not know is parked (`parked_event`) and applied once the gap fills, or when an
-//! operator releases the gap (`ConsumerAdminService.ReleaseParkedGap`, audited in `gap_release`).
+//! operator releases the gap (`ConsumerAdminService.ReleaseParkedGap`, audited in `admin_audit`).
 //!
 //! The consumer owns its tables (`consumed_event`, `notification_job`, `dead_letter`,
-//! `order_view`, `parked_event`, `gap_release`), in its
+//! `order_view`, `parked_event`, and its rows of `admin_audit`), in its
 //! own database: it purges its dedup history itself (never inside the redelivery horizon) and
 //! serves operators its records of each event on its listener (`ConsumerAdminService`).
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, Condition, DatabaseConnection, DbErr};
 
+use idempost::audit::{self, Action, Entry};
 use idempost::db::{self, purge};
 use idempost::entity::consumed_event::{self, Column};
 
@@ -82,6 +83,26 @@ impl DedupRetention {
         )
         .await?;
         Ok(DedupPurgeReport { consumed_rows, consumed_cutoff })
+    }
+
+    /// An operator's purge: its PURGE_CONSUMED audit row, committed before the first batch (the
+    /// batches are short transactions of their own), then the purge.
+    pub(crate) async fn purge_audited(
+        &self,
+        db: &DatabaseConnection,
+        requested_by: &str,
+        reason: &str,
+    ) -> Result<DedupPurgeReport, RetentionError> {
+        let eligible = self.purge(db, true).await?;
+        let outcome = format!(
+            "consumed_event rows committed before {} (a window of {}): {} eligible, deleted in batches after this row",
+            eligible.consumed_cutoff.to_rfc3339(),
+            humantime::format_duration(self.consumed),
+            eligible.consumed_rows
+        );
+        let reason = if reason.trim().is_empty() { "(none given)" } else { reason };
+        audit::record(db, Entry::new(Action::PurgeConsumed, requested_by, reason, outcome)).await?;
+        self.purge(db, false).await
     }
 }
 

@@ -16,6 +16,7 @@ use tracing::{Instrument as _, Span};
 use super::decode::{OrderEvent, decode};
 use super::inbox::{Consumed, DeadLettered, Inbox, PoisonRecord};
 use idempost::db::TxFailure;
+use idempost::edge::recorded_event_id;
 use idempost::failpoint;
 use idempost::telemetry::{self, metrics};
 
@@ -473,7 +474,7 @@ impl Worker<'_> {
                 if self.inbox.dead_letter(&record).await? == DeadLettered::AlreadyStored {
                     ConsumerStats::bump(&self.stats.dead_letter_duplicates);
                     tracing::info!(
-                        idempost.event_id = poison.event_id.as_deref().unwrap_or("-"),
+                        idempost.event_id = %poison.event_id.as_deref().map_or_else(|| "-".to_owned(), recorded_event_id),
                         topic = message.topic(),
                         partition = message.partition(),
                         offset = message.offset(),
@@ -484,11 +485,11 @@ impl Worker<'_> {
                 ConsumerStats::bump(&self.stats.dead_lettered);
                 metrics().dead_letters.add(1, &[]);
                 tracing::error!(
-                    idempost.event_id = poison.event_id.as_deref().unwrap_or("-"),
+                    idempost.event_id = %poison.event_id.as_deref().map_or_else(|| "-".to_owned(), recorded_event_id),
                     topic = message.topic(),
                     partition = message.partition(),
                     offset = message.offset(),
-                    error = %poison,
+                    error = %telemetry::logged(&poison.to_string()),
                     "undecodable record dead-lettered"
                 );
             }
@@ -531,7 +532,7 @@ impl Worker<'_> {
                     messaging.message.id = %event.event_id,
                     order_id = event.order_id,
                     event_version = event.version,
-                    event_type = %event.event_type,
+                    event_type = %telemetry::logged(&event.event_type),
                     partition = message.partition(),
                     offset = message.offset(),
                     "dedup miss: recorded and parked until the order's gap is filled or released"

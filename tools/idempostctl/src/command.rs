@@ -13,8 +13,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
 
+use crate::shown::shown;
 use crate::wait::WaitArgs;
-use crate::{console, join, render, replay, wait};
+use crate::{audit, console, join, render, replay, wait};
 
 /// Inspects and operates an Idempost deployment through the order service's AdminService and the
 /// consumer's ConsumerAdminService.
@@ -158,7 +159,14 @@ enum Command {
         /// Count only; delete nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Why these rows may go: recorded in both sides' audit (required, for a dry run too).
+        #[arg(long)]
+        reason: String,
     },
+    /// The audit of operators' writes, newest first: the order side's (redrive, purge, replay)
+    /// or, with --consumer, the consumer's (release-gap, its purge). Who, what, why, when, the
+    /// call's trace id and what came of it.
+    Audit(audit::AuditArgs),
     /// Publish PUBLISHED events again, for a consumer that must see them again (a new consumer
     /// name): by order, creation time and event type. Event ids stay, so consumers that applied
     /// an event absorb the copy as a duplicate; one order's events go out in version order.
@@ -317,13 +325,13 @@ fn describe_change(error: &SafeSubmitError) -> String {
 }
 
 fn describe(status: &tonic::Status) -> String {
-    let mut line = format!("{:?}: {}", status.code(), status.message());
+    let mut line = format!("{:?}: {}", status.code(), shown(status.message()));
     if let Some(info) = status.get_details_error_info() {
-        line.push_str(&format!(" [{}]", info.reason));
+        line.push_str(&format!(" [{}]", shown(&info.reason)));
     }
     if let Some(bad) = status.get_details_bad_request() {
         for v in bad.field_violations {
-            line.push_str(&format!("\n  {}: {}", v.field, v.description));
+            line.push_str(&format!("\n  {}: {}", shown(&v.field), shown(&v.description)));
         }
     }
     line
@@ -417,8 +425,16 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let reply = cli.admin().await?.replay(args.request()).await?.into_inner();
             replay::render(&reply, json)
         }
-        Command::Purge { outbox_older_than, consumed_older_than, dry_run } => {
-            purge(cli, *outbox_older_than, *consumed_older_than, *dry_run).await?
+        Command::Purge { outbox_older_than, consumed_older_than, dry_run, reason } => {
+            purge(cli, *outbox_older_than, *consumed_older_than, *dry_run, reason).await?
+        }
+        Command::Audit(args) => {
+            let reply = if args.consumer() {
+                cli.consumer_admin().await?.list_audit(args.request()).await?.into_inner()
+            } else {
+                cli.admin().await?.list_audit(args.request()).await?.into_inner()
+            };
+            audit::render(&reply, json)
         }
     })
 }
@@ -462,6 +478,7 @@ async fn purge(
     outbox_older_than: Option<Duration>,
     consumed_older_than: Option<Duration>,
     dry_run: bool,
+    reason: &str,
 ) -> Result<String, CtlError> {
     let outbox = cli
         .admin()
@@ -469,13 +486,14 @@ async fn purge(
         .purge(pb::PurgeRequest {
             outbox_older_than: duration("--outbox-older-than", outbox_older_than)?,
             dry_run,
+            reason: reason.to_owned(),
             ..Default::default()
         })
         .await?
         .into_inner();
     let consumed_older_than = duration("--consumed-older-than", consumed_older_than)?;
     let consumed = async {
-        let request = pb::PurgeConsumedRequest { consumed_older_than, dry_run };
+        let request = pb::PurgeConsumedRequest { consumed_older_than, dry_run, reason: reason.to_owned() };
         Ok::<_, CtlError>(cli.consumer_admin().await?.purge_consumed(request).await?.into_inner())
     };
     match consumed.await {

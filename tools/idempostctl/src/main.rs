@@ -1,11 +1,13 @@
 //! `idempostctl`: the operators' command line over the order service's AdminService and the
 //! consumer's ConsumerAdminService; tables for people, `--json` for scripts.
 
+mod audit;
 mod command;
 mod console;
 mod join;
 mod render;
 mod replay;
+mod shown;
 mod wait;
 
 use std::process::ExitCode;
@@ -18,12 +20,12 @@ async fn main() -> ExitCode {
     match command::run(&cli).await {
         Ok(output) => {
             if !output.is_empty() {
-                println!("{output}");
+                println!("{}", shown::terminal_safe(&output));
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("idempostctl: {e}");
+            eprintln!("idempostctl: {}", shown::terminal_safe(&e.to_string()));
             ExitCode::from(e.exit_code())
         }
     }

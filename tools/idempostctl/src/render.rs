@@ -6,6 +6,8 @@ use idempost_client::Confirmation;
 use idempost_proto::v1 as pb;
 use serde_json::{Value, json};
 
+use crate::shown::shown;
+
 pub(crate) fn time(t: Option<&prost_types::Timestamp>) -> Option<String> {
     t.and_then(|t| u32::try_from(t.nanos).ok().and_then(|n| chrono::DateTime::from_timestamp(t.seconds, n)))
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
@@ -169,7 +171,7 @@ fn outbox_rows(outbox: Option<&pb::OutboxRecord>) -> Vec<TimelineRow> {
             ));
         }
         if !o.last_error.is_empty() {
-            now.push_str(&format!(", last error: {}", o.last_error));
+            now.push_str(&format!(", last error: {}", shown(&o.last_error)));
         }
         if let Some(c) = &o.published_to {
             now.push_str(&format!(", at {}/{}/{}", c.topic, c.partition, c.offset));
@@ -179,7 +181,12 @@ fn outbox_rows(outbox: Option<&pb::OutboxRecord>) -> Vec<TimelineRow> {
             rows.push((
                 time(o.last_redriven_at.as_ref()),
                 "redrive".into(),
-                format!("#{} by {}: {}", o.redrive_count, o.last_redriven_by, o.last_redrive_reason),
+                format!(
+                    "#{} by {}: {}",
+                    o.redrive_count,
+                    shown(&o.last_redriven_by),
+                    shown(&o.last_redrive_reason)
+                ),
             ));
         }
     } else {
@@ -209,7 +216,7 @@ fn consumer_rows(t: &pb::EventTimeline) -> Vec<TimelineRow> {
         rows.push((
             time(d.created_at.as_ref()),
             "dead letter".into(),
-            format!("{} at {}: {}", d.consumer_name, text(at), d.error),
+            format!("{} at {}: {}", d.consumer_name, text(at), shown(&d.error)),
         ));
     }
     rows
@@ -269,7 +276,7 @@ pub(crate) fn dead_letters(letters: &[pb::DeadLetterRecord], as_json: bool) -> S
             d.consumer_name.clone(),
             text(non_empty(&d.event_id)),
             text(at),
-            d.error.clone(),
+            shown(&d.error),
         ]);
     }
     out.to_string()
@@ -301,10 +308,10 @@ pub(crate) fn parked(events: &[pb::ParkedEventRecord], as_json: bool) -> String 
             p.order_id.to_string(),
             p.event_version.to_string(),
             p.read_model_version.to_string(),
-            p.event_type.clone(),
+            shown(&p.event_type),
             p.event_id.clone(),
             text(time(p.parked_at.as_ref())),
-            p.reason.clone(),
+            shown(&p.reason),
         ]);
     }
     out.to_string()
@@ -357,6 +364,7 @@ pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
         let note = [o.lease_owner.as_str(), o.last_error.as_str()]
             .into_iter()
             .filter(|s| !s.is_empty())
+            .map(shown)
             .collect::<Vec<_>>()
             .join(" / ");
         out.add_row(vec![
@@ -382,7 +390,10 @@ pub(crate) fn redriven(event_id: &str, outbox: pb::OutboxRecord, as_json: bool) 
     }
     format!(
         "{event_id}: FAILED -> {} (redrive #{} by {}: {})",
-        outbox.status, outbox.redrive_count, outbox.last_redriven_by, outbox.last_redrive_reason
+        outbox.status,
+        outbox.redrive_count,
+        shown(&outbox.last_redriven_by),
+        shown(&outbox.last_redrive_reason)
     )
 }
 

@@ -98,7 +98,7 @@ pub(crate) fn render(reply: &pb::ReplayResponse, as_json: bool) -> String {
         reply.replayed, reply.not_published, reply.purged
     );
     if reply.audit_id != 0 {
-        out.push_str(&format!("audit row: replay_audit.id = {}\n", reply.audit_id));
+        out.push_str(&format!("audit row: admin_audit.id = {}\n", reply.audit_id));
     }
     let mut table = render::table(&["event id", "order", "version", "type", "created at"]);
     for e in &reply.events {

@@ -51,6 +51,12 @@ impl Consumer {
         let request = pb::ReleaseParkedGapRequest { order_id, reason: reason.to_owned() };
         self.admin.clone().release_parked_gap(request).await.map(tonic::Response::into_inner)
     }
+
+    /// The consumer's audit rows about `order_id`, newest first.
+    async fn audit(&self, order_id: i64) -> Vec<pb::AuditRecord> {
+        let request = pb::ListAuditRequest { order_id, ..Default::default() };
+        self.admin.clone().list_audit(request).await.unwrap().into_inner().records
+    }
 }
 
 /// Publishes version `version` of `order_id` as the relay would: key, value and headers.
@@ -136,14 +142,19 @@ async fn a_dead_lettered_event_parks_the_later_events_of_its_order_only_and_a_re
     assert_eq!((released.read_model_version, released.still_parked), (4, 0));
     let model = read_model(&app.conn, &consumer.name).await;
     assert_eq!(model.get(&1), Some(&expected(1, 4)));
+    let audit = consumer.audit(1).await;
+    let row: Vec<_> =
+        audit.iter().map(|r| (r.action.as_str(), r.reason.as_str(), r.consumer_name.as_str())).collect();
     assert_eq!(
-        count(&app, "SELECT COUNT(*) FROM gap_release WHERE order_id = 1 AND reason = 'v2 is lost for good (ticket 42)'")
-            .await,
-        1,
+        row,
+        [("RELEASE_GAP", "v2 is lost for good (ticket 42)", consumer.name.as_str())],
         "the release is audited"
     );
+    assert!(audit[0].outcome.starts_with("versions 2..=2 given up"), "{}", audit[0].outcome);
+    assert_eq!(audit[0].actor, "unauthenticated (--auth none)");
     let again = consumer.release(1, "again").await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition, "nothing is parked any more");
+    assert_eq!(consumer.audit(1).await.len(), 1, "a refused release writes no audit row");
     consumer.service.stop().await;
 }
 
@@ -160,7 +171,9 @@ async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the
     broker.create_topic(&topic, 1).await;
     let producer = producer(&broker);
     publish(&producer, &topic, (3, 1, 3), None, None).await;
-    publish(&producer, &topic, (3, 2, 3), Some("idempost.v1.OrderShipped"), Some(b"from the future")).await;
+    let shipped =
+        publish(&producer, &topic, (3, 2, 3), Some("idempost.v1.OrderShipped"), Some(b"from the future"))
+            .await;
     publish(&producer, &topic, (3, 3, 3), None, None).await;
     publish(&producer, &topic, (5, 1, 3), None, None).await;
     let consumer = Consumer::start(&app, &broker, &topic).await;
@@ -174,6 +187,29 @@ async fn an_unknown_event_type_is_parked_not_dead_lettered_and_a_parked_type_the
     let released = consumer.release(3, "OrderShipped is not needed by this read model").await.unwrap();
     assert_eq!((released.released_from_version, released.released_to_version), (2, 2));
     assert_eq!(released.applied_versions, vec![3]);
+    // The event given up is kept, payload and all, as a dead letter saying why.
+    let letters = app
+        .conn
+        .query_all_raw(Statement::from_string(
+            app.conn.get_database_backend(),
+            "SELECT event_id, payload, error FROM dead_letter",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "the given-up event is a dead letter");
+    let (event_id, payload, error): (String, Vec<u8>, String) = (
+        letters[0].try_get_by_index(0).unwrap(),
+        letters[0].try_get_by_index(1).unwrap(),
+        letters[0].try_get_by_index(2).unwrap(),
+    );
+    assert_eq!((event_id.as_str(), payload.as_slice()), (shipped.as_str(), &b"from the future"[..]));
+    assert!(
+        error.contains("OrderShipped is not needed by this read model"),
+        "the dead letter says why: {error}"
+    );
+    let audit = consumer.audit(3).await;
+    assert_eq!(audit.len(), 1);
+    assert_eq!((audit[0].action.as_str(), audit[0].event_id.as_str()), ("RELEASE_GAP", shipped.as_str()));
     let model = read_model(&app.conn, &consumer.name).await;
     assert_eq!(model.get(&3).map(|m| m.version), Some(3));
 

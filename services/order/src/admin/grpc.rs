@@ -18,6 +18,7 @@ use idempost::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_E
 use idempost::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
 use idempost::edge::{self, CallError, LongPoll, error_status, parse_event_id, timestamp};
 use idempost::security::{Authenticator, Caller};
+use idempost::telemetry::logged;
 
 const SERVICE: &str = "idempost.v1.AdminService";
 
@@ -53,6 +54,7 @@ impl AdminGrpc {
         "/idempost.v1.AdminService/Redrive",
         "/idempost.v1.AdminService/Purge",
         "/idempost.v1.AdminService/Replay",
+        "/idempost.v1.AdminService/ListAudit",
     ];
 
     /// Authenticates the caller and runs one call inside its server span, recording its status
@@ -151,8 +153,8 @@ impl AdminService for AdminGrpc {
                 Redrive::Redriven => {
                     tracing::info!(
                         idempost.event_id = %event_id,
-                        requested_by = %audit.requested_by,
-                        reason = %audit.reason,
+                        requested_by = %logged(&audit.requested_by),
+                        reason = %logged(&audit.reason),
                         "redriven: FAILED -> PENDING"
                     );
                     let row = self.inspector.timeline(&event_id).await?.outbox;
@@ -167,13 +169,21 @@ impl AdminService for AdminGrpc {
 
     async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
         #[allow(deprecated)]
-        let pb::PurgeRequest { outbox_older_than, consumed_older_than, dry_run } = *request.get_ref();
+        let pb::PurgeRequest { outbox_older_than, consumed_older_than, dry_run, reason } =
+            request.get_ref().clone();
         self.traced("Purge", &request, None, |caller| async move {
             caller.require_operator()?;
-            let retention = self.retention_for(outbox_older_than, consumed_older_than.is_some())?;
-            let report = retention.purge(self.inspector.db(), dry_run).await?;
+            let retention = self.retention_for(outbox_older_than, consumed_older_than.is_some(), &reason)?;
+            let requested_by = caller.subject.as_deref().unwrap_or(UNAUTHENTICATED);
+            let db = self.inspector.db();
+            let report = if dry_run {
+                retention.purge(db, true).await?
+            } else {
+                retention.purge_audited(db, requested_by, &reason).await?
+            };
             tracing::info!(
-                requested_by = caller.subject.as_deref().unwrap_or("unauthenticated"),
+                requested_by = %logged(requested_by),
+                reason = %logged(&reason),
                 outbox_rows = report.outbox_rows,
                 dry_run,
                 "purge"
@@ -199,17 +209,41 @@ impl AdminService for AdminGrpc {
         })
         .await
     }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        let ask = request.get_ref().clone();
+        self.traced("ListAudit", &request, None, |caller| async move {
+            // Who did what to every tenant's events: operators only.
+            caller.require_operator()?;
+            edge::list_audit(self.inspector.db(), ask).await.map_err(AdminError::Call)
+        })
+        .await
+    }
 }
 
+/// Who an operator's write is recorded as when the listener runs with `--auth none` (loopback
+/// only) and the request names nobody.
+const UNAUTHENTICATED: &str = "unauthenticated (--auth none)";
 impl AdminGrpc {
     /// The configured retention with the request's window in place of the default. A
-    /// consumed_event window is refused: those rows are the consumer's to purge.
+    /// consumed_event window is refused: those rows are the consumer's to purge. A reason is
+    /// required: a purge is audited.
     fn retention_for(
         &self,
         outbox_older_than: Option<prost_types::Duration>,
         asks_for_consumed: bool,
+        reason: &str,
     ) -> Result<OutboxRetention, AdminError> {
         let mut violations = Vec::new();
+        if reason.trim().is_empty() {
+            violations.push(FieldViolation::new(
+                "reason",
+                "is required: say why these rows may go (a purge is audited, with its reason)",
+            ));
+        }
         let outbox =
             edge::window("outbox_older_than", outbox_older_than, self.retention.outbox, &mut violations);
         if asks_for_consumed {

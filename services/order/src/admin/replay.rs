@@ -1,24 +1,25 @@
 //! Replay: PUBLISHED outbox rows back to PENDING, so the relays publish them again, audited in
-//! `replay_audit`. The sibling of the redrive (FAILED back to PENDING): the relay's claim does
+//! `admin_audit` (a REPLAY row). The sibling of the redrive (FAILED back to PENDING): the relay's claim does
 //! the rest, with the same event ids and one order's versions in order, because a version is
 //! claimed only once every earlier version of its order is PUBLISHED.
 
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
-    ActiveValue::{NotSet, Set},
     ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait,
     QueryFilter, QueryOrder, QuerySelect, TransactionTrait, Value,
 };
 
 use super::audit::audit_of;
+use idempost::audit::{self, Action, Entry};
 use idempost::backlog::{self, RedriveAudit};
 use idempost::contract::{AGGREGATE_TYPE, EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use idempost::db;
 use idempost::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus};
 use idempost::edge::timestamp;
-use idempost::entity::{order_version, outbox_event, replay_audit};
+use idempost::entity::{order_version, outbox_event};
 use idempost::security::Caller;
+use idempost::telemetry::logged;
 use idempost_proto::v1 as pb;
 
 /// The most events one replay returns to PENDING: one transaction, one `IN` list, one audit
@@ -295,25 +296,24 @@ async fn to_pending(txn: &impl ConnectionTrait, rows: &[outbox_event::Model]) ->
 
 /// The audit row: who, when, why, the filter, how many.
 async fn record(txn: &impl ConnectionTrait, ask: &Ask, report: &Report) -> Result<i64, DbErr> {
-    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let row = replay_audit::ActiveModel {
-        id: NotSet,
-        requested_by: Set(ask.audit.requested_by.chars().take(256).collect()),
-        reason: Set(ask.audit.reason.chars().take(1024).collect()),
-        order_id: Set(ask.filter.order_id),
-        created_from: Set(ask.filter.created_from),
-        created_to: Set(ask.filter.created_to),
-        event_type: Set(ask.filter.event_type.map(str::to_owned)),
-        replayed: Set(count(report.replayed)),
-        not_published: Set(count(report.not_published)),
-        purged: Set(count(report.purged)),
-        replayed_at: Set(report.at),
-    };
-    let id = replay_audit::Entity::insert(row).exec(txn).await?.last_insert_id;
+    let filter = &ask.filter;
+    let at = |t: Option<DateTime<Utc>>| t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
+    let outcome = format!(
+        "replayed {}, not published {}, purged {}; filter: created {}..{}, event type {}",
+        report.replayed,
+        report.not_published,
+        report.purged,
+        at(filter.created_from),
+        at(filter.created_to),
+        filter.event_type.unwrap_or("any"),
+    );
+    let mut entry = Entry::new(Action::Replay, &ask.audit.requested_by, &ask.audit.reason, outcome);
+    entry.order_id = filter.order_id;
+    let id = audit::record(txn, entry).await?;
     tracing::info!(
         audit_id = id,
-        requested_by = %ask.audit.requested_by,
-        reason = %ask.audit.reason,
+        requested_by = %logged(&ask.audit.requested_by),
+        reason = %logged(&ask.audit.reason),
         replayed = report.replayed,
         "replayed: PUBLISHED -> PENDING"
     );

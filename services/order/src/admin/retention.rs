@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, Condition, DatabaseConnection, DbErr};
 
+use idempost::audit::{self, Action, Entry};
 use idempost::db::{self, purge};
 use idempost::domain::OutboxStatus;
 use idempost::entity::outbox_event::{self, Column};
@@ -51,5 +52,26 @@ impl OutboxRetention {
         )
         .await?;
         Ok(OutboxPurgeReport { outbox_rows, outbox_cutoff })
+    }
+
+    /// An operator's purge: its PURGE audit row first, then the purge. A purge deletes in many
+    /// short transactions by design (no statement holds locks for long), so there is no one
+    /// transaction to share: the row is committed before the first batch, with the cut-off and
+    /// how many rows it made eligible, so that no row is ever deleted unaudited.
+    pub(crate) async fn purge_audited(
+        &self,
+        db: &DatabaseConnection,
+        requested_by: &str,
+        reason: &str,
+    ) -> Result<OutboxPurgeReport, DbErr> {
+        let eligible = self.purge(db, true).await?;
+        let outcome = format!(
+            "PUBLISHED outbox rows published before {} (a window of {}): {} eligible, deleted in batches after this row",
+            eligible.outbox_cutoff.to_rfc3339(),
+            humantime::format_duration(self.outbox),
+            eligible.outbox_rows
+        );
+        audit::record(db, Entry::new(Action::Purge, requested_by, reason, outcome)).await?;
+        self.purge(db, false).await
     }
 }

@@ -106,7 +106,8 @@ async fn out_of_range_windows_are_invalid_arguments_naming_the_field(backend: Ba
     assert_eq!((refused.code(), reason(&refused).as_str()), (Code::InvalidArgument, "INVALID_REQUEST"));
     assert_eq!(violated_fields(&refused), ["older_than"]);
 
-    let purge = pb::PurgeRequest { outbox_older_than: huge, ..Default::default() };
+    let purge =
+        pb::PurgeRequest { outbox_older_than: huge, reason: "retention".into(), ..Default::default() };
     let refused = admin.purge(purge).await.unwrap_err();
     assert_eq!((refused.code(), reason(&refused).as_str()), (Code::InvalidArgument, "INVALID_REQUEST"));
     assert_eq!(violated_fields(&refused), ["outbox_older_than"]);

@@ -9,6 +9,7 @@ mod helpers;
 
 use idempost_testkit::{otlp, pki};
 
+mod audit;
 mod callers;
 mod change_order;
 mod exact_key;

@@ -20,8 +20,18 @@ export function h<K extends keyof HTMLElementTagNameMap>(
 export function append(parent: Node, children: Child[]): void {
   for (const child of children) {
     if (child === null || child === undefined || child === false) continue;
-    parent.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+    parent.appendChild(child instanceof Node ? child : document.createTextNode(visible(String(child))));
   }
+}
+
+// Control characters (ANSI escapes, carriage returns, C1 controls) and the characters that
+// reorder displayed text, written as escapes: text a service returns (a dead letter's error, a
+// parked event's reason from a record's headers) is shown as it is, never allowed to reorder or
+// hide what is around it. Newlines and tabs are plain whitespace in a table cell and stay.
+const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+export function visible(text: string): string {
+  return text.replace(CONTROL, (c) => `\\u{${c.codePointAt(0)!.toString(16)}}`);
 }
 
 export function replace(parent: Element, ...children: Child[]): void {

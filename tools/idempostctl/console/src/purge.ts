@@ -20,6 +20,7 @@ export function parseDuration(text: string): Duration | undefined | "invalid" {
 export function mount(root: HTMLElement, context: Context): void {
   const outbox = h("input", { placeholder: "service's window", size: "14", "data-testid": "outbox-older-than" });
   const consumed = h("input", { placeholder: "service's window", size: "14", "data-testid": "consumed-older-than" });
+  const reason = h("input", { placeholder: "why these rows may go", size: "40", "data-testid": "purge-reason" });
   const dry = h("button", { type: "button", "data-testid": "dry-run" }, "Dry run");
   const real = h("button", { type: "button", class: "danger", disabled: true, "data-testid": "purge" }, "Purge…");
   const result = h("div", { "data-testid": "purge-result" });
@@ -29,12 +30,13 @@ export function mount(root: HTMLElement, context: Context): void {
     h("p", {}, "Deletes PUBLISHED outbox rows (order side) and consumed_event rows (consumer side) past their retention. A dry run comes first and counts what would go."),
     h("p", {}, h("label", {}, "outbox rows published more than ", outbox, " ago (such as 7d)")),
     h("p", {}, h("label", {}, "dedup rows consumed more than ", consumed, " ago (never inside the redelivery horizon)")),
+    h("p", {}, h("label", {}, "reason (required, recorded in the audit) ", reason)),
     h("p", {}, dry, " ", real),
     result,
   );
   let counted = "";
-  const settings = () => `${outbox.value.trim()}|${consumed.value.trim()}`;
-  for (const input of [outbox, consumed]) {
+  const settings = () => `${outbox.value.trim()}|${consumed.value.trim()}|${reason.value.trim()}`;
+  for (const input of [outbox, consumed, reason]) {
     input.addEventListener("input", () => {
       real.disabled = settings() !== counted;
     });
@@ -46,18 +48,23 @@ export function mount(root: HTMLElement, context: Context): void {
       replace(result, h("p", { class: "error" }, "Durations are a number and s, m, h or d, such as 7d."));
       return;
     }
+    const why = reason.value.trim();
+    if (why === "") {
+      replace(result, h("p", { class: "error" }, "Say why these rows may go: a purge is audited with its reason."));
+      return;
+    }
     replace(result, h("p", { class: "quiet" }, dryRun ? "Counting…" : "Purging…"));
     const verb = dryRun ? "would delete" : "deleted";
     const rows: (string | number | bigint)[][] = [];
     try {
-      const o = await context.api.admin.purge({ outboxOlderThan, dryRun });
+      const o = await context.api.admin.purge({ outboxOlderThan, dryRun, reason: why });
       rows.push(["outbox_event (PUBLISHED)", o.outboxRows, when(o.outboxCutoff), "-"]);
     } catch (error) {
       replace(result, h("p", { class: "error" }, `The order side refused: ${describe(failure(error))}`));
       return;
     }
     try {
-      const c = await context.api.consumer.purgeConsumed({ consumedOlderThan, dryRun });
+      const c = await context.api.consumer.purgeConsumed({ consumedOlderThan, dryRun, reason: why });
       rows.push(["consumed_event", c.consumedRows, when(c.consumedCutoff), age(seconds(c.redeliveryHorizon))]);
     } catch (error) {
       rows.push(["consumed_event", "-", "-", `the consumer side refused: ${describe(failure(error))}`]);

@@ -180,6 +180,7 @@ try {
   // Purge: a dry run first; only then may the purge itself be asked for.
   await nav(page, "Purge");
   const purgeDisabledFirst = await page.getByTestId("purge").isDisabled();
+  await page.getByTestId("purge-reason").fill(settings.reason);
   await page.getByTestId("dry-run").click();
   await page.getByTestId("dry-run-done").waitFor({ timeout: WAIT });
   report("purge", {

@@ -140,6 +140,13 @@ impl AdminService for AdminProxy {
     async fn purge(&self, request: Request<pb::PurgeRequest>) -> Result<Response<pb::PurgeResponse>, Status> {
         forward!(self.0, AdminServiceClient, purge, request.into_inner())
     }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        forward!(self.0, AdminServiceClient, list_audit, request.into_inner())
+    }
 }
 
 impl AdminProxy {
@@ -187,6 +194,13 @@ impl ConsumerAdminService for ConsumerAdminProxy {
         request: Request<pb::PurgeConsumedRequest>,
     ) -> Result<Response<pb::PurgeConsumedResponse>, Status> {
         forward!(self.0, ConsumerAdminServiceClient, purge_consumed, request.into_inner())
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        forward!(self.0, ConsumerAdminServiceClient, list_audit, request.into_inner())
     }
 
     async fn list_parked_events(

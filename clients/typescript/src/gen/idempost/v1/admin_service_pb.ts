@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/admin_service.proto.
  */
 export const file_idempost_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCCLmAQoNUHVyZ2VSZXNwb25zZRITCgtvdXRib3hfcm93cxgBIAEoBBIZCg1jb25zdW1lZF9yb3dzGAIgASgEQgIYARIxCg1vdXRib3hfY3V0b2ZmGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3Cg9jb25zdW1lZF9jdXRvZmYYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgIYARI5ChJyZWRlbGl2ZXJ5X2hvcml6b24YBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBIlIKFUF3YWl0UHVibGlzaGVkUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRInCgR3YWl0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIpgBChZBd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuUHVibGlzaFN0YXRlEg0KBWtub3duGAIgASgIEhUKDW91dGJveF9zdGF0dXMYAyABKAkSLgoLcmV0cnlfYWZ0ZXIYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i4gEKDVJlcGxheVJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSMAoMY3JlYXRlZF9mcm9tGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX3RvGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpldmVudF90eXBlGAQgASgJEg8KB2RyeV9ydW4YBSABKAgSDgoGcmVhc29uGAYgASgJEhQKDHJlcXVlc3RlZF9ieRgHIAEoCRISCgpsaXN0X2xpbWl0GAggASgNIogBCg1SZXBsYXllZEV2ZW50EhAKCGV2ZW50X2lkGAEgASgJEhAKCG9yZGVyX2lkGAIgASgDEg8KB3ZlcnNpb24YAyABKAMSEgoKZXZlbnRfdHlwZRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLJAQoOUmVwbGF5UmVzcG9uc2USEAoIcmVwbGF5ZWQYASABKAQSKgoGZXZlbnRzGAIgAygLMhouaWRlbXBvc3QudjEuUmVwbGF5ZWRFdmVudBIVCg1ub3RfcHVibGlzaGVkGAMgASgEEg4KBnB1cmdlZBgEIAEoBBIPCgdkcnlfcnVuGAUgASgIEhAKCGF1ZGl0X2lkGAYgASgDEi8KC3JlcGxheWVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCp/CgxQdWJsaXNoU3RhdGUSHQoZUFVCTElTSF9TVEFURV9VTlNQRUNJRklFRBAAEhkKFVBVQkxJU0hfU1RBVEVfV0FJVElORxABEhsKF1BVQkxJU0hfU1RBVEVfUFVCTElTSEVEEAISGAoUUFVCTElTSF9TVEFURV9GQUlMRUQQAzLJBAoMQWRtaW5TZXJ2aWNlEl8KEEdldEV2ZW50VGltZWxpbmUSJC5pZGVtcG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVxdWVzdBolLmlkZW1wb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXNwb25zZRJiChFGaW5kQnlCdXNpbmVzc0tleRIlLmlkZW1wb3N0LnYxLkZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBomLmlkZW1wb3N0LnYxLkZpbmRCeUJ1c2luZXNzS2V5UmVzcG9uc2USUAoLTGlzdEJhY2tsb2cSHy5pZGVtcG9zdC52MS5MaXN0QmFja2xvZ1JlcXVlc3QaIC5pZGVtcG9zdC52MS5MaXN0QmFja2xvZ1Jlc3BvbnNlEkQKB1JlZHJpdmUSGy5pZGVtcG9zdC52MS5SZWRyaXZlUmVxdWVzdBocLmlkZW1wb3N0LnYxLlJlZHJpdmVSZXNwb25zZRI+CgVQdXJnZRIZLmlkZW1wb3N0LnYxLlB1cmdlUmVxdWVzdBoaLmlkZW1wb3N0LnYxLlB1cmdlUmVzcG9uc2USWQoOQXdhaXRQdWJsaXNoZWQSIi5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlcXVlc3QaIy5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIqEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCBIOCgZyZWFzb24YBCABKAki5gEKDVB1cmdlUmVzcG9uc2USEwoLb3V0Ym94X3Jvd3MYASABKAQSGQoNY29uc3VtZWRfcm93cxgCIAEoBEICGAESMQoNb3V0Ym94X2N1dG9mZhgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoPY29uc3VtZWRfY3V0b2ZmGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEICGAESOQoScmVkZWxpdmVyeV9ob3Jpem9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgIYASJSChVBd2FpdFB1Ymxpc2hlZFJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSJwoEd2FpdBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKYAQoWQXdhaXRQdWJsaXNoZWRSZXNwb25zZRIoCgVzdGF0ZRgBIAEoDjIZLmlkZW1wb3N0LnYxLlB1Ymxpc2hTdGF0ZRINCgVrbm93bhgCIAEoCBIVCg1vdXRib3hfc3RhdHVzGAMgASgJEi4KC3JldHJ5X2FmdGVyGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIuIBCg1SZXBsYXlSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEjAKDGNyZWF0ZWRfZnJvbRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF90bxgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKZXZlbnRfdHlwZRgEIAEoCRIPCgdkcnlfcnVuGAUgASgIEg4KBnJlYXNvbhgGIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYByABKAkSEgoKbGlzdF9saW1pdBgIIAEoDSKIAQoNUmVwbGF5ZWRFdmVudBIQCghldmVudF9pZBgBIAEoCRIQCghvcmRlcl9pZBgCIAEoAxIPCgd2ZXJzaW9uGAMgASgDEhIKCmV2ZW50X3R5cGUYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiyQEKDlJlcGxheVJlc3BvbnNlEhAKCHJlcGxheWVkGAEgASgEEioKBmV2ZW50cxgCIAMoCzIaLmlkZW1wb3N0LnYxLlJlcGxheWVkRXZlbnQSFQoNbm90X3B1Ymxpc2hlZBgDIAEoBBIOCgZwdXJnZWQYBCABKAQSDwoHZHJ5X3J1bhgFIAEoCBIQCghhdWRpdF9pZBgGIAEoAxIvCgtyZXBsYXllZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiaAoQTGlzdEF1ZGl0UmVxdWVzdBINCgVsaW1pdBgBIAEoDRIRCgliZWZvcmVfaWQYAiABKAMSDgoGYWN0aW9uGAMgASgJEhAKCG9yZGVyX2lkGAQgASgDEhAKCGV2ZW50X2lkGAUgASgJIlYKEUxpc3RBdWRpdFJlc3BvbnNlEikKB3JlY29yZHMYASADKAsyGC5pZGVtcG9zdC52MS5BdWRpdFJlY29yZBIWCg5uZXh0X2JlZm9yZV9pZBgCIAEoAyLXAQoLQXVkaXRSZWNvcmQSCgoCaWQYASABKAMSLwoLcmVjb3JkZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWFjdG9yGAMgASgJEg4KBmFjdGlvbhgEIAEoCRIQCghldmVudF9pZBgFIAEoCRIQCghvcmRlcl9pZBgGIAEoAxIVCg1jb25zdW1lcl9uYW1lGAcgASgJEg4KBnJlYXNvbhgIIAEoCRIQCgh0cmFjZV9pZBgJIAEoCRIPCgdvdXRjb21lGAogASgJKn8KDFB1Ymxpc2hTdGF0ZRIdChlQVUJMSVNIX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVUFVCTElTSF9TVEFURV9XQUlUSU5HEAESGwoXUFVCTElTSF9TVEFURV9QVUJMSVNIRUQQAhIYChRQVUJMSVNIX1NUQVRFX0ZBSUxFRBADMpUFCgxBZG1pblNlcnZpY2USXwoQR2V0RXZlbnRUaW1lbGluZRIkLmlkZW1wb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXF1ZXN0GiUuaWRlbXBvc3QudjEuR2V0RXZlbnRUaW1lbGluZVJlc3BvbnNlEmIKEUZpbmRCeUJ1c2luZXNzS2V5EiUuaWRlbXBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXF1ZXN0GiYuaWRlbXBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXNwb25zZRJQCgtMaXN0QmFja2xvZxIfLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVxdWVzdBogLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVzcG9uc2USRAoHUmVkcml2ZRIbLmlkZW1wb3N0LnYxLlJlZHJpdmVSZXF1ZXN0GhwuaWRlbXBvc3QudjEuUmVkcml2ZVJlc3BvbnNlEj4KBVB1cmdlEhkuaWRlbXBvc3QudjEuUHVyZ2VSZXF1ZXN0GhouaWRlbXBvc3QudjEuUHVyZ2VSZXNwb25zZRJKCglMaXN0QXVkaXQSHS5pZGVtcG9zdC52MS5MaXN0QXVkaXRSZXF1ZXN0Gh4uaWRlbXBvc3QudjEuTGlzdEF1ZGl0UmVzcG9uc2USWQoOQXdhaXRQdWJsaXNoZWQSIi5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlcXVlc3QaIy5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Asks for one event's timeline.
@@ -782,7 +782,7 @@ export type RedriveRequest = Message<"idempost.v1.RedriveRequest"> & {
   requestedBy: string;
 
   /**
-   * Why: recorded on the row. Required.
+   * Why: recorded on the row and in the audit. Required.
    *
    * @generated from field: string reason = 3;
    */
@@ -847,6 +847,13 @@ export type PurgeRequest = Message<"idempost.v1.PurgeRequest"> & {
    * @generated from field: bool dry_run = 3;
    */
   dryRun: boolean;
+
+  /**
+   * Why: recorded in the audit row. Required (an empty or blank reason is INVALID_REQUEST).
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
 };
 
 /**
@@ -1171,6 +1178,170 @@ export const ReplayResponseSchema: GenMessage<ReplayResponse> = /*@__PURE__*/
   messageDesc(file_idempost_v1_admin_service, 24);
 
 /**
+ * Asks for a page of the audit of operators' writes, newest first.
+ *
+ * @generated from message idempost.v1.ListAuditRequest
+ */
+export type ListAuditRequest = Message<"idempost.v1.ListAuditRequest"> & {
+  /**
+   * The most rows: 0 means 100; at most 1000.
+   *
+   * @generated from field: uint32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * Only rows with a smaller id (the previous answer's `next_before_id`); 0 starts at the newest.
+   *
+   * @generated from field: int64 before_id = 2;
+   */
+  beforeId: bigint;
+
+  /**
+   * Only rows of this action (REDRIVE, PURGE, REPLAY, RELEASE_GAP, PURGE_CONSUMED); empty for all.
+   *
+   * @generated from field: string action = 3;
+   */
+  action: string;
+
+  /**
+   * Only rows about this order; 0 for all.
+   *
+   * @generated from field: int64 order_id = 4;
+   */
+  orderId: bigint;
+
+  /**
+   * Only rows about this event (a canonical lower-case UUID); empty for all.
+   *
+   * @generated from field: string event_id = 5;
+   */
+  eventId: string;
+};
+
+/**
+ * Describes the message idempost.v1.ListAuditRequest.
+ * Use `create(ListAuditRequestSchema)` to create a new message.
+ */
+export const ListAuditRequestSchema: GenMessage<ListAuditRequest> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 25);
+
+/**
+ * A page of the audit.
+ *
+ * @generated from message idempost.v1.ListAuditResponse
+ */
+export type ListAuditResponse = Message<"idempost.v1.ListAuditResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated idempost.v1.AuditRecord records = 1;
+   */
+  records: AuditRecord[];
+
+  /**
+   * The `before_id` of the next page; 0 when this page is the last.
+   *
+   * @generated from field: int64 next_before_id = 2;
+   */
+  nextBeforeId: bigint;
+};
+
+/**
+ * Describes the message idempost.v1.ListAuditResponse.
+ * Use `create(ListAuditResponseSchema)` to create a new message.
+ */
+export const ListAuditResponseSchema: GenMessage<ListAuditResponse> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 26);
+
+/**
+ * One operator's write, as recorded in the transaction that made it. Append-only: no call
+ * changes or deletes a row. Every text field is as the caller or the server wrote it: escape it
+ * before showing it.
+ *
+ * @generated from message idempost.v1.AuditRecord
+ */
+export type AuditRecord = Message<"idempost.v1.AuditRecord"> & {
+  /**
+   * Increasing in the order rows were written.
+   *
+   * @generated from field: int64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * When (the database clock).
+   *
+   * @generated from field: google.protobuf.Timestamp recorded_at = 2;
+   */
+  recordedAt?: Timestamp | undefined;
+
+  /**
+   * Who: the token's subject; without authentication (`--auth none`) the request's
+   * `requested_by`; for the relay's `redrive` command its `--requested-by`.
+   *
+   * @generated from field: string actor = 3;
+   */
+  actor: string;
+
+  /**
+   * What: REDRIVE, PURGE, REPLAY (the order side), RELEASE_GAP, PURGE_CONSUMED (the consumer).
+   *
+   * @generated from field: string action = 4;
+   */
+  action: string;
+
+  /**
+   * The event it touched, when one.
+   *
+   * @generated from field: string event_id = 5;
+   */
+  eventId: string;
+
+  /**
+   * The order it touched, when one (a release, a replay of one order).
+   *
+   * @generated from field: int64 order_id = 6;
+   */
+  orderId: bigint;
+
+  /**
+   * The consumer name whose records it touched (the consumer's actions).
+   *
+   * @generated from field: string consumer_name = 7;
+   */
+  consumerName: string;
+
+  /**
+   * Why, as the operator said.
+   *
+   * @generated from field: string reason = 8;
+   */
+  reason: string;
+
+  /**
+   * The trace id of the call that wrote it, when the call was traced: its span and log lines.
+   *
+   * @generated from field: string trace_id = 9;
+   */
+  traceId: string;
+
+  /**
+   * What came of it: counts, windows, versions given up, as text.
+   *
+   * @generated from field: string outcome = 10;
+   */
+  outcome: string;
+};
+
+/**
+ * Describes the message idempost.v1.AuditRecord.
+ * Use `create(AuditRecordSchema)` to create a new message.
+ */
+export const AuditRecordSchema: GenMessage<AuditRecord> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 27);
+
+/**
  * Where an awaited event is on its way to the broker.
  *
  * @generated from enum idempost.v1.PublishState
@@ -1230,9 +1401,9 @@ export const PublishStateSchema: GenEnum<PublishState> = /*@__PURE__*/
  * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
  * |                     |                            | metadata's correlation_id names the log record  |
  * | UNAUTHENTICATED     | TOKEN_MISSING / TOKEN_INVALID / TOKEN_EXPIRED | see OrderService             |
- * | PERMISSION_DENIED   | SCOPE_MISSING              | ListBacklog, Redrive, Purge and Replay need the |
- * |                     |                            | operator scope (--auth-admin-scope,             |
- * |                     |                            | idempost:admin)                                 |
+ * | PERMISSION_DENIED   | SCOPE_MISSING              | ListBacklog, Redrive, Purge, Replay and         |
+ * |                     |                            | ListAudit need the operator scope               |
+ * |                     |                            | (--auth-admin-scope, idempost:admin)            |
  * | PERMISSION_DENIED   | TENANT_MISMATCH            | FindByBusinessKey for another tenant without    |
  * |                     |                            | the operator scope                              |
  *
@@ -1279,8 +1450,10 @@ export const AdminService: GenService<{
     output: typeof ListBacklogResponseSchema;
   },
   /**
-   * Returns a FAILED event to PENDING with its attempts reset, and records who did it and why
-   * on the row. Only a FAILED row changes, so no relay's lease is ever touched.
+   * Returns a FAILED event to PENDING with its attempts reset. Audited: one REDRIVE row in
+   * `admin_audit` per redrive (see ListAudit), written in the redrive's transaction; the row's
+   * `last_redriven_*` fields keep the last one. Only a FAILED row changes, so no relay's lease is
+   * ever touched.
    *
    * @generated from rpc idempost.v1.AdminService.Redrive
    */
@@ -1292,7 +1465,11 @@ export const AdminService: GenService<{
   /**
    * Deletes PUBLISHED outbox rows older than the retention window, in bounded batches. PENDING,
    * PUBLISHING and FAILED rows are never deleted. consumed_event rows are the consumer's: see
-   * ConsumerAdminService.PurgeConsumed.
+   * ConsumerAdminService.PurgeConsumed. A reason is required (INVALID_REQUEST without one, in a
+   * dry run too), and a purge is audited: a PURGE row in `admin_audit`, committed before its
+   * first batch (the batches are short transactions of their own, so no row is deleted
+   * unaudited), saying the cut-off, the window and how many rows were eligible. A dry run
+   * deletes nothing and writes no row.
    *
    * @generated from rpc idempost.v1.AdminService.Purge
    */
@@ -1300,6 +1477,18 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof PurgeRequestSchema;
     output: typeof PurgeResponseSchema;
+  },
+  /**
+   * The audit of operators' writes on the order side (Redrive, Purge, Replay, and the relay's
+   * `redrive` command): one append-only row each, newest first, a page at a time (at most 1000
+   * rows; `next_before_id` continues). Operators only.
+   *
+   * @generated from rpc idempost.v1.AdminService.ListAudit
+   */
+  listAudit: {
+    methodKind: "unary";
+    input: typeof ListAuditRequestSchema;
+    output: typeof ListAuditResponseSchema;
   },
   /**
    * Waits, for a bounded time, until one event is published or FAILED: a long poll for users'
@@ -1324,17 +1513,17 @@ export const AdminService: GenService<{
     output: typeof AwaitPublishedResponseSchema;
   },
   /**
-   * Publishes PUBLISHED events again, for a consumer that must see them again (a new consumer
-   * name, or one whose effects were lost): operators only, like Redrive and Purge, with a
-   * required reason, and audited (a `replay_audit` row per replay: who, when, why, the filter,
-   * how many). The filter is an order, a range of the events' creation times, an event type, or
-   * any combination, with at least an order or a range start. Replay returns the matching
-   * PUBLISHED outbox rows to PENDING, so the relays publish them again exactly as the first time:
-   * with the same event ids (a consumer that applied an event absorbs the copy as a duplicate; a
-   * consumer name that never saw it applies it), and one order's events in version order (a
-   * relay claims a version only when every earlier version of its order is PUBLISHED). A
-   * `dry_run` changes nothing and writes no audit row: it counts and lists what a replay would
-   * do now.
+   * Publishes PUBLISHED events again, for a consumer that must see them again (a new consumer name,
+   * or one whose effects were lost): operators only, like Redrive and Purge, with a required
+   * reason, and audited (a REPLAY row in `admin_audit` per replay: who, when, why, the filter, how
+   * many; `audit_id` is its id). The filter is an order, a range of the events' creation times, an
+   * event type, or any combination, with at least an order or a range start. Replay returns the
+   * matching PUBLISHED outbox rows to PENDING, so the relays publish them again exactly as the
+   * first time: with the same event ids (a consumer that applied an event absorbs the copy as a
+   * duplicate; a consumer name that never saw it applies it), and one order's events in version
+   * order (a relay claims a version only when every earlier version of its order is PUBLISHED). A
+   * `dry_run` changes nothing and writes no audit row: it counts and lists what a replay would do
+   * now.
    *
    * What is not replayed, and is counted instead: rows still PENDING, PUBLISHING or FAILED
    * (`not_published`: they are on their way anyway, or wait for a Redrive), and events whose

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ConsumerRecord, DeadLetterRecord, NotificationJobRecord } from "./admin_service_pb.js";
+import type { ConsumerRecord, DeadLetterRecord, ListAuditRequestSchema, ListAuditResponseSchema, NotificationJobRecord } from "./admin_service_pb.js";
 import { file_idempost_v1_admin_service } from "./admin_service_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/consumer_admin_service.proto.
  */
 export const file_idempost_v1_consumer_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("CihpZGVtcG9zdC92MS9jb25zdW1lcl9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIuChpHZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJOChtHZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USLwoIdGltZWxpbmUYASABKAsyHS5pZGVtcG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsgBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi4KCWNvbnN1bWVycxgCIAMoCzIbLmlkZW1wb3N0LnYxLkNvbnN1bWVyUmVjb3JkEj0KEW5vdGlmaWNhdGlvbl9qb2JzGAMgAygLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgEIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiPgoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNIk4KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEjMKDGRlYWRfbGV0dGVycxgBIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiXwoUUHVyZ2VDb25zdW1lZFJlcXVlc3QSNgoTY29uc3VtZWRfb2xkZXJfdGhhbhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdkcnlfcnVuGAIgASgIIpoBChVQdXJnZUNvbnN1bWVkUmVzcG9uc2USFQoNY29uc3VtZWRfcm93cxgBIAEoBBIzCg9jb25zdW1lZF9jdXRvZmYYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEnJlZGVsaXZlcnlfaG9yaXpvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI6ChdMaXN0UGFya2VkRXZlbnRzUmVxdWVzdBIQCghvcmRlcl9pZBgBIAEoAxINCgVsaW1pdBgCIAEoDSLUAQoRUGFya2VkRXZlbnRSZWNvcmQSFQoNY29uc3VtZXJfbmFtZRgBIAEoCRIQCghldmVudF9pZBgCIAEoCRIQCghvcmRlcl9pZBgDIAEoAxIVCg1ldmVudF92ZXJzaW9uGAQgASgDEhIKCmV2ZW50X3R5cGUYBSABKAkSDgoGcmVhc29uGAYgASgJEi0KCXBhcmtlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoScmVhZF9tb2RlbF92ZXJzaW9uGAggASgDIlEKGExpc3RQYXJrZWRFdmVudHNSZXNwb25zZRI1Cg1wYXJrZWRfZXZlbnRzGAEgAygLMh4uaWRlbXBvc3QudjEuUGFya2VkRXZlbnRSZWNvcmQiOwoXUmVsZWFzZVBhcmtlZEdhcFJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSDgoGcmVhc29uGAIgASgJIqIBChhSZWxlYXNlUGFya2VkR2FwUmVzcG9uc2USHQoVcmVsZWFzZWRfZnJvbV92ZXJzaW9uGAEgASgDEhsKE3JlbGVhc2VkX3RvX3ZlcnNpb24YAiABKAMSGAoQYXBwbGllZF92ZXJzaW9ucxgDIAMoAxIaChJyZWFkX21vZGVsX3ZlcnNpb24YBCABKAMSFAoMc3RpbGxfcGFya2VkGAUgASgNImgKFEF3YWl0Q29uc3VtZWRSZXF1ZXN0EhAKCGV2ZW50X2lkGAEgASgJEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSJwoEd2FpdBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKYAQoVQXdhaXRDb25zdW1lZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuQ29uc3VtZVN0YXRlEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSDgoGZGV0YWlsGAMgASgJEi4KC3JldHJ5X2FmdGVyGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKp8BCgxDb25zdW1lU3RhdGUSHQoZQ09OU1VNRV9TVEFURV9VTlNQRUNJRklFRBAAEhkKFUNPTlNVTUVfU1RBVEVfV0FJVElORxABEhoKFkNPTlNVTUVfU1RBVEVfQ09OU1VNRUQQAhIfChtDT05TVU1FX1NUQVRFX0RFQURfTEVUVEVSRUQQAxIYChRDT05TVU1FX1NUQVRFX1BBUktFRBAEMtAEChRDb25zdW1lckFkbWluU2VydmljZRJoChNHZXRDb25zdW1lclRpbWVsaW5lEicuaWRlbXBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QaKC5pZGVtcG9zdC52MS5HZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USXAoPTGlzdERlYWRMZXR0ZXJzEiMuaWRlbXBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBokLmlkZW1wb3N0LnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElYKDVB1cmdlQ29uc3VtZWQSIS5pZGVtcG9zdC52MS5QdXJnZUNvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXNwb25zZRJfChBMaXN0UGFya2VkRXZlbnRzEiQuaWRlbXBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QaJS5pZGVtcG9zdC52MS5MaXN0UGFya2VkRXZlbnRzUmVzcG9uc2USXwoQUmVsZWFzZVBhcmtlZEdhcBIkLmlkZW1wb3N0LnYxLlJlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0GiUuaWRlbXBvc3QudjEuUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlElYKDUF3YWl0Q29uc3VtZWQSIS5pZGVtcG9zdC52MS5Bd2FpdENvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLkF3YWl0Q29uc3VtZWRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempost_v1_admin_service]);
+  fileDesc("CihpZGVtcG9zdC92MS9jb25zdW1lcl9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIuChpHZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJOChtHZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USLwoIdGltZWxpbmUYASABKAsyHS5pZGVtcG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsgBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi4KCWNvbnN1bWVycxgCIAMoCzIbLmlkZW1wb3N0LnYxLkNvbnN1bWVyUmVjb3JkEj0KEW5vdGlmaWNhdGlvbl9qb2JzGAMgAygLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgEIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQiPgoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNIk4KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEjMKDGRlYWRfbGV0dGVycxgBIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQibwoUUHVyZ2VDb25zdW1lZFJlcXVlc3QSNgoTY29uc3VtZWRfb2xkZXJfdGhhbhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdkcnlfcnVuGAIgASgIEg4KBnJlYXNvbhgDIAEoCSKaAQoVUHVyZ2VDb25zdW1lZFJlc3BvbnNlEhUKDWNvbnN1bWVkX3Jvd3MYASABKAQSMwoPY29uc3VtZWRfY3V0b2ZmGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI1ChJyZWRlbGl2ZXJ5X2hvcml6b24YAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOgoXTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSDQoFbGltaXQYAiABKA0i1AEKEVBhcmtlZEV2ZW50UmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSEAoIb3JkZXJfaWQYAyABKAMSFQoNZXZlbnRfdmVyc2lvbhgEIAEoAxISCgpldmVudF90eXBlGAUgASgJEg4KBnJlYXNvbhgGIAEoCRItCglwYXJrZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEnJlYWRfbW9kZWxfdmVyc2lvbhgIIAEoAyJRChhMaXN0UGFya2VkRXZlbnRzUmVzcG9uc2USNQoNcGFya2VkX2V2ZW50cxgBIAMoCzIeLmlkZW1wb3N0LnYxLlBhcmtlZEV2ZW50UmVjb3JkIjsKF1JlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEg4KBnJlYXNvbhgCIAEoCSKiAQoYUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlEh0KFXJlbGVhc2VkX2Zyb21fdmVyc2lvbhgBIAEoAxIbChNyZWxlYXNlZF90b192ZXJzaW9uGAIgASgDEhgKEGFwcGxpZWRfdmVyc2lvbnMYAyADKAMSGgoScmVhZF9tb2RlbF92ZXJzaW9uGAQgASgDEhQKDHN0aWxsX3BhcmtlZBgFIAEoDSJoChRBd2FpdENvbnN1bWVkUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIVCg1jb25zdW1lcl9uYW1lGAIgASgJEicKBHdhaXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24imAEKFUF3YWl0Q29uc3VtZWRSZXNwb25zZRIoCgVzdGF0ZRgBIAEoDjIZLmlkZW1wb3N0LnYxLkNvbnN1bWVTdGF0ZRIVCg1jb25zdW1lcl9uYW1lGAIgASgJEg4KBmRldGFpbBgDIAEoCRIuCgtyZXRyeV9hZnRlchgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiqfAQoMQ29uc3VtZVN0YXRlEh0KGUNPTlNVTUVfU1RBVEVfVU5TUEVDSUZJRUQQABIZChVDT05TVU1FX1NUQVRFX1dBSVRJTkcQARIaChZDT05TVU1FX1NUQVRFX0NPTlNVTUVEEAISHwobQ09OU1VNRV9TVEFURV9ERUFEX0xFVFRFUkVEEAMSGAoUQ09OU1VNRV9TVEFURV9QQVJLRUQQBDKcBQoUQ29uc3VtZXJBZG1pblNlcnZpY2USaAoTR2V0Q29uc3VtZXJUaW1lbGluZRInLmlkZW1wb3N0LnYxLkdldENvbnN1bWVyVGltZWxpbmVSZXF1ZXN0GiguaWRlbXBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlc3BvbnNlElwKD0xpc3REZWFkTGV0dGVycxIjLmlkZW1wb3N0LnYxLkxpc3REZWFkTGV0dGVyc1JlcXVlc3QaJC5pZGVtcG9zdC52MS5MaXN0RGVhZExldHRlcnNSZXNwb25zZRJWCg1QdXJnZUNvbnN1bWVkEiEuaWRlbXBvc3QudjEuUHVyZ2VDb25zdW1lZFJlcXVlc3QaIi5pZGVtcG9zdC52MS5QdXJnZUNvbnN1bWVkUmVzcG9uc2USXwoQTGlzdFBhcmtlZEV2ZW50cxIkLmlkZW1wb3N0LnYxLkxpc3RQYXJrZWRFdmVudHNSZXF1ZXN0GiUuaWRlbXBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1Jlc3BvbnNlEl8KEFJlbGVhc2VQYXJrZWRHYXASJC5pZGVtcG9zdC52MS5SZWxlYXNlUGFya2VkR2FwUmVxdWVzdBolLmlkZW1wb3N0LnYxLlJlbGVhc2VQYXJrZWRHYXBSZXNwb25zZRJKCglMaXN0QXVkaXQSHS5pZGVtcG9zdC52MS5MaXN0QXVkaXRSZXF1ZXN0Gh4uaWRlbXBvc3QudjEuTGlzdEF1ZGl0UmVzcG9uc2USVgoNQXdhaXRDb25zdW1lZBIhLmlkZW1wb3N0LnYxLkF3YWl0Q29uc3VtZWRSZXF1ZXN0GiIuaWRlbXBvc3QudjEuQXdhaXRDb25zdW1lZFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempost_v1_admin_service]);
 
 /**
  * Asks for the consumer's part of one event's timeline.
@@ -169,6 +169,14 @@ export type PurgeConsumedRequest = Message<"idempost.v1.PurgeConsumedRequest"> &
    * @generated from field: bool dry_run = 2;
    */
   dryRun: boolean;
+
+  /**
+   * Why: recorded in the audit row (optional here: the dedup history's purge is routine
+   * retention, bounded below by the redelivery horizon).
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
 };
 
 /**
@@ -593,7 +601,8 @@ export const ConsumerAdminService: GenService<{
   },
   /**
    * Deletes consumed_event rows older than the retention window, in bounded batches, never
-   * inside the redelivery horizon.
+   * inside the redelivery horizon. Audited like AdminService.Purge: a PURGE_CONSUMED row in
+   * `admin_audit`, committed before the first batch (a dry run writes none).
    *
    * @generated from rpc idempost.v1.ConsumerAdminService.PurgeConsumed
    */
@@ -618,8 +627,10 @@ export const ConsumerAdminService: GenService<{
    * Releases one order's gap in this consumer's read model, in one transaction: first applies
    * whatever already follows on; then gives up the missing versions before the order's first
    * parked event (or that event itself, when this consumer cannot apply it) and applies what
-   * waits behind, in version order, up to the next gap. Audited: the caller's subject, the
-   * required reason and the versions given up are stored (table gap_release) and logged.
+   * waits behind, in version order, up to the next gap. A parked event that is given up is not
+   * deleted: it becomes a dead letter of this consumer, with its payload and the release's
+   * reason. Audited: a RELEASE_GAP row in `admin_audit` (the caller's subject, the required
+   * reason, the versions given up), written in the release's transaction.
    * FAILED_PRECONDITION NOTHING_PARKED when the order has no parked event.
    *
    * @generated from rpc idempost.v1.ConsumerAdminService.ReleaseParkedGap
@@ -628,6 +639,17 @@ export const ConsumerAdminService: GenService<{
     methodKind: "unary";
     input: typeof ReleaseParkedGapRequestSchema;
     output: typeof ReleaseParkedGapResponseSchema;
+  },
+  /**
+   * The audit of operators' writes on the consumer's database (ReleaseParkedGap, PurgeConsumed),
+   * newest first, a page at a time, as AdminService.ListAudit serves the order side's.
+   *
+   * @generated from rpc idempost.v1.ConsumerAdminService.ListAudit
+   */
+  listAudit: {
+    methodKind: "unary";
+    input: typeof ListAuditRequestSchema;
+    output: typeof ListAuditResponseSchema;
   },
   /**
    * Waits, for a bounded time, until a named consumer consumed one event, dead-lettered it or
