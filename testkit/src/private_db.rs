@@ -49,11 +49,26 @@ pub struct PrivateServer {
     dir: tempfile::TempDir,
     port: u16,
     running: bool,
+    /// The server's own defaults, none of the kit's speed-ups (see [`PrivateServer::start_stock`]).
+    stock: bool,
 }
 
 impl PrivateServer {
-    /// Initialises a data directory and starts the server on a free port.
+    /// Initialises a data directory and starts the server on a free port, made quick for
+    /// tests: PostgreSQL with `fsync=off`, MariaDB with a 32 MiB buffer pool and no binary log.
     pub async fn start(engine: Engine) -> Self {
+        Self::start_as(engine, false).await
+    }
+
+    /// [`PrivateServer::start`] with the server's stock settings (PostgreSQL as `initdb` made it,
+    /// autovacuum on and durable commits; MariaDB with its default buffer pool, binary log off as
+    /// it is by default): what the bench's soak measures, where cleanup and purge behave as in a
+    /// production database. [`PrivateServer::settings`] says which settings were in force.
+    pub async fn start_stock(engine: Engine) -> Self {
+        Self::start_as(engine, true).await
+    }
+
+    async fn start_as(engine: Engine, stock: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         match engine {
             Engine::MariaDb => run(Command::new("mariadb-install-db").args([
@@ -72,7 +87,7 @@ impl PrivateServer {
             }
         }
         // mariadbd and pg_ctl cannot bind port 0 and say which port they got.
-        let mut server = Self { engine, dir, port: free_port(), mariadbd: None, running: false };
+        let mut server = Self { engine, dir, port: free_port(), mariadbd: None, running: false, stock };
         server.resume().await;
         server
     }
@@ -98,6 +113,35 @@ impl PrivateServer {
         }
     }
 
+    /// The server's process id: `mariadbd`'s, or PostgreSQL's postmaster (from its pid file),
+    /// whose children are the backends, autovacuum and the other workers.
+    pub fn pid(&self) -> Option<u32> {
+        match self.engine {
+            Engine::MariaDb => self.mariadbd.as_ref().and_then(Guard::pid),
+            Engine::Postgres => std::fs::read_to_string(self.dir.path().join("data/postmaster.pid"))
+                .ok()?
+                .lines()
+                .next()?
+                .trim()
+                .parse()
+                .ok(),
+        }
+    }
+
+    /// The command-line settings the server was started with beyond its data directory, port
+    /// and socket, as a line for a report.
+    pub fn settings(&self) -> String {
+        let base = match self.engine {
+            Engine::Postgres => "initdb defaults, listen_addresses=127.0.0.1",
+            Engine::MariaDb => "mariadbd --no-defaults, --skip-log-bin, --skip-grant-tables",
+        };
+        match (self.engine, self.stock) {
+            (_, true) => base.to_owned(),
+            (Engine::Postgres, false) => format!("{base}, fsync=off"),
+            (Engine::MariaDb, false) => format!("{base}, --innodb-buffer-pool-size=32M"),
+        }
+    }
+
     /// Stops the server abruptly, as a crash would: no client gets a goodbye.
     pub async fn stop(&mut self) {
         assert!(self.running, "the server is not running");
@@ -120,11 +164,14 @@ impl PrivateServer {
         let data = self.dir.path().join("data");
         match self.engine {
             Engine::Postgres => {
-                let options = format!(
-                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+                let mut options = format!(
+                    "-p {} -k {} -c listen_addresses=127.0.0.1",
                     self.port,
                     self.dir.path().display()
                 );
+                if !self.stock {
+                    options.push_str(" -c fsync=off");
+                }
                 run(as_postgres("pg_ctl")
                     .args(["-w", "-l"])
                     .arg(self.dir.path().join("server.log"))
@@ -141,9 +188,11 @@ impl PrivateServer {
                     .arg(format!("--pid-file={}", self.dir.path().join("mariadb.pid").display()))
                     .arg(format!("--log-error={}", self.dir.path().join("server.log").display()))
                     .args(["--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables"])
-                    .args(["--innodb-buffer-pool-size=32M", "--skip-log-bin"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null());
+                    .arg("--skip-log-bin");
+                if !self.stock {
+                    command.arg("--innodb-buffer-pool-size=32M");
+                }
+                command.stdout(Stdio::null()).stderr(Stdio::null());
                 self.mariadbd = Some(Guard::spawn(&mut command).expect("cannot start mariadbd"));
             }
         }

@@ -87,6 +87,11 @@ impl Guard {
         self.0.is_some()
     }
 
+    /// Its process id while it runs (the bench reads its CPU time from `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.0.as_ref().map(std::process::Child::id)
+    }
+
     /// SIGKILL, then waits for it to be gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.0.take() {
