@@ -4,6 +4,7 @@
 //! under this module, so the rest of the code speaks one dialect.
 
 mod classify;
+pub mod cleanup;
 mod connect;
 mod dialect;
 mod failure;

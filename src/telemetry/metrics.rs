@@ -16,6 +16,13 @@ pub struct Metrics {
     pub outbox_oldest_claimable_age: Gauge<f64>,
     /// Events a relay could claim now (as for the age above).
     pub outbox_claimable: Gauge<u64>,
+    /// Age of the oldest transaction holding back the database's cleanup (see
+    /// [`crate::db::cleanup::oldest_transaction_age`]); 0 when none.
+    pub db_oldest_transaction_age: Gauge<f64>,
+    /// Old row versions the database's cleanup has not removed yet: the outbox's dead rows on
+    /// PostgreSQL, InnoDB's history list length on MariaDB/MySQL, 0 on SQLite (see
+    /// [`crate::db::cleanup::unremoved_versions`]).
+    pub db_unremoved_versions: Gauge<u64>,
     /// Events leased by the relay's claims (every claim counts as an attempt).
     pub claimed: Counter<u64>,
     /// From the event's creation to the broker's confirm.
@@ -104,6 +111,17 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         outbox_claimable: meter
             .u64_gauge("idempost.outbox.claimable")
             .with_description("Events a relay could claim now")
+            .build(),
+        db_oldest_transaction_age: meter
+            .f64_gauge("idempost.db.oldest_transaction_age")
+            .with_unit("s")
+            .with_description("Age of the oldest open transaction holding back the database's cleanup; 0 when none")
+            .build(),
+        db_unremoved_versions: meter
+            .u64_gauge("idempost.db.unremoved_versions")
+            .with_description(
+                "Old row versions cleanup has not removed: outbox dead rows (PostgreSQL), history list length (MariaDB/MySQL)",
+            )
             .build(),
         claimed: meter
             .u64_counter("idempost.relay.claimed")

@@ -18,6 +18,7 @@ mod awaiting;
 mod chaos;
 mod claimable;
 mod classify;
+mod cleanup;
 mod client;
 mod cloudevents;
 mod console;

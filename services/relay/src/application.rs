@@ -104,6 +104,7 @@ impl Application {
         let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
         let claimable = self.relay.outbox().connection().clone();
         tokio::spawn(service::report_claimable(claimable, stop_rx.clone()));
+        tokio::spawn(super::cleanup::report(self.relay.outbox().connection().clone(), stop_rx.clone()));
         let watcher = tokio::spawn(watch_health(
             self.relay.vitals(),
             self.relay.outbox().clone(),

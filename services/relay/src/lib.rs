@@ -6,6 +6,7 @@
 
 mod application;
 mod budget;
+mod cleanup;
 mod health;
 mod lease;
 mod outbox;
