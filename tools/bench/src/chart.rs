@@ -16,7 +16,7 @@ const RAW: RGBColor = RGBColor(150, 150, 150);
 const IDEMPOST: RGBColor = RGBColor(31, 119, 180);
 
 /// Registers a system font for labels; without one the chart has bars only.
-fn register_font() -> bool {
+pub(crate) fn register_font() -> bool {
     for path in FONTS {
         if let Ok(bytes) = std::fs::read(path) {
             // The font lives as long as the process: plotters keeps a 'static reference.

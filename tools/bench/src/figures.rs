@@ -93,6 +93,8 @@ pub(crate) struct Figures {
     pub(crate) e2e: Vec<EndToEnd>,
     /// The ordered-relay phase (none when it did not run).
     pub(crate) ordered: Option<Ordered>,
+    /// The soak (none when it did not run).
+    pub(crate) soak: Option<crate::soak::Soak>,
     pub(crate) services: Vec<ServiceUse>,
     pub(crate) waits: Vec<Waits>,
     pub(crate) notes: Vec<String>,

@@ -17,6 +17,7 @@ mod plan;
 mod raw;
 mod report;
 mod run;
+mod soak;
 mod sql;
 mod steady;
 mod sustain;
@@ -79,6 +80,15 @@ struct Cli {
     /// levels are 25/50/75 % of this.
     #[arg(long)]
     max_offered: Option<f64>,
+    /// Minutes of each of the soak's three stages (baseline, snapshot held, released); e.g. 0.5
+    /// for a smoke test. The default shows a trend: the issue saw publish p99 rising linearly
+    /// for as long as a snapshot was held.
+    #[arg(long, default_value_t = 5.0)]
+    soak_minutes: f64,
+    /// The soak's offered rate, orders/s. Default: a tenth of the whole pipeline's sustained
+    /// rate when the run measured it (or `--max-offered` gave it), else 300.
+    #[arg(long)]
+    soak_rate: Option<f64>,
     /// Runs one part of the raw-pipeline floor until SIGTERM, instead of a benchmark (the
     /// bench starts these itself).
     #[arg(long, value_enum, hide = true)]
@@ -138,6 +148,10 @@ async fn main() -> ExitCode {
             versions: cli.ordered_versions,
             ..if cli.quick { ordered::Shape::QUICK } else { ordered::Shape::FULL }
         },
+        soak: soak::Shape {
+            stage: Duration::from_secs_f64((cli.soak_minutes * 60.0).max(soak::WINDOW.as_secs_f64())),
+            rate: cli.soak_rate,
+        },
     };
     let figures = match run::run(&plan).await {
         Ok(figures) => figures,
@@ -152,6 +166,11 @@ async fn main() -> ExitCode {
         return startup::fail("idempost-bench", format!("cannot write the results: {e}"));
     }
     if let Err(e) = chart::draw(&figures, &plan.out_dir.join("bench.png")) {
+        return startup::fail("idempost-bench", e);
+    }
+    if let Some(soak) = &figures.soak
+        && let Err(e) = soak::draw(soak, &plan.out_dir.join("soak.png"))
+    {
         return startup::fail("idempost-bench", e);
     }
     println!("written: {0}/bench.txt, {0}/bench.json, {0}/bench.png", plan.out_dir.display());

@@ -32,6 +32,8 @@ pub(crate) struct Plan {
     pub(crate) max_offered: Option<f64>,
     /// The backlog of the ordered-relay phase.
     pub(crate) ordered: crate::ordered::Shape,
+    /// The soak's stages and rate.
+    pub(crate) soak: crate::soak::Shape,
 }
 
 /// One phase of a run, as `--only` names it.
@@ -55,11 +57,16 @@ pub(crate) enum Phase {
     /// Many events per order: the relay x1 and x2 draining 10 versions of each of 1,000 orders
     /// beside the same number of events one per order, and the latency of amendments.
     Ordered,
+    /// The whole pipeline for minutes on a private server with stock settings: a baseline,
+    /// another session holding a snapshot open, the snapshot released (issue 42).
+    Soak,
 }
 
 impl Plan {
+    /// Whether `phase` runs: every phase when `--only` names none, except the soak, which takes
+    /// a quarter of an hour and a server of its own and runs only when named.
     pub(crate) fn runs(&self, phase: Phase) -> bool {
-        self.only.is_empty() || self.only.contains(&phase)
+        self.only.contains(&phase) || (self.only.is_empty() && phase != Phase::Soak)
     }
 }
 

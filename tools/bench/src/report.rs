@@ -106,6 +106,7 @@ impl Figures {
             ));
         }
         out.extend(ordered::targets(self));
+        out.extend(self.soak.iter().flat_map(crate::soak::targets));
         let mut services: Vec<&str> = self.services.iter().map(|s| s.service.as_str()).collect();
         services.dedup();
         for service in services {
@@ -312,6 +313,9 @@ impl Figures {
         }
         t.push_str(&capacity::table(self));
         t.push_str(&ordered::table(self));
+        if let Some(soak) = &self.soak {
+            t.push_str(&crate::soak::table(soak));
+        }
         let _ = writeln!(t, "\nservices (real processes; /proc/PID/stat and VmHWM)");
         for s in &self.services {
             let _ = writeln!(
@@ -404,6 +408,7 @@ impl Figures {
                 "relayBatches": phases(&e.relay)})).collect::<Vec<_>>(),
             "capacity": capacity::json(self),
             "ordered": ordered::json(self),
+            "soak": self.soak.as_ref().map(crate::soak::json),
             "services": self.services.iter().map(|s| json!({
                 "service": s.service, "phase": s.phase, "events": s.events, "cpuSeconds": s.cpu_seconds,
                 "cpuSecondsPer1000": s.cpu_per_1000(), "peakRssMiB": s.peak_rss_mib})).collect::<Vec<_>>(),

@@ -166,6 +166,14 @@ impl Run<'_> {
         if plan.runs(Phase::Ordered) {
             self.ordered().await?;
         }
+        if plan.runs(Phase::Soak) {
+            let sustained = if self.figures.max_offered > 0.0 {
+                self.figures.max_offered
+            } else {
+                plan.max_offered.unwrap_or(0.0)
+            };
+            self.figures.soak = Some(crate::soak::run(plan, &plan.soak, sustained).await?);
+        }
         Ok(())
     }
 
