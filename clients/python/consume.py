@@ -5,12 +5,12 @@
                [--max-events N] [--timeout SECONDS] [-X librdkafka.option=value ...]
 
 Each record's value is an idempost.v1.OrderAccepted in protobuf binary encoding; its `event_id`
-header repeats the payload's event id. Delivery is at least once: the same event id can arrive
-more than once, and a real consumer deduplicates by it (the Rust consumer keeps a consumed_event
-row per event). Offsets are committed only after a record was handled (here: its line printed and
-flushed), so a crash before that re-reads the record instead of losing it. A record that cannot
-be decoded is reported as an "undecodable" line and committed: it never blocks its partition and
-is never skipped silently.
+header (`ce_id` alone from a relay run with --legacy-headers false) repeats the payload's event id.
+Delivery is at least once: the same event id can arrive more than once, and a real consumer
+deduplicates by it (the Rust consumer keeps a consumed_event row per event). Offsets are committed
+only after a record was handled (here: its line printed and flushed), so a crash before that
+re-reads the record instead of losing it. A record that cannot be decoded is reported as an
+"undecodable" line and committed: it never blocks its partition and is never skipped silently.
 
 With --ca-file the brokers are reached over TLS; with a token (--token-file, else the
 IDEMPOST_KAFKA_TOKEN environment variable) the consumer authenticates with SASL/OAUTHBEARER. A
@@ -52,6 +52,12 @@ def headers_of(message) -> dict:
     }
 
 
+def header_event_id(headers: dict):
+    """The event id the record's headers state: `event_id`, else `ce_id` (a relay run with
+    --legacy-headers false writes the CloudEvents headers alone)."""
+    return headers.get("event_id", headers.get("ce_id"))
+
+
 def event_line(message, event: order_events_pb2.OrderAccepted, headers: dict) -> dict:
     return {
         "type": "event",
@@ -59,8 +65,8 @@ def event_line(message, event: order_events_pb2.OrderAccepted, headers: dict) ->
         "partition": message.partition(),
         "offset": message.offset(),
         "key": message.key().decode("utf-8", "replace") if message.key() is not None else None,
-        "header_event_id": headers.get("event_id"),
-        "event_type": headers.get("event_type"),
+        "header_event_id": header_event_id(headers),
+        "event_type": headers.get("event_type", headers.get("ce_type")),
         "event_id": event.event_id,
         "event_version": event.event_version,
         "order_id": event.order_id,
@@ -90,7 +96,7 @@ def decode(message) -> dict:
             "topic": message.topic(),
             "partition": message.partition(),
             "offset": message.offset(),
-            "header_event_id": headers.get("event_id"),
+            "header_event_id": header_event_id(headers),
             "error": f"{type(error).__name__}: {error}",
         }
     return event_line(message, event, headers)

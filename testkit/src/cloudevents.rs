@@ -31,6 +31,16 @@ pub struct PublishedTopic {
 /// Two orders (one amended, one cancelled: each event type once or twice) published by a relay in
 /// `mode` to a fresh topic of `broker`; the relay is stopped once all four are PUBLISHED.
 pub async fn published_in(broker: &TestBroker, mode: CloudEventsMode) -> PublishedTopic {
+    published_with(broker, mode, true).await
+}
+
+/// [`published_in`] by a relay that writes the legacy headers a `ce_*` header repeats only when
+/// `legacy_headers` (its `--legacy-headers`).
+pub async fn published_with(
+    broker: &TestBroker,
+    mode: CloudEventsMode,
+    legacy_headers: bool,
+) -> PublishedTopic {
     let app = TestOrder::spawn(Backend::MariaDb).await;
     let name = crate::topic::unique("idempost-test-ce");
     broker.create_topic(&name, 3).await;
@@ -52,6 +62,7 @@ pub async fn published_in(broker: &TestBroker, mode: CloudEventsMode) -> Publish
     ];
     let mut settings = relay_defaults(&app.db.url, &broker.address(), &name);
     settings.cloudevents_mode = mode;
+    settings.legacy_headers = legacy_headers;
     let relay = TestRelay::spawn(settings).await;
     let probe = OutboxProbe { conn: &app.conn };
     assert_eventually("the relay published all four events", WAIT, || async {

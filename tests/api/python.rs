@@ -389,6 +389,46 @@ async fn the_python_consumer_decodes_every_event_the_relay_publishes_and_commits
     relay.stop().await;
 }
 
+/// A relay run with `--legacy-headers false` writes `ce_id` and `ce_type` without the `event_id`
+/// and `event_type` headers they repeat: `consume.py` states the event id and type from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_consumer_reads_the_event_id_and_type_of_records_without_the_legacy_headers() {
+    let app = TestOrder::spawn(Backend::MariaDb).await;
+    let broker = TestBroker::start().await;
+    let topic = idempost_testkit::topic::unique("idempost-test");
+    broker.create_topic(&topic, 3).await;
+    let mut relay_settings = idempost_relay::Settings::new(&app.db.url, broker.address());
+    relay_settings.kafka.topic = topic.clone();
+    relay_settings.max_idle_poll = Duration::from_millis(100);
+    relay_settings.legacy_headers = false;
+    let relay = idempost_relay::Application::build(relay_settings).await.unwrap();
+    let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
+    let probe = OutboxProbe { conn: &app.conn };
+    let mut expected = BTreeSet::new();
+    for i in 0..3 {
+        expected.insert(
+            app.submit(crate::helpers::order(7, &format!("req-py-lean-{i}"))).await.unwrap().event_id,
+        );
+    }
+    assert_eventually("the relay published all three events", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 3
+    })
+    .await;
+
+    let run = consume(&broker, &topic, "py-lean", &["--max-events=3", "--timeout=60"]).await;
+
+    assert!(run.status.success(), "{run}");
+    let events = run.of_type("event");
+    let stated =
+        events.iter().map(|event| text(&event["header_event_id"]).to_owned()).collect::<BTreeSet<_>>();
+    assert_eq!(stated, expected, "the event id from ce_id: {run}");
+    for event in &events {
+        assert_eq!(event["header_event_id"], event["event_id"], "ce_id repeats the payload's id: {run}");
+        assert_eq!(text(&event["event_type"]), "idempost.v1.OrderAccepted", "from ce_type: {run}");
+    }
+    relay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_submitter_speaks_tls_and_carries_its_token_which_names_the_tenant() {
     use crate::pki::{AUDIENCE, ISSUER, Pki};

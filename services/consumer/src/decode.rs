@@ -160,10 +160,15 @@ fn unknown(
     if header("aggregate_type").as_deref() != Some(AGGREGATE_TYPE) {
         return Err(unsupported("of no order aggregate"));
     }
-    let event_id = header("event_id").ok_or_else(|| unsupported("without an event_id header"))?;
-    let number = |name: &str| header(name).and_then(|value| value.parse::<i64>().ok());
-    let order_id = number("aggregate_id").ok_or_else(|| unsupported("without an order id"))?;
-    let version = number("event_version").ok_or_else(|| unsupported("without an event_version"))?;
+    // A binary-mode record written without the legacy headers (the relay's `--legacy-headers
+    // false`) names its event and order in `ce_id` and `ce_subject` only.
+    let event_id = header("event_id")
+        .or_else(|| header("ce_id"))
+        .ok_or_else(|| unsupported("without an event_id or ce_id header"))?;
+    let number = |value: Option<String>| value.and_then(|value| value.parse::<i64>().ok());
+    let order_id = number(header("aggregate_id").or_else(|| header("ce_subject")))
+        .ok_or_else(|| unsupported("without an order id"))?;
+    let version = number(header("event_version")).ok_or_else(|| unsupported("without an event_version"))?;
     Ok(OrderEvent {
         event_id: parse_event_id(&event_id)?,
         order_id,
@@ -233,6 +238,21 @@ mod tests {
         assert_eq!(event.event_type, "idempost.v1.OrderShipped");
         let without_version = &full[..4];
         assert!(decode(Some(b"future bytes"), headers(without_version)).is_err());
+    }
+
+    #[test]
+    fn an_unknown_type_named_by_its_ce_headers_alone_is_an_event_to_park() {
+        let id = EventId::new().to_string();
+        let without_legacy = [
+            ("ce_type", "idempost.v1.OrderShipped"),
+            ("ce_id", id.as_str()),
+            ("aggregate_type", "order"),
+            ("ce_subject", "12"),
+            ("event_version", "4"),
+        ];
+        let event = decode(Some(b"future bytes"), headers(&without_legacy)).unwrap();
+        assert_eq!((event.order_id, event.version, event.change), (12, 4, None));
+        assert_eq!((event.event_id.to_string(), event.event_type.as_str()), (id, "idempost.v1.OrderShipped"));
     }
     fn accepted(id: &str) -> OrderAccepted {
         OrderAccepted {

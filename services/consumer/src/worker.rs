@@ -387,8 +387,9 @@ impl Worker<'_> {
             idempost.event_id = tracing::field::Empty,
             trace_id = tracing::field::Empty,
         );
-        let traceparent = header(message, "traceparent");
-        let tracestate = header(message, "tracestate");
+        // A binary-mode record without the legacy headers carries its trace in `ce_*` alone.
+        let traceparent = header(message, "traceparent").or_else(|| header(message, "ce_traceparent"));
+        let tracestate = header(message, "tracestate").or_else(|| header(message, "ce_tracestate"));
         telemetry::follow(&span, telemetry::context_from(traceparent.as_deref(), tracestate.as_deref()));
         span.in_scope(|| {
             tracing::info!(partition = message.partition(), offset = message.offset(), "received")

@@ -68,7 +68,9 @@ impl Application {
             settings.delivery_timeout,
             &settings.kafka.options,
         )?
-        .with_cloudevents_mode(settings.cloudevents_mode);
+        .with_cloudevents_mode(settings.cloudevents_mode)
+        .with_legacy_headers(settings.legacy_headers)
+        .with_producers(usize::from(settings.producers.min(settings.workers.max(1))))?;
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
         let wake = match settings.wake_listen {

@@ -21,7 +21,6 @@ pub(crate) struct Vitals {
 struct State {
     claim_error: Option<String>,
     last_publish: Option<Instant>,
-    failed_batches: u32,
     rebuilds: u64,
 }
 
@@ -36,9 +35,8 @@ impl Vitals {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records one step; answers how many batches in a row were claimed and then nothing of
-    /// them was confirmed (every publish failed).
-    pub(crate) fn stepped(&self, step: &Result<StepOutcome, DbErr>) -> u32 {
+    /// Records one step.
+    pub(crate) fn stepped(&self, step: &Result<StepOutcome, DbErr>) {
         let mut state = self.state();
         match step {
             Err(e) => state.claim_error = Some(format!("cannot claim: {e}")),
@@ -47,20 +45,14 @@ impl Vitals {
                 state.claim_error = None;
                 if report.published > 0 {
                     state.last_publish = Some(Instant::now());
-                    state.failed_batches = 0;
-                } else if report.claimed > 0 && report.lease_lost == 0 && report.unrecorded == 0 {
-                    state.failed_batches += 1;
                 }
             }
         }
-        state.failed_batches
     }
 
     /// Records a producer replacement.
     pub(crate) fn rebuilt(&self) {
-        let mut state = self.state();
-        state.failed_batches = 0;
-        state.rebuilds += 1;
+        self.state().rebuilds += 1;
     }
 
     /// Producers replaced since the relay started.

@@ -25,8 +25,19 @@ mod producer;
 /// acknowledgement level. Any rejection, timeout or unknown result is an `Err`, and the caller
 /// must then not mark the event PUBLISHED.
 pub trait Publisher: Send + Sync {
-    /// Publishes `event` and waits for the broker's verdict.
-    fn publish(&self, event: &ClaimedEvent) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
+    /// Publishes `event` through producer `lane` (counted modulo [`Publisher::lanes`]) and waits
+    /// for the broker's verdict.
+    fn publish(
+        &self,
+        event: &ClaimedEvent,
+        lane: usize,
+    ) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
+
+    /// Producers this publisher sends through, each with a connection of its own: the relay
+    /// hands each of them one batch at a time (see [`super::worker`]).
+    fn lanes(&self) -> usize {
+        1
+    }
 
     /// A reason this publisher can never publish again, if it has one (librdkafka's idempotent
     /// producer raises such fatal errors).
@@ -34,13 +45,14 @@ pub trait Publisher: Send + Sync {
         None
     }
 
-    /// Replaces a client that can never publish again (a fatal error), or, when `rejecting`,
-    /// one whose every publish since its last confirm the broker answered with an error.
-    /// `Ok(Some(why))` when it replaced the client, `Ok(None)` when nothing needed replacing,
-    /// `Err` when a client is unusable and cannot be replaced: the relay then stops. Callers
-    /// call it between batches, after every failed publish of the old client was released.
-    fn recover(&self, rejecting: bool) -> Result<Option<String>, String> {
-        let _ = rejecting;
+    /// Replaces `lane`'s client when it can never publish again (a fatal error), or, when
+    /// `rejecting`, when the broker answered its every publish since its last confirm with an
+    /// error. `Ok(Some(why))` when it replaced the client, `Ok(None)` when nothing needed
+    /// replacing, `Err` when a client is unusable and cannot be replaced: the relay then stops.
+    /// Callers call it between batches, after every failed publish of the old client was
+    /// released.
+    fn recover(&self, lane: usize, rejecting: bool) -> Result<Option<String>, String> {
+        let _ = (lane, rejecting);
         self.fatal_error().map_or(Ok(None), Err)
     }
 }
@@ -109,24 +121,30 @@ pub enum ProducerConfigError {
     Client(#[from] KafkaError),
 }
 
-/// A confirmed publisher over librdkafka's idempotent producer with `acks=all`, which replaces
-/// its producer inside the process when it turns fatal or only gets errors (see
+/// A confirmed publisher over librdkafka's idempotent producers with `acks=all` (one per lane),
+/// which replaces a producer inside the process when it turns fatal or only gets errors (see
 /// [`Publisher::recover`]).
 pub struct KafkaPublisher {
     config: ClientConfig,
-    producer: RwLock<Arc<ProducerSlot>>,
+    /// One producer per lane. A broker serves one produce request per partition of a producer
+    /// at a time, so a second producer is what lets one relay keep the broker as busy as two
+    /// relays would (see `docs/design/relay-lease.md`, batches in flight).
+    lanes: Vec<RwLock<Arc<ProducerSlot>>>,
     topic: String,
     delivery_timeout: Duration,
     /// How records carry the CloudEvents attributes.
     mode: CloudEventsMode,
-    /// Publishes the broker answered with an error since the last confirm.
-    rejected_in_a_row: AtomicU64,
+    /// Whether binary-mode records also carry the project's own headers that a `ce_*` header
+    /// repeats (see [`cloudevents::encode`]).
+    legacy_headers: bool,
 }
 
 /// One librdkafka producer; `poisoned` stands in for a fatal error a test injects.
 struct ProducerSlot {
     client: ConfirmingProducer,
     poisoned: AtomicBool,
+    /// Publishes the broker answered with an error since this producer's last confirm.
+    rejected_in_a_row: AtomicU64,
 }
 
 impl ProducerSlot {
@@ -184,11 +202,11 @@ impl KafkaPublisher {
         let producer = Self::create(&config)?;
         Ok(Self {
             config,
-            producer: RwLock::new(producer),
+            lanes: vec![RwLock::new(producer)],
             topic: topic.into(),
             delivery_timeout,
             mode: CloudEventsMode::default(),
-            rejected_in_a_row: AtomicU64::new(0),
+            legacy_headers: true,
         })
     }
 
@@ -199,29 +217,74 @@ impl KafkaPublisher {
         self
     }
 
+    /// This publisher leaving out of binary-mode records the project's own headers that a
+    /// `ce_*` header repeats (`event_id`, `event_type`, `aggregate_id`, `traceparent`,
+    /// `tracestate`) unless `legacy_headers`.
+    #[must_use]
+    pub fn with_legacy_headers(mut self, legacy_headers: bool) -> Self {
+        self.legacy_headers = legacy_headers;
+        self
+    }
+
+    /// This publisher with `producers` producers (at least one), each a lane of its own.
+    pub fn with_producers(mut self, producers: usize) -> Result<Self, ProducerConfigError> {
+        while self.lanes.len() < producers {
+            self.lanes.push(RwLock::new(Self::create(&self.config)?));
+        }
+        Ok(self)
+    }
+
     fn create(config: &ClientConfig) -> Result<Arc<ProducerSlot>, KafkaError> {
         Ok(Arc::new(ProducerSlot {
             client: ConfirmingProducer::new(config)?,
             poisoned: AtomicBool::new(false),
+            rejected_in_a_row: AtomicU64::new(0),
         }))
     }
 
-    /// The producer in use now; a publish keeps it alive until its verdict, even if another
-    /// task replaces it meanwhile.
-    fn current(&self) -> Arc<ProducerSlot> {
-        Arc::clone(&self.producer.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    /// The producer of `lane` in use now; a publish keeps it alive until its verdict, even if
+    /// another task replaces it meanwhile.
+    fn current(&self, lane: usize) -> Arc<ProducerSlot> {
+        let slot = &self.lanes[lane % self.lanes.len()];
+        Arc::clone(&slot.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Replaces the producer of `lane` when it is fatal or, when `rejecting`, got only errors
+    /// since its last confirm; answers why it did.
+    fn recover_lane(
+        &self,
+        lane: &RwLock<Arc<ProducerSlot>>,
+        rejecting: bool,
+    ) -> Result<Option<String>, String> {
+        let mut producer = lane.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Checked under the write lock: when several step loops share this publisher, only the
+        // first to see the bad producer replaces it.
+        let rejected = producer.rejected_in_a_row.load(Ordering::Relaxed);
+        let why = match producer.fatal_error() {
+            Some(fatal) => format!("fatal error: {fatal}"),
+            None if rejecting && rejected > 0 => {
+                format!("the broker answered the last {rejected} publishes with errors and confirmed none")
+            }
+            None => return Ok(None),
+        };
+        let fresh = Self::create(&self.config).map_err(|e| format!("{why}; a new producer failed: {e}"))?;
+        // The old client is destroyed on its own reports thread (which joins librdkafka's
+        // threads), not here on a runtime worker.
+        *producer = fresh;
+        Ok(Some(why))
     }
 
     /// What a send's outcome means for the caller, recorded on its span.
     fn verdict(
         &self,
+        producer: &ProducerSlot,
         sent: Result<Placed, KafkaError>,
         span: &tracing::Span,
         event_id: String,
     ) -> Result<Delivery, PublishError> {
         match sent {
             Ok(delivery) => {
-                self.rejected_in_a_row.store(0, Ordering::Relaxed);
+                producer.rejected_in_a_row.store(0, Ordering::Relaxed);
                 span.record("messaging.destination.partition.id", delivery.partition);
                 span.record("messaging.kafka.offset", delivery.offset);
                 span.in_scope(|| {
@@ -239,7 +302,7 @@ impl KafkaPublisher {
             }
             Err(source) => {
                 if answered_by_broker(&source) {
-                    self.rejected_in_a_row.fetch_add(1, Ordering::Relaxed);
+                    producer.rejected_in_a_row.fetch_add(1, Ordering::Relaxed);
                 }
                 span.record("otel.status_code", "ERROR");
                 span.in_scope(|| tracing::warn!(error = %source, "publish not confirmed"));
@@ -263,6 +326,7 @@ impl Publisher for KafkaPublisher {
     fn publish<'s, 'e>(
         &'s self,
         event: &'e ClaimedEvent,
+        lane: usize,
     ) -> impl Future<Output = Result<Delivery, PublishError>> + Send + use<'s, 'e> {
         // A producer span in the event's own trace; its context travels in `traceparent`, so the
         // consumer continues the same trace.
@@ -286,8 +350,8 @@ impl Publisher for KafkaPublisher {
         let mut trace_headers = Vec::new();
         telemetry::inject_into(&span, |key, value| trace_headers.push((key.to_owned(), value)));
 
-        let record = encode(event, self.mode, &trace_headers);
-        let producer = self.current();
+        let record = encode(event, self.mode, self.legacy_headers, &trace_headers);
+        let producer = self.current(lane);
         if failpoint::hit(failpoint::RELAY_PRODUCER_FATAL).is_err() {
             producer.poisoned.store(true, Ordering::Relaxed);
         }
@@ -314,31 +378,19 @@ impl Publisher for KafkaPublisher {
                     .instrument(span.clone())
                     .await
             };
-            self.verdict(sent, &span, event_id)
+            self.verdict(&producer, sent, &span, event_id)
         }
     }
 
-    fn fatal_error(&self) -> Option<String> {
-        self.current().fatal_error()
+    fn lanes(&self) -> usize {
+        self.lanes.len()
     }
 
-    fn recover(&self, rejecting: bool) -> Result<Option<String>, String> {
-        let mut producer = self.producer.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Checked under the write lock: when several step loops share this publisher, only the
-        // first to see the bad producer replaces it.
-        let rejected = self.rejected_in_a_row.load(Ordering::Relaxed);
-        let why = match producer.fatal_error() {
-            Some(fatal) => format!("fatal error: {fatal}"),
-            None if rejecting && rejected > 0 => {
-                format!("the broker answered the last {rejected} publishes with errors and confirmed none")
-            }
-            None => return Ok(None),
-        };
-        let fresh = Self::create(&self.config).map_err(|e| format!("{why}; a new producer failed: {e}"))?;
-        // The old client is destroyed on its own reports thread (which joins librdkafka's
-        // threads), not here on a runtime worker.
-        *producer = fresh;
-        self.rejected_in_a_row.store(0, Ordering::Relaxed);
-        Ok(Some(why))
+    fn fatal_error(&self) -> Option<String> {
+        (0..self.lanes.len()).find_map(|lane| self.current(lane).fatal_error())
+    }
+
+    fn recover(&self, lane: usize, rejecting: bool) -> Result<Option<String>, String> {
+        self.recover_lane(&self.lanes[lane % self.lanes.len()], rejecting)
     }
 }

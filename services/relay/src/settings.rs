@@ -37,6 +37,12 @@ pub struct Settings {
     #[arg(long, global = true, env = "IDEMPOST_RELAY_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub workers: u16,
 
+    /// Kafka producers one relay publishes through, each holding one batch at a time on a
+    /// connection of its own (at most `--workers` of them are used): with two, one batch is
+    /// with the broker while the other's confirms come back, as with two relays.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_PRODUCERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub producers: u16,
+
     /// Most events one claim takes. Claims start small and grow toward this while a backlog
     /// exists and steps stay well inside the lease budget; they shrink again when idle.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
@@ -96,6 +102,15 @@ pub struct Settings {
     /// reads both; the project's own headers are written in both.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_CLOUDEVENTS_MODE", value_enum, default_value_t = CloudEventsMode::Binary)]
     pub cloudevents_mode: CloudEventsMode,
+
+    /// In binary mode, also write the project's own headers that a `ce_*` header repeats
+    /// (`event_id` = `ce_id`, `event_type` = `ce_type`, `aggregate_id` = `ce_subject`,
+    /// `traceparent` and `tracestate` = `ce_traceparent` and `ce_tracestate`), for readers older
+    /// than the CloudEvents headers. The consumer and the clients read either; turn it off once
+    /// every reader is upgraded: a broker may pay for every header (Tansu 0.6 stores each as a
+    /// row of its own).
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_LEGACY_HEADERS", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub legacy_headers: bool,
 
     /// Once every listener is bound, the service writes `name=address` lines to this file, one
     /// per listener (`listen`, and `wake-listen` and `metrics-listen` when set), through a temporary file renamed into place: how whoever
@@ -166,6 +181,7 @@ impl Settings {
             db_max_connections: 4,
             kafka: KafkaSettings::new(brokers),
             workers: 2,
+            producers: 2,
             batch_size: 500,
             lease: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(10),
@@ -180,6 +196,7 @@ impl Settings {
             security: idempost::security::ListenerSettings::default(),
             wake_listen: None,
             cloudevents_mode: CloudEventsMode::Binary,
+            legacy_headers: true,
             port_file: None,
         }
     }

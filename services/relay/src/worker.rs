@@ -1,6 +1,7 @@
 //! One relay step (claim, publish, mark or release) and the polling loop around it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -47,18 +48,23 @@ pub struct Relay<P> {
     tuning: Tuning,
     wake: Arc<Notify>,
     vitals: Arc<Vitals>,
-    /// The producer holds one batch at a time: the loops of this worker claim and mark in
-    /// parallel, but hand the producer a batch only once the previous one is confirmed (see
-    /// [`BATCHES_IN_THE_PRODUCER`]).
-    producer_turn: Semaphore,
+    /// One turn per producer of the publisher (its lanes): each producer holds one batch at a
+    /// time. The loops of this worker claim and mark in parallel, but hand a producer a batch
+    /// only once its previous one is confirmed (see [`BATCHES_IN_THE_PRODUCER`]).
+    producer_turns: Vec<Semaphore>,
+    /// The lane the next loop started by [`Relay::run`] publishes through.
+    next_lane: AtomicUsize,
 }
 
-/// Batches one worker's producer holds at once. librdkafka's idempotent producer sends one
+/// Batches one producer holds at once. librdkafka's idempotent producer sends one
 /// produce request per partition at a time (it counts in-flight *messages* against its limit of
 /// five requests), and while a request is out its broker thread wakes without sleeping for every
 /// queued record whose `linger.ms` has passed: records handed over early only wait, and the
 /// waiting spins a core for as long as the broker takes to answer. Profiled with four relays on
-/// one broker, that spinning was most of the relays' CPU, taken from the broker.
+/// one broker, that spinning was most of the relays' CPU, taken from the broker. More batches in
+/// flight come from more producers (lanes), each with its own connection and its own one request
+/// per partition: the broker then works on several batches of one relay at once, as it does for
+/// several relays.
 const BATCHES_IN_THE_PRODUCER: usize = 1;
 
 /// Batches in a row whose every publish failed, with the broker answering errors, after which
@@ -69,6 +75,8 @@ const REBUILD_AFTER_FAILED_BATCHES: u32 = 3;
 impl<P: Publisher> Relay<P> {
     /// A worker with a fresh worker id.
     pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
+        let producer_turns =
+            (0..publisher.lanes().max(1)).map(|_| Semaphore::new(BATCHES_IN_THE_PRODUCER)).collect();
         Self {
             outbox,
             publisher,
@@ -76,7 +84,8 @@ impl<P: Publisher> Relay<P> {
             tuning,
             wake: Arc::new(Notify::new()),
             vitals: Arc::default(),
-            producer_turn: Semaphore::new(BATCHES_IN_THE_PRODUCER),
+            producer_turns,
+            next_lane: AtomicUsize::new(0),
         }
     }
 
@@ -100,6 +109,11 @@ impl<P: Publisher> Relay<P> {
         &self.owner
     }
 
+    /// The publisher this worker publishes through.
+    pub fn publisher(&self) -> &P {
+        &self.publisher
+    }
+
     /// The outbox this worker relays.
     pub(crate) fn outbox(&self) -> &Outbox {
         &self.outbox
@@ -112,11 +126,11 @@ impl<P: Publisher> Relay<P> {
     /// confirmed when the publishing time is up counts as failed, and marks and releases not
     /// done by the end are left unrecorded (their leases expire; the events are published again).
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
-        self.step_of(self.tuning.batch_size).await
+        self.step_of(self.tuning.batch_size, 0).await
     }
 
-    /// [`Relay::step`] claiming at most `batch_size` events.
-    async fn step_of(&self, batch_size: u64) -> Result<StepOutcome, DbErr> {
+    /// [`Relay::step`] claiming at most `batch_size` events, published through producer `lane`.
+    async fn step_of(&self, batch_size: u64, lane: usize) -> Result<StepOutcome, DbErr> {
         if failpoint::hit(failpoint::AFTER_COMMIT_BEFORE_RELAY_CLAIM).is_err() {
             return Ok(StepOutcome::Idle);
         }
@@ -143,9 +157,9 @@ impl<P: Publisher> Relay<P> {
         // of an event that another relay has published since, with the order's later versions
         // after it, would put an old version on the topic after newer ones.
         let publish_by = started + budget.publish;
-        let sends = self.sends(&claimed, &spans, publish_by, budget.publish);
+        let sends = self.sends(&claimed, &spans, lane, publish_by, budget.publish);
         let publishing = tokio::time::Instant::now();
-        let results = self.in_the_producers_turn(sends, publish_by, budget.publish).await;
+        let results = self.in_the_producers_turn(lane, sends, publish_by, budget.publish).await;
         report.claim_time = claim_took;
         report.publish_time = publishing.elapsed();
         let mut confirmed = Vec::with_capacity(claimed.len());
@@ -180,6 +194,7 @@ impl<P: Publisher> Relay<P> {
         &'a self,
         claimed: &'a [ClaimedEvent],
         spans: &'a [Span],
+        lane: usize,
         publish_by: tokio::time::Instant,
         publish_budget: Duration,
     ) -> Vec<impl Future<Output = Sent> + 'a> {
@@ -187,7 +202,7 @@ impl<P: Publisher> Relay<P> {
             .iter()
             .zip(spans)
             .map(|(event, span)| {
-                let publish = span.in_scope(|| self.publisher.publish(event)).instrument(span.clone());
+                let publish = span.in_scope(|| self.publisher.publish(event, lane)).instrument(span.clone());
                 async move {
                     match tokio::time::timeout_at(publish_by, publish).await {
                         Ok(sent) => sent.map_err(|e| {
@@ -202,17 +217,22 @@ impl<P: Publisher> Relay<P> {
             .collect()
     }
 
-    /// Runs `sends` together once this worker's producer is free (see
-    /// [`BATCHES_IN_THE_PRODUCER`]). Waiting for the producer's turn is queue wait: inside the
+    /// Runs `sends` together once producer `lane` is free (see [`BATCHES_IN_THE_PRODUCER`]). Waiting for the producer's turn is queue wait: inside the
     /// publishing budget. The semaphore is never closed, so an error cannot happen; a missed
     /// deadline fails the batch as a timed-out send would.
     async fn in_the_producers_turn(
         &self,
+        lane: usize,
         sends: Vec<impl Future<Output = Sent>>,
         publish_by: tokio::time::Instant,
         publish_budget: Duration,
     ) -> Vec<Sent> {
-        match tokio::time::timeout_at(publish_by, self.producer_turn.acquire()).await {
+        match tokio::time::timeout_at(
+            publish_by,
+            self.producer_turns[lane % self.producer_turns.len()].acquire(),
+        )
+        .await
+        {
             // Checked here, not left to the sends' timeouts: those poll each send once, which
             // hands its record to librdkafka, before they look at the clock.
             Ok(turn) if tokio::time::Instant::now() < publish_by => {
@@ -389,27 +409,34 @@ impl<P: Publisher> Relay<P> {
     /// the wait early (at most one poll per 10 ms however many arrive). A step in progress
     /// always finishes, so a stop never abandons a confirmed publish before its mark.
     ///
-    /// A publisher that turned fatal, or whose every publish the broker answered with an error
-    /// for [`REBUILD_AFTER_FAILED_BATCHES`] batches in a row, is replaced between steps (its
-    /// failed publishes were already released, as any failed publish is). Ends early with an
-    /// error only when no replacement can be made.
+    /// Each loop publishes through a producer (lane) of its own while the publisher has one
+    /// to spare; loops beyond that share them in turn. A producer that turned fatal, or whose
+    /// every publish the broker answered with an error for [`REBUILD_AFTER_FAILED_BATCHES`] of
+    /// its loop's batches in a row, is replaced between steps (its failed publishes were
+    /// already released, as any failed publish is). Ends early with an error only when no
+    /// replacement can be made.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
+        let lane = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.producer_turns.len();
         let shortest = Duration::from_millis(10).min(self.tuning.max_idle_poll);
         let mut idle = shortest;
         let mut batch = AdaptiveBatch::new(self.tuning.batch_size);
-        tracing::info!(lease_owner = %self.owner, "relay started");
+        // Counted per loop, so per lane: another lane's confirms say nothing of this producer.
+        let mut failed_batches = 0;
+        tracing::info!(lease_owner = %self.owner, lane, "relay started");
         while !*stop.borrow() {
             let polled_at = tokio::time::Instant::now();
-            let step = self.step_of(batch.size()).await;
+            let step = self.step_of(batch.size(), lane).await;
             let claimed = match &step {
                 Ok(StepOutcome::Worked(report)) => report.claimed as u64,
                 _ => 0,
             };
             batch.after(claimed, polled_at.elapsed(), self.tuning.delivery_timeout);
-            let failed_batches = self.vitals.stepped(&step);
-            match self.publisher.recover(failed_batches >= REBUILD_AFTER_FAILED_BATCHES) {
+            self.vitals.stepped(&step);
+            failed_batches = failed_in_a_row(failed_batches, &step);
+            match self.publisher.recover(lane, failed_batches >= REBUILD_AFTER_FAILED_BATCHES) {
                 Ok(None) => {}
                 Ok(Some(reason)) => {
+                    failed_batches = 0;
                     self.vitals.rebuilt();
                     metrics().producer_rebuilds.add(1, &[]);
                     tracing::warn!(
@@ -466,6 +493,20 @@ impl<P: Publisher> Relay<P> {
         }
         tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
         Ok(())
+    }
+}
+
+/// Batches in a row claimed and then nothing of them confirmed (every publish failed), after
+/// `step`, from `before` such batches.
+fn failed_in_a_row(before: u32, step: &Result<StepOutcome, DbErr>) -> u32 {
+    match step {
+        Ok(StepOutcome::Worked(report)) if report.published > 0 => 0,
+        Ok(StepOutcome::Worked(report))
+            if report.claimed > 0 && report.lease_lost == 0 && report.unrecorded == 0 =>
+        {
+            before + 1
+        }
+        _ => before,
     }
 }
 

@@ -149,8 +149,9 @@ pub async fn read_topic(
                     offset: message.offset(),
                 };
                 records.push(Record {
-                    event_id: header("event_id").unwrap_or_default(),
-                    aggregate_id: header("aggregate_id").unwrap_or_default(),
+                    // `ce_id` and `ce_subject` alone from a relay run with `--legacy-headers false`.
+                    event_id: header("event_id").or_else(|| header("ce_id")).unwrap_or_default(),
+                    aggregate_id: header("aggregate_id").or_else(|| header("ce_subject")).unwrap_or_default(),
                     version: header("event_version").and_then(|v| v.parse().ok()),
                     delivery,
                 });

@@ -31,9 +31,17 @@ pub(super) struct Encoded<'e> {
 }
 
 /// The record for `event` in `mode`; `trace` holds the W3C trace context headers of its send.
+///
+/// Binary mode without `legacy_headers` leaves out the project's own headers that a `ce_*`
+/// header repeats (`event_id` = `ce_id`, `event_type` = `ce_type`, `aggregate_id` =
+/// `ce_subject`, `traceparent` and `tracestate` = theirs): a broker may pay for every header
+/// (Tansu 0.6 writes each as a row of its own, see `docs/design/tansu.md`), and the consumer
+/// reads either. Structured mode keeps them: its `ce_*` attributes are inside the value, where
+/// a reader of headers does not look.
 pub(super) fn encode<'e>(
     event: &'e ClaimedEvent,
     mode: CloudEventsMode,
+    legacy_headers: bool,
     trace: &[(String, String)],
 ) -> Encoded<'e> {
     let version = event.event_version.to_string();
@@ -41,20 +49,29 @@ pub(super) fn encode<'e>(
         CloudEventsMode::Binary => CONTENT_TYPE,
         CloudEventsMode::Structured => CLOUDEVENTS_JSON,
     };
-    let mut headers = OwnedHeaders::new_with_capacity(14)
-        .insert(header("event_id", &event.event_id))
-        .insert(header("event_type", &event.event_type))
+    let repeated = legacy_headers || mode == CloudEventsMode::Structured;
+    let mut headers = OwnedHeaders::new_with_capacity(16);
+    if repeated {
+        headers = headers
+            .insert(header("event_id", &event.event_id))
+            .insert(header("event_type", &event.event_type));
+    }
+    headers = headers
         .insert(header("event_version", &version))
-        .insert(header("aggregate_type", &event.aggregate_type))
-        .insert(header("aggregate_id", &event.aggregate_id))
-        .insert(header("content-type", content_type));
-    for (key, value) in trace {
-        headers = headers.insert(header(key, value));
+        .insert(header("aggregate_type", &event.aggregate_type));
+    if repeated {
+        headers = headers.insert(header("aggregate_id", &event.aggregate_id));
+    }
+    headers = headers.insert(header("content-type", content_type));
+    if repeated {
+        for (key, value) in trace {
+            headers = headers.insert(header(key, value));
+        }
     }
     match mode {
         CloudEventsMode::Binary => {
-            for (key, value) in attributes(event, trace) {
-                headers = headers.insert(header(&format!("ce_{key}"), &value));
+            for attribute in attributes(event, trace) {
+                headers = headers.insert(header(attribute.header, &attribute.value));
             }
             Encoded { headers, value: Cow::Borrowed(&event.payload) }
         }
@@ -62,21 +79,37 @@ pub(super) fn encode<'e>(
     }
 }
 
+/// One CloudEvents context attribute: its name in the JSON format, its binary-mode header, its
+/// value (borrowed from the event where it can be).
+struct Attribute<'a> {
+    name: &'static str,
+    header: &'static str,
+    value: Cow<'a, str>,
+}
+
 /// The CloudEvents context attributes of `event` but its data content type (the `content-type`
 /// header in binary mode), the distributed-tracing extension's included when the send is traced.
-fn attributes(event: &ClaimedEvent, trace: &[(String, String)]) -> Vec<(&'static str, String)> {
-    let mut attributes = vec![
-        ("specversion", CLOUDEVENTS_SPEC_VERSION.to_owned()),
-        ("id", event.event_id.clone()),
-        ("source", CLOUDEVENTS_SOURCE.to_owned()),
-        ("type", event.event_type.clone()),
-        ("subject", event.aggregate_id.clone()),
-        ("time", event.created_at.to_rfc3339_opts(SecondsFormat::Micros, true)),
-    ];
+fn attributes<'a>(event: &'a ClaimedEvent, trace: &'a [(String, String)]) -> Vec<Attribute<'a>> {
+    let attribute = |name, header, value| Attribute { name, header, value };
+    let mut attributes = Vec::with_capacity(8);
+    attributes.extend([
+        attribute("specversion", "ce_specversion", Cow::Borrowed(CLOUDEVENTS_SPEC_VERSION)),
+        attribute("id", "ce_id", Cow::Borrowed(event.event_id.as_str())),
+        attribute("source", "ce_source", Cow::Borrowed(CLOUDEVENTS_SOURCE)),
+        attribute("type", "ce_type", Cow::Borrowed(event.event_type.as_str())),
+        attribute("subject", "ce_subject", Cow::Borrowed(event.aggregate_id.as_str())),
+        attribute(
+            "time",
+            "ce_time",
+            Cow::Owned(event.created_at.to_rfc3339_opts(SecondsFormat::Micros, true)),
+        ),
+    ]);
     for (key, value) in trace {
         match key.as_str() {
-            "traceparent" => attributes.push(("traceparent", value.clone())),
-            "tracestate" => attributes.push(("tracestate", value.clone())),
+            "traceparent" => {
+                attributes.push(attribute("traceparent", "ce_traceparent", Cow::Borrowed(value)))
+            }
+            "tracestate" => attributes.push(attribute("tracestate", "ce_tracestate", Cow::Borrowed(value))),
             _ => {}
         }
     }
@@ -86,8 +119,10 @@ fn attributes(event: &ClaimedEvent, trace: &[(String, String)]) -> Vec<(&'static
 /// The JSON event format of `event`: its attributes, `datacontenttype` and the protobuf payload
 /// in `data_base64` (the format's member for binary data).
 fn envelope(event: &ClaimedEvent, trace: &[(String, String)]) -> Vec<u8> {
-    let mut envelope: serde_json::Map<String, serde_json::Value> =
-        attributes(event, trace).into_iter().map(|(key, value)| (key.to_owned(), value.into())).collect();
+    let mut envelope: serde_json::Map<String, serde_json::Value> = attributes(event, trace)
+        .into_iter()
+        .map(|attribute| (attribute.name.to_owned(), attribute.value.into_owned().into()))
+        .collect();
     envelope.insert("datacontenttype".to_owned(), CONTENT_TYPE.into());
     envelope.insert("data_base64".to_owned(), BASE64_STANDARD.encode(&event.payload).into());
     serde_json::Value::Object(envelope).to_string().into_bytes()
@@ -135,7 +170,7 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
         )];
         let event = event();
-        let record = encode(&event, CloudEventsMode::Binary, &trace);
+        let record = encode(&event, CloudEventsMode::Binary, true, &trace);
         assert_eq!(&*record.value, &[1, 2, 3, 250]);
         let h = |key| text(&record.headers, key);
         assert_eq!(h("ce_specversion").as_deref(), Some("1.0"));
@@ -152,7 +187,7 @@ mod tests {
     #[test]
     fn structured_mode_puts_the_attributes_and_the_payload_in_the_envelope() {
         let event = event();
-        let record = encode(&event, CloudEventsMode::Structured, &[]);
+        let record = encode(&event, CloudEventsMode::Structured, false, &[]);
         let envelope: serde_json::Value = serde_json::from_slice(&record.value).unwrap();
         assert_eq!(envelope["specversion"], "1.0");
         assert_eq!(envelope["id"], "0190f8a6-0000-7000-8000-000000000001");
@@ -168,5 +203,36 @@ mod tests {
             text(&record.headers, "event_id").as_deref(),
             Some("0190f8a6-0000-7000-8000-000000000001")
         );
+    }
+
+    #[test]
+    fn binary_mode_without_legacy_headers_leaves_out_only_what_a_ce_header_repeats() {
+        let trace = [
+            ("traceparent".to_owned(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()),
+            ("tracestate".to_owned(), "vendor=1".to_owned()),
+        ];
+        let event = event();
+        let record = encode(&event, CloudEventsMode::Binary, false, &trace);
+        let keys: Vec<&str> = record.headers.iter().map(|h| h.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "event_version",
+                "aggregate_type",
+                "content-type",
+                "ce_specversion",
+                "ce_id",
+                "ce_source",
+                "ce_type",
+                "ce_subject",
+                "ce_time",
+                "ce_traceparent",
+                "ce_tracestate"
+            ]
+        );
+        assert_eq!(text(&record.headers, "ce_id").as_deref(), Some("0190f8a6-0000-7000-8000-000000000001"));
+        assert_eq!(text(&record.headers, "ce_tracestate").as_deref(), Some("vendor=1"));
+        let with = encode(&event, CloudEventsMode::Binary, true, &trace);
+        assert_eq!(with.headers.count(), keys.len() + 5, "the five repeated headers come back");
     }
 }
