@@ -365,3 +365,160 @@ async fn held_back(conn: &DatabaseConnection, event_id: &str) -> bool {
         .unwrap_or_else(|| panic!("no outbox row {event_id}"));
     row.try_get_by_index(0).unwrap()
 }
+
+#[cfg(feature = "failpoints")]
+on_every_backend!(
+    a_relay_with_two_producers_has_two_batches_at_the_broker_and_a_failed_batch_lets_no_version_overtake
+);
+
+/// Two loops over two producers (`--producers 2`, the default): the first two batches are held
+/// until both are with the publisher, then go to the broker together (with one producer the
+/// second waits for the first one's confirms, and they never meet). The third batch's producer
+/// then turns fatal (a failpoint), so that whole batch fails while the other producer's batches
+/// go on; its events are released, their orders' later versions wait, and once the producer is
+/// replaced every order's versions are on the topic in order.
+#[cfg(feature = "failpoints")]
+async fn a_relay_with_two_producers_has_two_batches_at_the_broker_and_a_failed_batch_lets_no_version_overtake(
+    backend: Backend,
+) {
+    use std::sync::Arc;
+
+    use idempost::failpoint::RELAY_PRODUCER_FATAL;
+    use idempost_relay::{KafkaPublisher, Relay, RetryPolicy, Tuning};
+
+    let app = TestOrder::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let topic = topic();
+    broker.create_topic(&topic, 3).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let orders: Vec<i64> = (1..=200).collect();
+    let ids = seed_changes(&app.conn, &orders, 1..=3, 3).await;
+    let kafka = KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(5), &[])
+        .unwrap()
+        .with_producers(2)
+        .unwrap();
+    let publisher = Overlapping::new(kafka);
+    let tuning = Tuning {
+        batch_size: 50,
+        lease: Duration::from_secs(20),
+        delivery_timeout: Duration::from_secs(5),
+        lease_margin: Duration::from_secs(2),
+        retry: RetryPolicy {
+            max_attempts: 10,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(500),
+        },
+        max_idle_poll: Duration::from_millis(100),
+    };
+    let outbox = idempost_relay::open_outbox(&app.db.url, 4).await.unwrap();
+    let relay = Arc::new(Relay::new(outbox, publisher, tuning));
+    // Claims start at 10 events: the first two batches pass, the third one's first send turns
+    // its producer fatal, and every send of that batch fails with it.
+    crate::helpers::arm(RELAY_PRODUCER_FATAL, "20*off->1*return");
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let loops: Vec<_> = (0..2)
+        .map(|_| {
+            let (relay, stopped) = (Arc::clone(&relay), stopped.clone());
+            tokio::spawn(async move { relay.run(stopped).await })
+        })
+        .collect();
+    assert_eventually("every event is PUBLISHED", SLOW_WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 600
+    })
+    .await;
+    stop.send(true).unwrap();
+    for running in loops {
+        running.await.unwrap().expect("the relay replaced its producer instead of stopping");
+    }
+
+    assert!(relay_publisher_overlapped(&relay), "two batches were with the broker at once");
+    assert_eq!(relay.producer_rebuilds(), 1, "the fatal producer was replaced once");
+    let mut retried = 0;
+    for id in ids.values() {
+        retried += usize::from(probe.state(id).await.attempts >= 2);
+    }
+    assert!(retried >= 10, "the failed batch's events were published on a later attempt: {retried}");
+    for &order_id in &orders {
+        let mut offsets = Vec::new();
+        for version in 1..=3 {
+            offsets.push(probe.state(&ids[&(order_id, version)]).await.offset.unwrap());
+        }
+        assert!(offsets.is_sorted(), "order {order_id}: marked offsets {offsets:?}");
+    }
+    let records = read_topic(&broker.address(), &topic, 600, SLOW_WAIT, SETTLE).await;
+    let by_order = versions_by_order(&records);
+    assert_eq!(by_order.len(), orders.len());
+    for (order_id, versions) in &by_order {
+        assert_in_order(*order_id, versions, 3);
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn relay_publisher_overlapped(relay: &idempost_relay::Relay<Overlapping>) -> bool {
+    *relay.publisher().overlapped.borrow()
+}
+
+/// A Kafka publisher of two producers that holds every send until both producers have a batch,
+/// and remembers whether they ever had. A hold that lasts 3 s ends every hold, so that a relay
+/// whose batches never meet still publishes and the test fails on what it asserts.
+#[cfg(feature = "failpoints")]
+struct Overlapping {
+    inner: idempost_relay::KafkaPublisher,
+    in_flight: [std::sync::atomic::AtomicUsize; 2],
+    overlapped: tokio::sync::watch::Sender<bool>,
+    gave_up: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(feature = "failpoints")]
+impl Overlapping {
+    fn new(inner: idempost_relay::KafkaPublisher) -> Self {
+        Self {
+            inner,
+            in_flight: Default::default(),
+            overlapped: tokio::sync::watch::Sender::new(false),
+            gave_up: Default::default(),
+        }
+    }
+}
+
+#[cfg(feature = "failpoints")]
+impl idempost_relay::Publisher for Overlapping {
+    fn lanes(&self) -> usize {
+        self.inner.lanes()
+    }
+
+    fn publish(
+        &self,
+        event: &idempost_relay::ClaimedEvent,
+        lane: usize,
+    ) -> impl Future<Output = Result<idempost_relay::Delivery, idempost_relay::PublishError>> + Send {
+        use std::sync::atomic::Ordering::SeqCst;
+        let lane = lane % 2;
+        self.in_flight[lane].fetch_add(1, SeqCst);
+        if self.in_flight.iter().all(|n| n.load(SeqCst) > 0) {
+            self.overlapped.send_replace(true);
+        }
+        // Built now, sent at its first poll: after the hold.
+        let send = self.inner.publish(event, lane);
+        let mut overlapped = self.overlapped.subscribe();
+        async move {
+            if !self.gave_up.load(SeqCst) {
+                let met =
+                    tokio::time::timeout(Duration::from_secs(3), overlapped.wait_for(|both| *both)).await;
+                self.gave_up.fetch_or(met.is_err(), SeqCst);
+            }
+            let sent = send.await;
+            self.in_flight[lane].fetch_sub(1, SeqCst);
+            sent
+        }
+    }
+
+    fn fatal_error(&self) -> Option<String> {
+        self.inner.fatal_error()
+    }
+
+    fn recover(&self, lane: usize, rejecting: bool) -> Result<Option<String>, String> {
+        self.inner.recover(lane, rejecting)
+    }
+}
