@@ -86,7 +86,7 @@ async fn relay_loop(
             let record = FutureRecord::to(topic)
                 .key(event.aggregate_id.as_bytes())
                 .payload(event.payload.as_slice())
-                .headers(raw::headers(&event.event_id, &event.aggregate_id));
+                .headers(raw::headers(&event.event_id, &event.aggregate_id, true));
             producer.send(record, Timeout::After(Duration::from_secs(10)))
         });
         let results = join_all(sends).await;

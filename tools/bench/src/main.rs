@@ -62,6 +62,10 @@ struct Cli {
     /// Extra flag for every idempost-relay, e.g. `--relay-arg=--max-idle-poll=50ms` (repeat).
     #[arg(long = "relay-arg", allow_hyphen_values = true)]
     relay_args: Vec<String>,
+    /// Whether the relays write the project's own headers that a `ce_*` header repeats
+    /// (`--legacy-headers` of idempost-relay); the raw producer's records follow.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    legacy_headers: bool,
     /// Extra flag for every idempost-consumer (repeat).
     #[arg(long = "consumer-arg", allow_hyphen_values = true)]
     consumer_args: Vec<String>,
@@ -140,7 +144,12 @@ async fn main() -> ExitCode {
         drain_limit,
         concurrencies: vec![1, 16, 64],
         order_args: cli.order_args,
-        relay_args: cli.relay_args,
+        relay_args: cli
+            .relay_args
+            .into_iter()
+            .chain(std::iter::once(format!("--legacy-headers={}", cli.legacy_headers)))
+            .collect(),
+        legacy_headers: cli.legacy_headers,
         consumer_args: cli.consumer_args,
         only: cli.only,
         max_offered: cli.max_offered,

@@ -25,6 +25,9 @@ pub(crate) struct Plan {
     pub(crate) concurrencies: Vec<usize>,
     pub(crate) order_args: Vec<String>,
     pub(crate) relay_args: Vec<String>,
+    /// Whether the relays write the legacy headers that a `ce_*` header repeats, and so the raw
+    /// producer's records too.
+    pub(crate) legacy_headers: bool,
     pub(crate) consumer_args: Vec<String>,
     /// The phases to run; empty: all of them.
     pub(crate) only: Vec<Phase>,

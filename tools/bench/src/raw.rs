@@ -150,17 +150,32 @@ pub(crate) fn producer(brokers: &str) -> Result<FutureProducer, BenchError> {
         .create()?)
 }
 
-pub(crate) fn headers(event_id: &str, aggregate_id: &str) -> OwnedHeaders {
+/// The headers of a binary-mode record as the relay writes them when no trace is exported
+/// (as in the bench): its own six (three when `legacy` is off, the rest repeated by `ce_*`
+/// headers) and six CloudEvents attributes. A broker may pay per header (Tansu 0.6 stores each
+/// as a row), so raw produce must send as many as the relay it is compared with.
+pub(crate) fn headers(event_id: &str, aggregate_id: &str, legacy: bool) -> OwnedHeaders {
+    use idempost::contract::{CLOUDEVENTS_SOURCE, CLOUDEVENTS_SPEC_VERSION, CONTENT_TYPE, EVENT_TYPE};
     fn h<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
         Header { key, value: Some(value) }
     }
-    OwnedHeaders::new_with_capacity(6)
-        .insert(h("event_id", event_id))
-        .insert(h("event_type", idempost::contract::EVENT_TYPE))
-        .insert(h("event_version", "1"))
-        .insert(h("aggregate_type", "order"))
-        .insert(h("aggregate_id", aggregate_id))
-        .insert(h("content-type", idempost::contract::CONTENT_TYPE))
+    let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let mut headers = OwnedHeaders::new_with_capacity(12);
+    if legacy {
+        headers = headers.insert(h("event_id", event_id)).insert(h("event_type", EVENT_TYPE));
+    }
+    headers = headers.insert(h("event_version", "1")).insert(h("aggregate_type", "order"));
+    if legacy {
+        headers = headers.insert(h("aggregate_id", aggregate_id));
+    }
+    headers
+        .insert(h("content-type", CONTENT_TYPE))
+        .insert(h("ce_specversion", CLOUDEVENTS_SPEC_VERSION))
+        .insert(h("ce_id", event_id))
+        .insert(h("ce_source", CLOUDEVENTS_SOURCE))
+        .insert(h("ce_type", EVENT_TYPE))
+        .insert(h("ce_subject", aggregate_id))
+        .insert(h("ce_time", &time))
 }
 
 /// Confirmed produce of the same records in the relay's shape: `producers` producers (as relay
@@ -173,6 +188,7 @@ pub(crate) async fn produce(
     producers: usize,
     loops: usize,
     batch: usize,
+    legacy_headers: bool,
     duration: Duration,
 ) -> Result<(u64, u64, Duration), BenchError> {
     let started = Instant::now();
@@ -184,7 +200,7 @@ pub(crate) async fn produce(
             // Disjoint order ids per loop: only the keys' spread over partitions matters.
             let first_order = i64::try_from((p * loops + l) * 1_000_000_000).unwrap_or(0);
             tasks.push(tokio::spawn(async move {
-                produce_loop(&producer, &topic, batch, first_order, started + duration).await
+                produce_loop(&producer, &topic, batch, first_order, legacy_headers, started + duration).await
             }));
         }
     }
@@ -202,6 +218,7 @@ async fn produce_loop(
     topic: &str,
     batch: usize,
     mut order_id: i64,
+    legacy_headers: bool,
     until: Instant,
 ) -> (u64, u64) {
     let (mut confirmed, mut failed) = (0u64, 0u64);
@@ -216,10 +233,11 @@ async fn produce_loop(
             .collect();
         let sends = records.iter().map(|(event_id, key, value)| {
             producer.send(
-                FutureRecord::to(topic)
-                    .key(key.as_bytes())
-                    .payload(value.as_slice())
-                    .headers(headers(event_id, key)),
+                FutureRecord::to(topic).key(key.as_bytes()).payload(value.as_slice()).headers(headers(
+                    event_id,
+                    key,
+                    legacy_headers,
+                )),
                 Timeout::After(Duration::from_secs(10)),
             )
         });

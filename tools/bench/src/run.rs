@@ -272,6 +272,7 @@ impl Run<'_> {
                 producers,
                 2,
                 RAW_CLAIM_BATCH as usize,
+                self.plan.legacy_headers,
                 self.plan.point,
             )
             .await?;
