@@ -45,6 +45,31 @@ pub struct Run {
     pub trickle_p50: f64,
     /// The database's cleanup setting, when the run names it (PostgreSQL's autovacuum).
     pub cleanup: Option<String>,
+    /// The soak's figures on this database, when the file holds a soak (`runs[].soak`, the
+    /// `soak` object of that run's `bench.json`).
+    pub soak: Option<SoakFigures>,
+}
+
+/// What the table shows of one database's soak.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SoakFigures {
+    /// The offered rate, orders/s.
+    pub rate: f64,
+    /// Publish p99 of the baseline, while a snapshot was held, and after its release, ms.
+    pub publish_p99: [f64; 3],
+    /// The raw pipeline floor's publish p99 at the same rate in the same run, ms.
+    pub floor_p99: f64,
+}
+
+/// The soak's own run: it is measured apart from the other rows (`soak` at the top of the file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SoakRun {
+    pub commit: String,
+    pub date: String,
+    pub time: String,
+    pub command: String,
+    /// Its dated report, relative to `docs/benchmarks/`.
+    pub report: String,
 }
 
 /// The run the figures come from, and its figures.
@@ -59,6 +84,8 @@ pub struct Results {
     /// The dated report of the run, relative to `docs/benchmarks/`.
     pub report: String,
     pub runs: Vec<Run>,
+    /// The soak's run, when the file holds one.
+    pub soak: Option<SoakRun>,
 }
 
 /// Reads `text` as a results file; the error names the first key that is missing or not of
@@ -83,6 +110,35 @@ pub fn parse(text: &str) -> Result<Results, String> {
         setting: text_at(&file, "setting")?,
         report: text_at(&file, "report")?,
         runs,
+        soak: match file.get("soak") {
+            None => None,
+            Some(soak) => Some(SoakRun {
+                commit: text_at(soak, "commit").map_err(|e| format!("soak: {e}"))?,
+                date: text_at(soak, "date").map_err(|e| format!("soak: {e}"))?,
+                time: text_at(soak, "time").map_err(|e| format!("soak: {e}"))?,
+                command: text_at(soak, "command").map_err(|e| format!("soak: {e}"))?,
+                report: text_at(soak, "report").map_err(|e| format!("soak: {e}"))?,
+            }),
+        },
+    })
+}
+
+/// A run's soak figures from the `soak` object `idempost-bench` writes.
+fn parse_soak(soak: &Value) -> Result<SoakFigures, String> {
+    let stage = |name: &str| {
+        find(soak, "stages", "stage", &Value::from(name))
+            .and_then(|stage| stage.get("publish").ok_or_else(|| "`publish` is missing".to_owned()))
+            .and_then(|publish| number_at(publish, "p99Ms"))
+            .map_err(|e| format!("soak, {name}: {e}"))
+    };
+    let floor = soak
+        .get("floor")
+        .and_then(|floor| floor.get("publish"))
+        .ok_or_else(|| "soak: `floor.publish` is missing".to_owned())?;
+    Ok(SoakFigures {
+        rate: number_at(soak, "ratePerSecond").map_err(|e| format!("soak: {e}"))?,
+        publish_p99: [stage("baseline")?, stage("snapshot held")?, stage("released")?],
+        floor_p99: number_at(floor, "p99Ms").map_err(|e| format!("soak, floor: {e}"))?,
     })
 }
 
@@ -120,6 +176,7 @@ fn parse_run(run: &Value) -> Result<Run, String> {
             .and_then(Value::as_str)
             .filter(|cleanup| !cleanup.is_empty())
             .map(str::to_owned),
+        soak: run.get("soak").map(parse_soak).transpose()?,
     })
 }
 
@@ -166,6 +223,15 @@ pub fn block(results: &Results) -> String {
     if !cleanups.is_empty() {
         let _ = write!(caption, " Database cleanup: {}.", cleanups.join("; "));
     }
+    if let Some(soak) = &results.soak {
+        let _ = write!(
+            caption,
+            " The soak row: {} builds of {}, measured {} {} with `{}` on a private server with stock \
+             settings (autovacuum on), a snapshot held open through the second of three stages; in \
+             brackets, each p99 over the raw pipeline floor's at the same rate in the same run.",
+            results.build, soak.commit, soak.date, soak.time, soak.command
+        );
+    }
     let mut out = format!("{BEGIN}\n{}", wrapped(&caption, WIDTH));
     out.push_str("\n\n| measure |");
     for run in &results.runs {
@@ -186,6 +252,13 @@ pub fn block(results: &Results) -> String {
         let _ = write!(out, "| {measure} |");
         for run in &results.runs {
             let _ = write!(out, " {} |", cell(run));
+        }
+        out.push('\n');
+    }
+    if results.runs.iter().any(|run| run.soak.is_some()) {
+        out.push_str("| soak: publish p99, baseline / snapshot held / released (ms) |");
+        for run in &results.runs {
+            let _ = write!(out, " {} |", run.soak.as_ref().map_or_else(|| "-".to_owned(), soak_cell));
         }
         out.push('\n');
     }
@@ -254,6 +327,19 @@ pub fn rate(per_second: f64) -> String {
 
 fn rates(values: &[f64]) -> String {
     values.iter().map(|v| rate(*v)).collect::<Vec<_>>().join(" / ")
+}
+
+/// `71.0 / 282.0 / 75.0 (2.1x / 8.3x / 2.2x) at 300/s`.
+fn soak_cell(soak: &SoakFigures) -> String {
+    let over = soak
+        .publish_p99
+        .iter()
+        .map(
+            |p99| if soak.floor_p99 > 0.0 { format!("{:.1}x", p99 / soak.floor_p99) } else { "-".to_owned() },
+        )
+        .collect::<Vec<_>>()
+        .join(" / ");
+    format!("{} ({over}) at {}/s", millis(&soak.publish_p99), rate(soak.rate))
 }
 
 fn millis(values: &[f64]) -> String {

@@ -147,3 +147,44 @@ fn only_the_block_is_replaced_and_a_page_must_hold_exactly_one() {
     let open = format!("{BEGIN}\nno end\n");
     assert!(figures::splice(&open, &new).unwrap_err().contains(END));
 }
+
+/// The `soak` object of a `bench.json` as `idempost-bench --only soak` writes it, cut to what the
+/// table reads and a little more.
+const SOAK_JSON: &str = r#"{
+  "ratePerSecond": 300.0, "stageSeconds": 120.0,
+  "floor": {"publish": {"p50Ms": 20.0, "p99Ms": 40.0}, "consume": {"p50Ms": 30.0, "p99Ms": 50.0}},
+  "stages": [
+    {"stage": "baseline", "publish": {"p50Ms": 34.0, "p99Ms": 71.04}},
+    {"stage": "snapshot held", "publish": {"p50Ms": 173.0, "p99Ms": 381.96}},
+    {"stage": "released", "publish": {"p50Ms": 35.0, "p99Ms": 80.0}}
+  ]
+}"#;
+
+#[test]
+fn a_soak_adds_its_row_and_names_its_own_run_in_the_caption() {
+    let without = figures::block(&figures::parse(&results_file(BENCH_JSON)).unwrap());
+    assert!(!without.contains("soak"), "no soak, no row: {without}");
+    let with = results_file(BENCH_JSON)
+        .replace(r#""bench": "#, &format!(r#""soak": {SOAK_JSON}, "bench": "#))
+        .replacen(
+            r#""runs": "#,
+            r#""soak": {"commit": "abcdef1", "date": "2026-12-06", "time": "13:10-13:40 UTC",
+                        "command": "scripts/bench --only soak", "report": "history/2026-12-06-soak.md"}, "runs": "#,
+            1,
+        );
+    let block = figures::block(&figures::parse(&with).unwrap());
+    assert!(
+        block.contains(
+            "| soak: publish p99, baseline / snapshot held / released (ms) | 71.0 / 382.0 / 80.0 \
+             (1.8x / 9.5x / 2.0x) at 300/s |"
+        ),
+        "{block}"
+    );
+    let caption = block.lines().take_while(|line| !line.is_empty()).collect::<Vec<_>>().join(" ");
+    assert!(
+        caption.contains("The soak row: release builds of abcdef1, measured 2026-12-06 13:10-13:40 UTC"),
+        "{caption}"
+    );
+    let broken = with.replace(r#""stage": "released""#, r#""stage": "later""#);
+    assert!(figures::parse(&broken).unwrap_err().contains("soak, released"));
+}
