@@ -18,9 +18,11 @@ use crate::telemetry;
 mod audit;
 mod convert;
 mod long_poll;
+mod page;
 
 pub use audit::list_audit;
 pub use long_poll::{LongPoll, MAX_WAIT, Polled};
+pub use page::{ByteBudget, LISTING_BYTES, PAYLOAD_BATCH};
 
 /// A server span for one call, continuing the caller's trace from its request metadata.
 pub fn rpc_span(

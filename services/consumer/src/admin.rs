@@ -3,6 +3,7 @@
 //! the release of an order's gap, and the purge of its dedup history. Every call needs the
 //! operator scope: these tables do not know tenants.
 
+mod dead_letters;
 mod wait;
 
 use std::collections::HashMap;
@@ -114,16 +115,8 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
         let ask = request.get_ref().clone();
         self.operator("ListDeadLetters", &request, None, |_| async move {
-            let mut violations = Vec::new();
-            let limit = edge::limit(ask.limit, &mut violations);
-            InvalidInput::check(violations)?;
-            let mut query = dead_letter::Entity::find();
-            if !ask.consumer_name.is_empty() {
-                query = query.filter(dead_letter::Column::ConsumerName.eq(ask.consumer_name));
-            }
-            let rows =
-                query.order_by_asc(dead_letter::Column::Id).limit(u64::from(limit)).all(&self.db).await?;
-            Ok(pb::ListDeadLettersResponse { dead_letters: rows.into_iter().map(Into::into).collect() })
+            let ask = dead_letters::Ask::try_from(ask)?;
+            Ok(dead_letters::page(&self.db, ask).await?)
         })
         .await
     }

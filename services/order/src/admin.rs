@@ -6,6 +6,7 @@
 mod audit;
 mod grpc;
 mod inspect;
+mod listing;
 mod replay;
 mod retention;
 mod wait;

@@ -61,6 +61,8 @@ enum Command {
     Timeline {
         /// The event id.
         event_id: String,
+        #[command(flatten)]
+        versions: VersionsArgs,
     },
     /// The timeline of the event committed under a tenant's request id (an order's acceptance,
     /// amendment or cancellation).
@@ -81,6 +83,8 @@ enum Command {
         /// At most this many rows (1 to 1000).
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Return a FAILED event to PENDING; who and why are recorded on the row.
     Redrive {
@@ -102,6 +106,8 @@ enum Command {
         /// At most this many (1 to 1000).
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Amend an order (OrderService.AmendOrder) with the safe caller protocol: replace its lines
     /// and/or its customer if it is still at --expected-version. Running the same command again
@@ -181,6 +187,43 @@ enum Command {
     /// (--consumed --consumer), for scripts and integration tests. Exit code 0 when it is, 3 when
     /// --timeout passed first, 4 when it was set aside (FAILED, dead-lettered or parked).
     Wait(WaitArgs),
+}
+
+/// Which page of a listing, and whether with payloads.
+#[derive(Debug, clap::Args)]
+struct PageArgs {
+    /// Include each row's payload (base64, in --json output only).
+    #[arg(long)]
+    payloads: bool,
+    /// Go on where an earlier listing stopped: the token it printed.
+    #[arg(long, default_value = "")]
+    page_token: String,
+}
+
+/// Which of the order's versions a timeline shows: without these flags, the latest 100 the
+/// timeline carries.
+#[derive(Debug, clap::Args)]
+struct VersionsArgs {
+    /// Show at most this many of the order's versions (1 to 1000).
+    #[arg(long)]
+    limit: Option<u32>,
+    /// Show the versions below this one: the value a timeline prints for its older versions.
+    #[arg(long)]
+    before_version: Option<i64>,
+}
+
+impl VersionsArgs {
+    /// The ListOrderEvents request, when a page other than the timeline's own is asked for.
+    fn request(&self, order_id: i64) -> Option<pb::ListOrderEventsRequest> {
+        if self.limit.is_none() && self.before_version.is_none() {
+            return None;
+        }
+        Some(pb::ListOrderEventsRequest {
+            order_id,
+            before_version: self.before_version.unwrap_or(0),
+            limit: self.limit.unwrap_or(0),
+        })
+    }
 }
 
 /// What every change names: whose order, which one, at which version, under which key.
@@ -366,21 +409,23 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let (channel, token) = cli.channel(setting, url).await?;
             wait::wait(&idempost_client::AdminEndpoint::new(channel, token), args, json).await?
         }
-        Command::Timeline { event_id } => timeline(cli, event_id).await?,
+        Command::Timeline { event_id, versions } => timeline(cli, event_id, versions).await?,
         Command::Find { tenant_id, request_id } => {
             let mut client = cli.admin().await?;
             let request =
                 pb::FindByBusinessKeyRequest { tenant_id: *tenant_id, request_id: request_id.clone() };
             let reply = client.find_by_business_key(request).await?.into_inner();
             let order = reply.timeline.unwrap_or_default();
-            joined(cli, &order.event_id.clone(), Some(order)).await?
+            joined(cli, &order.event_id.clone(), Some(order), None).await?
         }
-        Command::Backlog { status, older_than, limit } => {
+        Command::Backlog { status, older_than, limit, page } => {
             let mut client = cli.admin().await?;
             let request = pb::ListBacklogRequest {
                 status: status.clone(),
                 older_than: duration("--older-than", *older_than)?,
                 limit: *limit,
+                include_payloads: page.payloads,
+                page_token: page.page_token.clone(),
             };
             let reply = client.list_backlog(request).await?.into_inner();
             render::backlog(reply, json)
@@ -395,11 +440,16 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let reply = client.redrive(request).await?.into_inner();
             render::redriven(event_id, reply.outbox.unwrap_or_default(), json)
         }
-        Command::DeadLetters { consumer_name, limit } => {
+        Command::DeadLetters { consumer_name, limit, page } => {
             let mut client = cli.consumer_admin().await?;
-            let request = pb::ListDeadLettersRequest { consumer_name: consumer_name.clone(), limit: *limit };
+            let request = pb::ListDeadLettersRequest {
+                consumer_name: consumer_name.clone(),
+                limit: *limit,
+                include_payloads: page.payloads,
+                page_token: page.page_token.clone(),
+            };
             let reply = client.list_dead_letters(request).await?.into_inner();
-            render::dead_letters(&reply.dead_letters, json)
+            render::dead_letters(&reply, json)
         }
         Command::Amend { change, lines, customer_id } => {
             let request = change.amend(lines, customer_id);
@@ -457,18 +507,27 @@ async fn console(cli: &Cli, args: &console::ConsoleArgs) -> Result<String, CtlEr
     Ok(String::new())
 }
 
-/// `timeline`: the order side's timeline of `event_id` joined to the consumer side's. An event
-/// the order side does not know is still looked up on the consumer side.
-async fn timeline(cli: &Cli, event_id: &str) -> Result<String, CtlError> {
+/// `timeline`: the order side's timeline of `event_id` joined to the consumer side's, with the
+/// page of the order's versions `versions` asks for. An event the order side does not know is
+/// still looked up on the consumer side.
+async fn timeline(cli: &Cli, event_id: &str, versions: &VersionsArgs) -> Result<String, CtlError> {
     let mut admin = cli.admin().await?;
     let order = admin.get_event_timeline(pb::GetEventTimelineRequest { event_id: event_id.to_owned() });
-    let order = match order.await {
+    let mut order = match order.await {
         Ok(reply) => reply.into_inner().timeline,
         // The consumer may still know it (or say the id is unknown there too).
         Err(status) if status.code() == tonic::Code::NotFound => None,
         Err(status) => return Err(status.into()),
     };
-    joined(cli, event_id, order).await
+    let mut older = None;
+    let page = order.as_ref().and_then(|t| t.order.as_ref()).and_then(|o| versions.request(o.order_id));
+    if let (Some(request), Some(timeline)) = (page, order.as_mut()) {
+        let page = admin.list_order_events(request).await?.into_inner();
+        timeline.order_events = page.order_events;
+        timeline.order_events_total = page.total;
+        older = Some(page.next_before_version);
+    }
+    joined(cli, event_id, order, older).await
 }
 
 /// `purge`: the order side's outbox purge, then the consumer's dedup history purge. When the
@@ -506,8 +565,15 @@ async fn purge(
 }
 
 /// The consumer side's part of `event_id` joined to the order side's `order`. When the consumer
-/// cannot be asked, the order side is shown alone, saying so.
-async fn joined(cli: &Cli, event_id: &str, order: Option<pb::EventTimeline>) -> Result<String, CtlError> {
+/// cannot be asked, the order side is shown alone, saying so. `older` is where the order's older
+/// versions start when a page of them was asked for (0: none older); otherwise the timeline's
+/// own versions are the latest ones.
+async fn joined(
+    cli: &Cli,
+    event_id: &str,
+    order: Option<pb::EventTimeline>,
+    older: Option<i64>,
+) -> Result<String, CtlError> {
     let consumer = async {
         let request = pb::GetConsumerTimelineRequest { event_id: event_id.to_owned() };
         Ok::<_, CtlError>(cli.consumer_admin().await?.get_consumer_timeline(request).await?.into_inner())
@@ -529,11 +595,12 @@ async fn joined(cli: &Cli, event_id: &str, order: Option<pb::EventTimeline>) -> 
             .await
             .unwrap_or_else(|error| vec![format!("unknown: {error}"); timeline.order_events.len()]),
     };
-    Ok(render::timeline(timeline, &states, unavailable.as_deref(), cli.json))
+    let older = older.unwrap_or_else(|| render::older_than_shown(&timeline));
+    Ok(render::timeline(timeline, &states, unavailable.as_deref(), older, cli.json))
 }
 
-/// The consumer side's state of each event in `timeline.order_events` (the order's every
-/// version), in that order; empty when the consumer cannot be asked (the event's own timeline
+/// The consumer side's state of each event in `timeline.order_events` (a page of the order's
+/// versions), in that order; empty when the consumer cannot be asked (the event's own timeline
 /// already says so). One GetConsumerTimeline per version and one ListParkedEvents of the order.
 async fn version_states(cli: &Cli, timeline: &pb::EventTimeline) -> Result<Vec<String>, CtlError> {
     let Some(order_id) = timeline.order.as_ref().map(|o| o.order_id) else { return Ok(Vec::new()) };

@@ -1,6 +1,7 @@
 //! Replies as tables for people or JSON for scripts. Field names in JSON follow the proto's
 //! JSON mapping (lowerCamelCase), timestamps are RFC 3339, durations in seconds.
 
+use base64::Engine as _;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idempost_client::Confirmation;
 use idempost_proto::v1 as pb;
@@ -62,7 +63,7 @@ fn job_json(j: &pb::NotificationJobRecord) -> Value {
     })
 }
 
-fn timeline_json(t: &pb::EventTimeline, consumer_states: &[String]) -> Value {
+fn timeline_json(t: &pb::EventTimeline, consumer_states: &[String], older: i64) -> Value {
     json!({
         "eventId": t.event_id,
         "order": t.order.as_ref().map(|o| json!({
@@ -93,6 +94,8 @@ fn timeline_json(t: &pb::EventTimeline, consumer_states: &[String]) -> Value {
             "outboxStatus": non_empty(&e.outbox_status),
             "consumerState": consumer_states.get(i),
         })).collect::<Vec<_>>(),
+        "orderEventsTotal": t.order_events_total,
+        "olderVersionsBefore": (older > 0).then_some(older),
     })
 }
 
@@ -103,21 +106,39 @@ fn dead_letter_json(d: &pb::DeadLetterRecord) -> Value {
         "coordinates": d.coordinates.as_ref().map(|c| json!({"topic": c.topic, "partition": c.partition, "offset": c.offset})),
         "error": d.error,
         "createdAt": time(d.created_at.as_ref()),
+        "payloadBase64": payload_json(&d.payload),
     })
 }
 
-/// One event's timeline: a table of what happened when, in time order, then every version of its
-/// order with each event's outbox status and `consumer_states` (aligned with `order_events`; empty
-/// when the consumer side could not be asked). `consumer_unavailable` says why the consumer side's
+/// A payload the listing was asked to include, as base64; absent when it was not.
+fn payload_json(payload: &[u8]) -> Option<String> {
+    (!payload.is_empty()).then(|| base64::engine::general_purpose::STANDARD.encode(payload))
+}
+
+/// Where the order's versions older than those `t` holds start (the `--before-version` that
+/// shows them); 0 when it holds the oldest.
+pub(crate) fn older_than_shown(t: &pb::EventTimeline) -> i64 {
+    let shown = t.order_events.len() as u64;
+    match t.order_events.first() {
+        Some(first) if t.order_events_total > shown => first.version,
+        _ => 0,
+    }
+}
+
+/// One event's timeline: a table of what happened when, in time order, then a page of the
+/// versions of its order with each event's outbox status and `consumer_states` (aligned with
+/// `order_events`; empty when the consumer side could not be asked), and where older versions
+/// start (`older`, 0 when none are older). `consumer_unavailable` says why the consumer side's
 /// part is missing, when it could not be asked.
 pub(crate) fn timeline(
     t: pb::EventTimeline,
     consumer_states: &[String],
     consumer_unavailable: Option<&str>,
+    older: i64,
     as_json: bool,
 ) -> String {
     if as_json {
-        let mut value = timeline_json(&t, consumer_states);
+        let mut value = timeline_json(&t, consumer_states, older);
         value["consumerSideUnavailable"] = json!(consumer_unavailable);
         return pretty(&value);
     }
@@ -134,7 +155,16 @@ pub(crate) fn timeline(
     if t.order_events.is_empty() {
         return format!("event {}\n{out}", t.event_id);
     }
-    format!("event {}\n{out}\nevery version of the order:\n{}", t.event_id, versions(&t, consumer_states))
+    let (shown, total) = (t.order_events.len() as u64, t.order_events_total);
+    let mut heading = if shown >= total {
+        "every version of the order:".to_owned()
+    } else {
+        format!("{shown} of the order's {total} versions:")
+    };
+    if older > 0 {
+        heading.push_str(&format!(" (older ones: --before-version {older})"));
+    }
+    format!("event {}\n{out}\n{heading}\n{}", t.event_id, versions(&t, consumer_states))
 }
 
 /// One row of the timeline table: when (if known), what, details.
@@ -222,7 +252,8 @@ fn consumer_rows(t: &pb::EventTimeline) -> Vec<TimelineRow> {
     rows
 }
 
-/// The table of every version of the event's order: each event's outbox status and consumer state.
+/// The table of a page of the event's order's versions: each event's outbox status and consumer
+/// state.
 fn versions(t: &pb::EventTimeline, consumer_states: &[String]) -> Table {
     let header = ["version", "committed", "operation", "request id", "event id", "outbox", "consumer"];
     let mut versions = table(&header);
@@ -263,10 +294,14 @@ pub(crate) fn changed(verb: &str, confirmed: &idempost_client::ConfirmedOrder, a
     )
 }
 
-/// Dead letters, oldest first.
-pub(crate) fn dead_letters(letters: &[pb::DeadLetterRecord], as_json: bool) -> String {
+/// Dead letters, oldest first, and the token of the next page when there is one.
+pub(crate) fn dead_letters(reply: &pb::ListDeadLettersResponse, as_json: bool) -> String {
+    let letters = &reply.dead_letters;
     if as_json {
-        return pretty(&json!({ "deadLetters": letters.iter().map(dead_letter_json).collect::<Vec<_>>() }));
+        return pretty(&json!({
+            "deadLetters": letters.iter().map(dead_letter_json).collect::<Vec<_>>(),
+            "nextPageToken": non_empty(&reply.next_page_token),
+        }));
     }
     let mut out = table(&["when", "consumer", "event id", "at", "error"]);
     for d in letters {
@@ -279,7 +314,15 @@ pub(crate) fn dead_letters(letters: &[pb::DeadLetterRecord], as_json: bool) -> S
             shown(&d.error),
         ]);
     }
-    out.to_string()
+    format!("{out}{}", more(&reply.next_page_token))
+}
+
+/// The line saying how to list the next page, when there is one.
+fn more(next_page_token: &str) -> String {
+    if next_page_token.is_empty() {
+        return String::new();
+    }
+    format!("\nmore follow: --page-token {next_page_token}")
 }
 
 /// Parked events, by order and version.
@@ -349,7 +392,9 @@ pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
                 "eventId": e.event_id,
                 "aggregateId": e.aggregate_id,
                 "outbox": e.outbox.as_ref().map(outbox_json),
+                "payloadBase64": e.outbox.as_ref().and_then(|o| payload_json(&o.payload)),
             })).collect::<Vec<_>>(),
+            "nextPageToken": non_empty(&reply.next_page_token),
             "stats": {
                 "pending": stats.pending,
                 "publishing": stats.publishing,
@@ -378,8 +423,11 @@ pub(crate) fn backlog(reply: pb::ListBacklogResponse, as_json: bool) -> String {
     }
     let oldest = seconds(stats.oldest_pending_age.as_ref()).map_or("-".to_owned(), |s| format!("{s:.1}s"));
     format!(
-        "{out}\npending {}  publishing {}  failed {}  oldest waiting {oldest}",
-        stats.pending, stats.publishing, stats.failed
+        "{out}\npending {}  publishing {}  failed {}  oldest waiting {oldest}{}",
+        stats.pending,
+        stats.publishing,
+        stats.failed,
+        more(&reply.next_page_token)
     )
 }
 

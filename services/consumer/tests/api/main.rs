@@ -11,6 +11,7 @@ mod helpers;
 use idempost_testkit::broker;
 
 mod consumer;
+mod listings;
 mod membership;
 mod parking;
 mod restart;

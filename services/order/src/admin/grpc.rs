@@ -10,13 +10,14 @@ use idempost_proto::v1::{
 use tonic::{Code, Request, Response, Status};
 
 use super::audit::audit_of;
-use super::inspect::{Backlog, Inspector, OrderEvent, Timeline};
+use super::inspect::{Inspector, OrderEvent, OrderEvents, Timeline};
+use super::listing::{self, Cursor, Page};
 use super::replay;
 use super::retention::{OutboxPurgeReport, OutboxRetention};
 use idempost::backlog::{self, Redrive, RedriveAudit};
 use idempost::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use idempost::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
-use idempost::edge::{self, CallError, LongPoll, error_status, parse_event_id, timestamp};
+use idempost::edge::{self, ByteBudget, CallError, LongPoll, error_status, parse_event_id, timestamp};
 use idempost::security::{Authenticator, Caller};
 use idempost::telemetry::logged;
 
@@ -126,6 +127,24 @@ impl AdminService for AdminGrpc {
         .await
     }
 
+    async fn list_order_events(
+        &self,
+        request: Request<pb::ListOrderEventsRequest>,
+    ) -> Result<Response<pb::ListOrderEventsResponse>, Status> {
+        let ask = *request.get_ref();
+        self.traced("ListOrderEvents", &request, None, |caller| async move {
+            let (order_id, before_version, limit) = parse_order_events(ask)?;
+            // Another tenant's order is answered exactly like an unknown one.
+            match self.inspector.order(order_id).await? {
+                Some(order) if caller.operator || caller.may_read(order.tenant_id) => {}
+                _ => return Err(AdminError::UnknownOrder(order_id)),
+            }
+            let page = self.inspector.order_events(order_id, before_version, u64::from(limit)).await?;
+            Ok(page.into())
+        })
+        .await
+    }
+
     async fn list_backlog(
         &self,
         request: Request<pb::ListBacklogRequest>,
@@ -134,9 +153,11 @@ impl AdminService for AdminGrpc {
         self.traced("ListBacklog", &request, None, |caller| async move {
             // The backlog spans every tenant: operators only.
             caller.require_operator()?;
-            let (status, older_than, limit) = parse_backlog(query)?;
-            let backlog = self.inspector.backlog(status, older_than, u64::from(limit)).await?;
-            Ok(backlog.into())
+            let ask = parse_backlog(query)?;
+            let mut budget = ByteBudget::listing();
+            let fits = |row: &idempost::entity::outbox_event::Model| budget.take(&entry(row.clone()));
+            let page = listing::page(self.inspector.db(), &ask, fits).await?;
+            Ok(page.into())
         })
         .await
     }
@@ -227,6 +248,7 @@ impl AdminService for AdminGrpc {
 /// Who an operator's write is recorded as when the listener runs with `--auth none` (loopback
 /// only) and the request names nobody.
 const UNAUTHENTICATED: &str = "unauthenticated (--auth none)";
+
 impl AdminGrpc {
     /// The configured retention with the request's window in place of the default. A
     /// consumed_event window is refused: those rows are the consumer's to purge. A reason is
@@ -267,7 +289,20 @@ fn parse_key(tenant_id: i64, request_id: String) -> Result<(TenantId, RequestId)
     tenant.zip(request).ok_or_else(|| InvalidInput { violations: Vec::new() }.into())
 }
 
-fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<Duration>, u32), AdminError> {
+fn parse_order_events(ask: pb::ListOrderEventsRequest) -> Result<(i64, i64, u32), AdminError> {
+    let mut violations = Vec::new();
+    if ask.order_id <= 0 {
+        violations.push(FieldViolation::new("order_id", "must be positive"));
+    }
+    if ask.before_version < 0 {
+        violations.push(FieldViolation::new("before_version", "must not be negative"));
+    }
+    let limit = edge::limit(ask.limit, &mut violations);
+    InvalidInput::check(violations)?;
+    Ok((ask.order_id, ask.before_version, limit))
+}
+
+fn parse_backlog(query: pb::ListBacklogRequest) -> Result<listing::Ask, AdminError> {
     let mut violations = Vec::new();
     let status = if query.status.is_empty() {
         Some(OutboxStatus::Pending)
@@ -278,10 +313,17 @@ fn parse_backlog(query: pb::ListBacklogRequest) -> Result<(OutboxStatus, Option<
             None
         })
     };
-    let older_than = edge::optional_window("older_than", query.older_than, &mut violations);
+    let older_than: Option<Duration> = edge::optional_window("older_than", query.older_than, &mut violations);
     let limit = edge::limit(query.limit, &mut violations);
+    let after = Cursor::parse(&query.page_token).map_err(|v| violations.push(v)).ok().flatten();
     InvalidInput::check(violations)?;
-    Ok((status.unwrap_or(OutboxStatus::Pending), older_than, limit))
+    Ok(listing::Ask {
+        status: status.unwrap_or(OutboxStatus::Pending),
+        older_than,
+        after,
+        limit: u64::from(limit),
+        payloads: query.include_payloads,
+    })
 }
 
 /// The event and the audit record. With a token, the token's subject is who did it and the
@@ -313,6 +355,8 @@ enum AdminError {
     EventNotFound(String),
     #[error("no operation committed under tenant_id {tenant_id} and request_id {request_id}")]
     OrderNotFound { tenant_id: i64, request_id: String },
+    #[error("no order has order_id {0}")]
+    UnknownOrder(i64),
     #[error("event {event_id} is {}, not FAILED: only FAILED events are redriven", status.as_str())]
     NotFailed { event_id: String, status: OutboxStatus },
     #[error(
@@ -341,6 +385,9 @@ impl AdminError {
                 "ORDER_NOT_FOUND",
                 text(&[("tenant_id", &tenant_id.to_string()), ("request_id", &request_id)]),
             ),
+            Self::UnknownOrder(order_id) => {
+                (Code::NotFound, "ORDER_NOT_FOUND", text(&[("order_id", &order_id.to_string())]))
+            }
             Self::NotFailed { event_id, status } => (
                 Code::FailedPrecondition,
                 "NOT_FAILED",
@@ -385,8 +432,19 @@ impl From<Timeline> for pb::EventTimeline {
             event_id: t.event_id,
             order: t.order.map(Into::into),
             outbox: t.outbox.map(Into::into),
-            order_events: t.order_events.into_iter().map(Into::into).collect(),
+            order_events_total: t.order_events.total,
+            order_events: t.order_events.events.into_iter().map(Into::into).collect(),
             ..Self::default()
+        }
+    }
+}
+
+impl From<OrderEvents> for pb::ListOrderEventsResponse {
+    fn from(page: OrderEvents) -> Self {
+        Self {
+            order_events: page.events.into_iter().map(Into::into).collect(),
+            total: page.total,
+            next_before_version: page.next_before_version,
         }
     }
 }
@@ -419,8 +477,17 @@ fn event_type(operation: &str) -> &'static str {
     }
 }
 
-impl From<Backlog> for pb::ListBacklogResponse {
-    fn from(b: Backlog) -> Self {
+/// One row of a backlog listing.
+fn entry(row: idempost::entity::outbox_event::Model) -> pb::BacklogEntry {
+    pb::BacklogEntry {
+        event_id: row.event_id.clone(),
+        aggregate_id: row.aggregate_id.clone(),
+        outbox: Some(row.into()),
+    }
+}
+
+impl From<Page> for pb::ListBacklogResponse {
+    fn from(b: Page) -> Self {
         let stats = pb::BacklogStats {
             pending: b.stats.count(OutboxStatus::Pending),
             publishing: b.stats.count(OutboxStatus::Publishing),
@@ -432,16 +499,8 @@ impl From<Backlog> for pb::ListBacklogResponse {
                 .and_then(|age| prost_types::Duration::try_from(age).ok()),
             ..Default::default()
         };
-        let entries = b
-            .entries
-            .into_iter()
-            .map(|row| pb::BacklogEntry {
-                event_id: row.event_id.clone(),
-                aggregate_id: row.aggregate_id.clone(),
-                outbox: Some(row.into()),
-            })
-            .collect();
-        Self { entries, stats: Some(stats) }
+        let entries = b.rows.into_iter().map(entry).collect();
+        Self { entries, stats: Some(stats), next_page_token: b.next.map(|c| c.token()).unwrap_or_default() }
     }
 }
 

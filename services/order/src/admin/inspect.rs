@@ -1,15 +1,17 @@
-//! Read-only queries behind the order side's timeline and backlog: the order database only.
+//! Read-only queries behind the order side's timeline: the order database only.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 
-use idempost::backlog;
-use idempost::db::{self, purge};
-use idempost::domain::OutboxStatus;
 use idempost::entity::{order_version, orders, outbox_event};
+
+/// The most versions of its order an event's timeline holds: the latest ones. Older ones are
+/// paged with ListOrderEvents, so that an order amended many thousand times answers in bounded
+/// size and binds a bounded number of event ids in the outbox read.
+pub(crate) const TIMELINE_VERSIONS: u64 = 100;
 
 /// What the order database holds for one event.
 #[derive(Debug, Clone)]
@@ -17,8 +19,19 @@ pub(crate) struct Timeline {
     pub(crate) event_id: String,
     pub(crate) order: Option<orders::Model>,
     pub(crate) outbox: Option<outbox_event::Model>,
-    /// Every version of the event's order, oldest first.
-    pub(crate) order_events: Vec<OrderEvent>,
+    /// The latest [`TIMELINE_VERSIONS`] versions of the event's order, oldest first.
+    pub(crate) order_events: OrderEvents,
+}
+
+/// A page of an order's versions.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OrderEvents {
+    /// Oldest first.
+    pub(crate) events: Vec<OrderEvent>,
+    /// How many versions the order has recorded.
+    pub(crate) total: u64,
+    /// The version below which the next (older) page starts; 0 when this page holds the oldest.
+    pub(crate) next_before_version: i64,
 }
 
 /// One version of an order: the operation that made it and its event's outbox row, if retention
@@ -35,15 +48,6 @@ impl Timeline {
     pub(crate) fn is_empty(&self) -> bool {
         self.order.is_none() && self.outbox.is_none()
     }
-}
-
-/// Rows of one status, and the backlog as the relay sees it.
-#[derive(Debug, Clone)]
-pub(crate) struct Backlog {
-    pub(crate) entries: Vec<outbox_event::Model>,
-    pub(crate) stats: backlog::Backlog,
-    /// The database's clock when the backlog was read, to age its oldest row by.
-    pub(crate) now: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone)]
@@ -68,7 +72,7 @@ impl Inspector {
             .one(&self.db)
             .await?;
         let order = match &version {
-            Some(version) => orders::Entity::find_by_id(version.order_id).one(&self.db).await?,
+            Some(version) => self.order(version.order_id).await?,
             // Accepted by an order service older than `order_version` (a rolling upgrade).
             None => {
                 orders::Entity::find()
@@ -79,21 +83,40 @@ impl Inspector {
         };
         let outbox = outbox_event::Entity::find_by_id(event_id.to_owned()).one(&self.db).await?;
         let order_events = match &order {
-            Some(order) => self.order_events(order.id).await?,
-            None => Vec::new(),
+            Some(order) => self.order_events(order.id, 0, TIMELINE_VERSIONS).await?,
+            None => OrderEvents::default(),
         };
         Ok(Timeline { event_id: event_id.to_owned(), order, outbox, order_events })
     }
 
-    /// Every version of the order, oldest first, with its event's outbox type and status: one
-    /// read of the order's `order_version` rows (its primary key) and one of their outbox rows
-    /// (by event id).
-    async fn order_events(&self, order_id: i64) -> Result<Vec<OrderEvent>, DbErr> {
-        let versions = order_version::Entity::find()
-            .filter(order_version::Column::OrderId.eq(order_id))
-            .order_by_asc(order_version::Column::Version)
-            .all(&self.db)
-            .await?;
+    /// The order row, if there is one.
+    pub(crate) async fn order(&self, order_id: i64) -> Result<Option<orders::Model>, DbErr> {
+        orders::Entity::find_by_id(order_id).one(&self.db).await
+    }
+
+    /// The latest `limit` versions of the order below `before_version` (0: from the latest),
+    /// oldest first, each with its event's outbox type and status, and the order's count of
+    /// versions: one read of at most `limit + 1` of the order's `order_version` rows (its primary
+    /// key, newest first), one count on that key, and one read of their outbox rows by event id
+    /// (at most `limit` ids).
+    pub(crate) async fn order_events(
+        &self,
+        order_id: i64,
+        before_version: i64,
+        limit: u64,
+    ) -> Result<OrderEvents, DbErr> {
+        let of_order = || order_version::Entity::find().filter(order_version::Column::OrderId.eq(order_id));
+        let mut query = of_order();
+        if before_version > 0 {
+            query = query.filter(order_version::Column::Version.lt(before_version));
+        }
+        let mut versions =
+            query.order_by_desc(order_version::Column::Version).limit(limit + 1).all(&self.db).await?;
+        let older = versions.len() as u64 > limit;
+        versions.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        versions.reverse();
+        let next_before_version = if older { versions.first().map_or(0, |v| v.version) } else { 0 };
+        let total = of_order().count(&self.db).await?;
         let mut outbox: HashMap<String, (String, String)> = outbox_event::Entity::find()
             .select_only()
             .column(outbox_event::Column::EventId)
@@ -106,10 +129,11 @@ impl Inspector {
             .into_iter()
             .map(|(event_id, event_type, status)| (event_id, (event_type, status)))
             .collect();
-        Ok(versions
+        let events = versions
             .into_iter()
             .map(|version| OrderEvent { outbox: outbox.remove(&version.event_id), version })
-            .collect())
+            .collect();
+        Ok(OrderEvents { events, total, next_before_version })
     }
 
     /// The timeline of the event committed under `(tenant_id, request_id)` (a submission,
@@ -124,40 +148,5 @@ impl Inspector {
             Some(version) => Ok(Some(self.timeline(&version.event_id).await?)),
             None => Ok(None),
         }
-    }
-
-    /// Up to `limit` rows in `status` created at least `older_than` ago (database clock), oldest
-    /// first, with the backlog's counts ([`backlog::backlog`]). The listing reads
-    /// `idx_outbox_ready` in order once per value of `held_back`, each read stopping at `limit`,
-    /// whatever the status, and keeps the oldest `limit` of both.
-    pub(crate) async fn backlog(
-        &self,
-        status: OutboxStatus,
-        older_than: Option<Duration>,
-        limit: u64,
-    ) -> Result<Backlog, DbErr> {
-        let now = db::now(&self.db).await?;
-        let before = older_than.map(|age| purge::before(now, age)).transpose()?;
-        let mut entries = Vec::new();
-        for held_back in backlog::HELD_BACK {
-            let mut query = outbox_event::Entity::find()
-                .filter(outbox_event::Column::Status.eq(status.as_str()))
-                .filter(outbox_event::Column::HeldBack.eq(held_back));
-            if let Some(before) = before {
-                query = query.filter(outbox_event::Column::CreatedAt.lte(before));
-            }
-            entries.extend(
-                query
-                    .order_by_asc(outbox_event::Column::CreatedAt)
-                    .order_by_asc(outbox_event::Column::EventId)
-                    .limit(limit)
-                    .all(&self.db)
-                    .await?,
-            );
-        }
-        entries.sort_by(|a, b| (a.created_at, &a.event_id).cmp(&(b.created_at, &b.event_id)));
-        entries.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        let stats = backlog::backlog(&self.db).await?;
-        Ok(Backlog { entries, stats, now })
     }
 }

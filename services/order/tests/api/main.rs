@@ -15,6 +15,7 @@ mod change_order;
 mod exact_key;
 mod group_commit;
 mod limits;
+mod listings;
 mod reconcile;
 mod service;
 mod submit_order;

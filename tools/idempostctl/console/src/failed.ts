@@ -27,6 +27,11 @@ export function mount(root: HTMLElement, context: Context): void {
   );
   let rows: BacklogEntry[] = [];
   let dead: DeadLetterRecord[] = [];
+  // Whether more rows follow those listed: `idempostctl backlog` / `dead-letters` page through them.
+  let moreFailed = false;
+  let moreDead = false;
+  const more = (shown: boolean, command: string) =>
+    shown ? h("p", { class: "quiet", "data-testid": "more-rows" }, `More follow than this page holds: \`idempostctl ${command} --page-token\` lists them.`) : null;
   const matches = (...texts: string[]) => {
     const needle = filter.value.trim().toLowerCase();
     return needle === "" || texts.some((t) => t.toLowerCase().includes(needle));
@@ -38,6 +43,7 @@ export function mount(root: HTMLElement, context: Context): void {
       shown.length === 0
         ? h("p", { class: "quiet", "data-testid": "no-failed" }, "No FAILED event.")
         : table(["event id", "order", "attempts", "created", "last error", ""], shown.map((e) => failedRow(context, e, done)), "failed-rows"),
+      more(moreFailed, "backlog --status FAILED"),
     );
     replace(
       log,
@@ -55,17 +61,23 @@ export function mount(root: HTMLElement, context: Context): void {
       shownLetters.length === 0
         ? h("p", { class: "quiet" }, "No dead letter.")
         : table(["when", "consumer", "event id", "at", "error", "payload"], shownLetters.map(letterRow), "dead-letter-rows"),
+      more(moreDead, "dead-letters"),
     );
   };
   const refresh = async () => {
     try {
-      rows = (await context.api.admin.listBacklog({ status: "FAILED", limit: 200 })).entries;
+      // Payloads are shown here, so asked for; an answer stops at 1 MiB, and a note says so.
+      const reply = await context.api.admin.listBacklog({ status: "FAILED", limit: 200, includePayloads: true });
+      rows = reply.entries;
+      moreFailed = reply.nextPageToken !== "";
     } catch (error) {
       replace(failedList, h("p", { class: "error" }, describe(failure(error))));
       return;
     }
     try {
-      dead = (await context.api.consumer.listDeadLetters({ limit: 200 })).deadLetters;
+      const reply = await context.api.consumer.listDeadLetters({ limit: 200, includePayloads: true });
+      dead = reply.deadLetters;
+      moreDead = reply.nextPageToken !== "";
     } catch (error) {
       replace(letters, h("p", { class: "error" }, `The consumer side did not answer: ${describe(failure(error))}`));
       dead = [];

@@ -112,6 +112,13 @@ impl AdminService for AdminProxy {
         forward!(self.0, AdminServiceClient, find_by_business_key, request.into_inner())
     }
 
+    async fn list_order_events(
+        &self,
+        request: Request<pb::ListOrderEventsRequest>,
+    ) -> Result<Response<pb::ListOrderEventsResponse>, Status> {
+        forward!(self.0, AdminServiceClient, list_order_events, request.into_inner())
+    }
+
     async fn list_backlog(
         &self,
         request: Request<pb::ListBacklogRequest>,

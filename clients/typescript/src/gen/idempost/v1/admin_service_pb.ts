@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/admin_service.proto.
  */
 export const file_idempost_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKMAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZCK5AQoQT3JkZXJFdmVudFJlY29yZBIQCghldmVudF9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhIKCmV2ZW50X3R5cGUYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkSMAoMY29tbWl0dGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1vdXRib3hfc3RhdHVzGAcgASgJIr4BCgtPcmRlclJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIRCgl0ZW5hbnRfaWQYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIPCgd2ZXJzaW9uGAQgASgDEg4KBnN0YXR1cxgFIAEoCRITCgt0b3RhbF9taW5vchgGIAEoAxIQCghjdXJyZW5jeRgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLcAwoMT3V0Ym94UmVjb3JkEg4KBnN0YXR1cxgBIAEoCRIQCghhdHRlbXB0cxgCIAEoBRISCgpsYXN0X2Vycm9yGAMgASgJEhMKC2xlYXNlX293bmVyGAQgASgJEi8KC2xlYXNlX3VudGlsGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxwdWJsaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjMKDHB1Ymxpc2hlZF90bxgIIAEoCzIdLmlkZW1wb3N0LnYxLkthZmthQ29vcmRpbmF0ZXMSFQoNcmVkcml2ZV9jb3VudBgJIAEoBRI0ChBsYXN0X3JlZHJpdmVuX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBsYXN0X3JlZHJpdmVuX2J5GAsgASgJEhsKE2xhc3RfcmVkcml2ZV9yZWFzb24YDCABKAkSEgoKZXZlbnRfdHlwZRgNIAEoCRIPCgdwYXlsb2FkGA4gASgMEhAKCHRyYWNlX2lkGA8gASgJIkQKEEthZmthQ29vcmRpbmF0ZXMSDQoFdG9waWMYASABKAkSEQoJcGFydGl0aW9uGAIgASgFEg4KBm9mZnNldBgDIAEoAyJYCg5Db25zdW1lclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEi8KC2NvbnN1bWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKYAQoVTm90aWZpY2F0aW9uSm9iUmVjb3JkEhAKCG9yZGVyX2lkGAEgASgDEhYKDnNvdXJjZV92ZXJzaW9uGAIgASgDEg4KBnN0YXR1cxgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1jb25zdW1lcl9uYW1lGAUgASgJIr8BChBEZWFkTGV0dGVyUmVjb3JkEhUKDWNvbnN1bWVyX25hbWUYASABKAkSMgoLY29vcmRpbmF0ZXMYAiABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEg0KBWVycm9yGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGV2ZW50X2lkGAUgASgJEg8KB3BheWxvYWQYBiABKAwiYgoSTGlzdEJhY2tsb2dSZXF1ZXN0Eg4KBnN0YXR1cxgBIAEoCRItCgpvbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWxpbWl0GAMgASgNImsKE0xpc3RCYWNrbG9nUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dFbnRyeRIoCgVzdGF0cxgCIAEoCzIZLmlkZW1wb3N0LnYxLkJhY2tsb2dTdGF0cyJhCgxCYWNrbG9nRW50cnkSEAoIZXZlbnRfaWQYASABKAkSFAoMYWdncmVnYXRlX2lkGAIgASgJEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZCKRAQoMQmFja2xvZ1N0YXRzEg8KB3BlbmRpbmcYASABKAQSEgoKcHVibGlzaGluZxgCIAEoBBIVCglwdWJsaXNoZWQYAyABKARCAhgBEg4KBmZhaWxlZBgEIAEoBBI1ChJvbGRlc3RfcGVuZGluZ19hZ2UYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoOUmVkcml2ZVJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSFAoMcmVxdWVzdGVkX2J5GAIgASgJEg4KBnJlYXNvbhgDIAEoCSI8Cg9SZWRyaXZlUmVzcG9uc2USKQoGb3V0Ym94GAEgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIqEBCgxQdXJnZVJlcXVlc3QSNAoRb3V0Ym94X29sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoTY29uc3VtZWRfb2xkZXJfdGhhbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkICGAESDwoHZHJ5X3J1bhgDIAEoCBIOCgZyZWFzb24YBCABKAki5gEKDVB1cmdlUmVzcG9uc2USEwoLb3V0Ym94X3Jvd3MYASABKAQSGQoNY29uc3VtZWRfcm93cxgCIAEoBEICGAESMQoNb3V0Ym94X2N1dG9mZhgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoPY29uc3VtZWRfY3V0b2ZmGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEICGAESOQoScmVkZWxpdmVyeV9ob3Jpem9uGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgIYASJSChVBd2FpdFB1Ymxpc2hlZFJlcXVlc3QSEAoIZXZlbnRfaWQYASABKAkSJwoEd2FpdBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKYAQoWQXdhaXRQdWJsaXNoZWRSZXNwb25zZRIoCgVzdGF0ZRgBIAEoDjIZLmlkZW1wb3N0LnYxLlB1Ymxpc2hTdGF0ZRINCgVrbm93bhgCIAEoCBIVCg1vdXRib3hfc3RhdHVzGAMgASgJEi4KC3JldHJ5X2FmdGVyGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIuIBCg1SZXBsYXlSZXF1ZXN0EhAKCG9yZGVyX2lkGAEgASgDEjAKDGNyZWF0ZWRfZnJvbRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF90bxgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKZXZlbnRfdHlwZRgEIAEoCRIPCgdkcnlfcnVuGAUgASgIEg4KBnJlYXNvbhgGIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYByABKAkSEgoKbGlzdF9saW1pdBgIIAEoDSKIAQoNUmVwbGF5ZWRFdmVudBIQCghldmVudF9pZBgBIAEoCRIQCghvcmRlcl9pZBgCIAEoAxIPCgd2ZXJzaW9uGAMgASgDEhIKCmV2ZW50X3R5cGUYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiyQEKDlJlcGxheVJlc3BvbnNlEhAKCHJlcGxheWVkGAEgASgEEioKBmV2ZW50cxgCIAMoCzIaLmlkZW1wb3N0LnYxLlJlcGxheWVkRXZlbnQSFQoNbm90X3B1Ymxpc2hlZBgDIAEoBBIOCgZwdXJnZWQYBCABKAQSDwoHZHJ5X3J1bhgFIAEoCBIQCghhdWRpdF9pZBgGIAEoAxIvCgtyZXBsYXllZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiaAoQTGlzdEF1ZGl0UmVxdWVzdBINCgVsaW1pdBgBIAEoDRIRCgliZWZvcmVfaWQYAiABKAMSDgoGYWN0aW9uGAMgASgJEhAKCG9yZGVyX2lkGAQgASgDEhAKCGV2ZW50X2lkGAUgASgJIlYKEUxpc3RBdWRpdFJlc3BvbnNlEikKB3JlY29yZHMYASADKAsyGC5pZGVtcG9zdC52MS5BdWRpdFJlY29yZBIWCg5uZXh0X2JlZm9yZV9pZBgCIAEoAyLXAQoLQXVkaXRSZWNvcmQSCgoCaWQYASABKAMSLwoLcmVjb3JkZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWFjdG9yGAMgASgJEg4KBmFjdGlvbhgEIAEoCRIQCghldmVudF9pZBgFIAEoCRIQCghvcmRlcl9pZBgGIAEoAxIVCg1jb25zdW1lcl9uYW1lGAcgASgJEg4KBnJlYXNvbhgIIAEoCRIQCgh0cmFjZV9pZBgJIAEoCRIPCgdvdXRjb21lGAogASgJKn8KDFB1Ymxpc2hTdGF0ZRIdChlQVUJMSVNIX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVUFVCTElTSF9TVEFURV9XQUlUSU5HEAESGwoXUFVCTElTSF9TVEFURV9QVUJMSVNIRUQQAhIYChRQVUJMSVNIX1NUQVRFX0ZBSUxFRBADMpUFCgxBZG1pblNlcnZpY2USXwoQR2V0RXZlbnRUaW1lbGluZRIkLmlkZW1wb3N0LnYxLkdldEV2ZW50VGltZWxpbmVSZXF1ZXN0GiUuaWRlbXBvc3QudjEuR2V0RXZlbnRUaW1lbGluZVJlc3BvbnNlEmIKEUZpbmRCeUJ1c2luZXNzS2V5EiUuaWRlbXBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXF1ZXN0GiYuaWRlbXBvc3QudjEuRmluZEJ5QnVzaW5lc3NLZXlSZXNwb25zZRJQCgtMaXN0QmFja2xvZxIfLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVxdWVzdBogLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVzcG9uc2USRAoHUmVkcml2ZRIbLmlkZW1wb3N0LnYxLlJlZHJpdmVSZXF1ZXN0GhwuaWRlbXBvc3QudjEuUmVkcml2ZVJlc3BvbnNlEj4KBVB1cmdlEhkuaWRlbXBvc3QudjEuUHVyZ2VSZXF1ZXN0GhouaWRlbXBvc3QudjEuUHVyZ2VSZXNwb25zZRJKCglMaXN0QXVkaXQSHS5pZGVtcG9zdC52MS5MaXN0QXVkaXRSZXF1ZXN0Gh4uaWRlbXBvc3QudjEuTGlzdEF1ZGl0UmVzcG9uc2USWQoOQXdhaXRQdWJsaXNoZWQSIi5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlcXVlc3QaIy5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Ch9pZGVtcG9zdC92MS9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIrChdHZXRFdmVudFRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJIChhHZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USLAoIdGltZWxpbmUYASABKAsyGi5pZGVtcG9zdC52MS5FdmVudFRpbWVsaW5lIkEKGEZpbmRCeUJ1c2luZXNzS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAMSEgoKcmVxdWVzdF9pZBgCIAEoCSJJChlGaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlEiwKCHRpbWVsaW5lGAEgASgLMhouaWRlbXBvc3QudjEuRXZlbnRUaW1lbGluZSKoAwoNRXZlbnRUaW1lbGluZRIQCghldmVudF9pZBgBIAEoCRInCgVvcmRlchgCIAEoCzIYLmlkZW1wb3N0LnYxLk9yZGVyUmVjb3JkEikKBm91dGJveBgDIAEoCzIZLmlkZW1wb3N0LnYxLk91dGJveFJlY29yZBIuCgljb25zdW1lcnMYBCADKAsyGy5pZGVtcG9zdC52MS5Db25zdW1lclJlY29yZBI8ChBub3RpZmljYXRpb25fam9iGAUgASgLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgGIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQSPQoRbm90aWZpY2F0aW9uX2pvYnMYByADKAsyIi5pZGVtcG9zdC52MS5Ob3RpZmljYXRpb25Kb2JSZWNvcmQSMwoMb3JkZXJfZXZlbnRzGAggAygLMh0uaWRlbXBvc3QudjEuT3JkZXJFdmVudFJlY29yZBIaChJvcmRlcl9ldmVudHNfdG90YWwYCSABKAQiUQoWTGlzdE9yZGVyRXZlbnRzUmVxdWVzdBIQCghvcmRlcl9pZBgBIAEoAxIWCg5iZWZvcmVfdmVyc2lvbhgCIAEoAxINCgVsaW1pdBgDIAEoDSJ6ChdMaXN0T3JkZXJFdmVudHNSZXNwb25zZRIzCgxvcmRlcl9ldmVudHMYASADKAsyHS5pZGVtcG9zdC52MS5PcmRlckV2ZW50UmVjb3JkEg0KBXRvdGFsGAIgASgEEhsKE25leHRfYmVmb3JlX3ZlcnNpb24YAyABKAMiuQEKEE9yZGVyRXZlbnRSZWNvcmQSEAoIZXZlbnRfaWQYASABKAkSDwoHdmVyc2lvbhgCIAEoAxISCgpldmVudF90eXBlGAMgASgJEhEKCW9wZXJhdGlvbhgEIAEoCRISCgpyZXF1ZXN0X2lkGAUgASgJEjAKDGNvbW1pdHRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNb3V0Ym94X3N0YXR1cxgHIAEoCSK+AQoLT3JkZXJSZWNvcmQSEAoIb3JkZXJfaWQYASABKAMSEQoJdGVuYW50X2lkGAIgASgDEhIKCnJlcXVlc3RfaWQYAyABKAkSDwoHdmVyc2lvbhgEIAEoAxIOCgZzdGF0dXMYBSABKAkSEwoLdG90YWxfbWlub3IYBiABKAMSEAoIY3VycmVuY3kYByABKAkSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi3AMKDE91dGJveFJlY29yZBIOCgZzdGF0dXMYASABKAkSEAoIYXR0ZW1wdHMYAiABKAUSEgoKbGFzdF9lcnJvchgDIAEoCRITCgtsZWFzZV9vd25lchgEIAEoCRIvCgtsZWFzZV91bnRpbBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMcHVibGlzaGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIzCgxwdWJsaXNoZWRfdG8YCCABKAsyHS5pZGVtcG9zdC52MS5LYWZrYUNvb3JkaW5hdGVzEhUKDXJlZHJpdmVfY291bnQYCSABKAUSNAoQbGFzdF9yZWRyaXZlbl9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQbGFzdF9yZWRyaXZlbl9ieRgLIAEoCRIbChNsYXN0X3JlZHJpdmVfcmVhc29uGAwgASgJEhIKCmV2ZW50X3R5cGUYDSABKAkSDwoHcGF5bG9hZBgOIAEoDBIQCgh0cmFjZV9pZBgPIAEoCSJEChBLYWZrYUNvb3JkaW5hdGVzEg0KBXRvcGljGAEgASgJEhEKCXBhcnRpdGlvbhgCIAEoBRIOCgZvZmZzZXQYAyABKAMiWAoOQ29uc3VtZXJSZWNvcmQSFQoNY29uc3VtZXJfbmFtZRgBIAEoCRIvCgtjb25zdW1lZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimAEKFU5vdGlmaWNhdGlvbkpvYlJlY29yZBIQCghvcmRlcl9pZBgBIAEoAxIWCg5zb3VyY2VfdmVyc2lvbhgCIAEoAxIOCgZzdGF0dXMYAyABKAkSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNY29uc3VtZXJfbmFtZRgFIAEoCSK/AQoQRGVhZExldHRlclJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEjIKC2Nvb3JkaW5hdGVzGAIgASgLMh0uaWRlbXBvc3QudjEuS2Fma2FDb29yZGluYXRlcxINCgVlcnJvchgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghldmVudF9pZBgFIAEoCRIPCgdwYXlsb2FkGAYgASgMIpABChJMaXN0QmFja2xvZ1JlcXVlc3QSDgoGc3RhdHVzGAEgASgJEi0KCm9sZGVyX3RoYW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFbGltaXQYAyABKA0SGAoQaW5jbHVkZV9wYXlsb2FkcxgEIAEoCBISCgpwYWdlX3Rva2VuGAUgASgJIoQBChNMaXN0QmFja2xvZ1Jlc3BvbnNlEioKB2VudHJpZXMYASADKAsyGS5pZGVtcG9zdC52MS5CYWNrbG9nRW50cnkSKAoFc3RhdHMYAiABKAsyGS5pZGVtcG9zdC52MS5CYWNrbG9nU3RhdHMSFwoPbmV4dF9wYWdlX3Rva2VuGAMgASgJImEKDEJhY2tsb2dFbnRyeRIQCghldmVudF9pZBgBIAEoCRIUCgxhZ2dyZWdhdGVfaWQYAiABKAkSKQoGb3V0Ym94GAMgASgLMhkuaWRlbXBvc3QudjEuT3V0Ym94UmVjb3JkIpEBCgxCYWNrbG9nU3RhdHMSDwoHcGVuZGluZxgBIAEoBBISCgpwdWJsaXNoaW5nGAIgASgEEhUKCXB1Ymxpc2hlZBgDIAEoBEICGAESDgoGZmFpbGVkGAQgASgEEjUKEm9sZGVzdF9wZW5kaW5nX2FnZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJICg5SZWRyaXZlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIUCgxyZXF1ZXN0ZWRfYnkYAiABKAkSDgoGcmVhc29uGAMgASgJIjwKD1JlZHJpdmVSZXNwb25zZRIpCgZvdXRib3gYASABKAsyGS5pZGVtcG9zdC52MS5PdXRib3hSZWNvcmQioQEKDFB1cmdlUmVxdWVzdBI0ChFvdXRib3hfb2xkZXJfdGhhbhgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI6ChNjb25zdW1lZF9vbGRlcl90aGFuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgIYARIPCgdkcnlfcnVuGAMgASgIEg4KBnJlYXNvbhgEIAEoCSLmAQoNUHVyZ2VSZXNwb25zZRITCgtvdXRib3hfcm93cxgBIAEoBBIZCg1jb25zdW1lZF9yb3dzGAIgASgEQgIYARIxCg1vdXRib3hfY3V0b2ZmGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3Cg9jb25zdW1lZF9jdXRvZmYYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQgIYARI5ChJyZWRlbGl2ZXJ5X2hvcml6b24YBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CAhgBIlIKFUF3YWl0UHVibGlzaGVkUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRInCgR3YWl0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIpgBChZBd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuUHVibGlzaFN0YXRlEg0KBWtub3duGAIgASgIEhUKDW91dGJveF9zdGF0dXMYAyABKAkSLgoLcmV0cnlfYWZ0ZXIYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i4gEKDVJlcGxheVJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSMAoMY3JlYXRlZF9mcm9tGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX3RvGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpldmVudF90eXBlGAQgASgJEg8KB2RyeV9ydW4YBSABKAgSDgoGcmVhc29uGAYgASgJEhQKDHJlcXVlc3RlZF9ieRgHIAEoCRISCgpsaXN0X2xpbWl0GAggASgNIogBCg1SZXBsYXllZEV2ZW50EhAKCGV2ZW50X2lkGAEgASgJEhAKCG9yZGVyX2lkGAIgASgDEg8KB3ZlcnNpb24YAyABKAMSEgoKZXZlbnRfdHlwZRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLJAQoOUmVwbGF5UmVzcG9uc2USEAoIcmVwbGF5ZWQYASABKAQSKgoGZXZlbnRzGAIgAygLMhouaWRlbXBvc3QudjEuUmVwbGF5ZWRFdmVudBIVCg1ub3RfcHVibGlzaGVkGAMgASgEEg4KBnB1cmdlZBgEIAEoBBIPCgdkcnlfcnVuGAUgASgIEhAKCGF1ZGl0X2lkGAYgASgDEi8KC3JlcGxheWVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJoChBMaXN0QXVkaXRSZXF1ZXN0Eg0KBWxpbWl0GAEgASgNEhEKCWJlZm9yZV9pZBgCIAEoAxIOCgZhY3Rpb24YAyABKAkSEAoIb3JkZXJfaWQYBCABKAMSEAoIZXZlbnRfaWQYBSABKAkiVgoRTGlzdEF1ZGl0UmVzcG9uc2USKQoHcmVjb3JkcxgBIAMoCzIYLmlkZW1wb3N0LnYxLkF1ZGl0UmVjb3JkEhYKDm5leHRfYmVmb3JlX2lkGAIgASgDItcBCgtBdWRpdFJlY29yZBIKCgJpZBgBIAEoAxIvCgtyZWNvcmRlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFYWN0b3IYAyABKAkSDgoGYWN0aW9uGAQgASgJEhAKCGV2ZW50X2lkGAUgASgJEhAKCG9yZGVyX2lkGAYgASgDEhUKDWNvbnN1bWVyX25hbWUYByABKAkSDgoGcmVhc29uGAggASgJEhAKCHRyYWNlX2lkGAkgASgJEg8KB291dGNvbWUYCiABKAkqfwoMUHVibGlzaFN0YXRlEh0KGVBVQkxJU0hfU1RBVEVfVU5TUEVDSUZJRUQQABIZChVQVUJMSVNIX1NUQVRFX1dBSVRJTkcQARIbChdQVUJMSVNIX1NUQVRFX1BVQkxJU0hFRBACEhgKFFBVQkxJU0hfU1RBVEVfRkFJTEVEEAMy8wUKDEFkbWluU2VydmljZRJfChBHZXRFdmVudFRpbWVsaW5lEiQuaWRlbXBvc3QudjEuR2V0RXZlbnRUaW1lbGluZVJlcXVlc3QaJS5pZGVtcG9zdC52MS5HZXRFdmVudFRpbWVsaW5lUmVzcG9uc2USYgoRRmluZEJ5QnVzaW5lc3NLZXkSJS5pZGVtcG9zdC52MS5GaW5kQnlCdXNpbmVzc0tleVJlcXVlc3QaJi5pZGVtcG9zdC52MS5GaW5kQnlCdXNpbmVzc0tleVJlc3BvbnNlElwKD0xpc3RPcmRlckV2ZW50cxIjLmlkZW1wb3N0LnYxLkxpc3RPcmRlckV2ZW50c1JlcXVlc3QaJC5pZGVtcG9zdC52MS5MaXN0T3JkZXJFdmVudHNSZXNwb25zZRJQCgtMaXN0QmFja2xvZxIfLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVxdWVzdBogLmlkZW1wb3N0LnYxLkxpc3RCYWNrbG9nUmVzcG9uc2USRAoHUmVkcml2ZRIbLmlkZW1wb3N0LnYxLlJlZHJpdmVSZXF1ZXN0GhwuaWRlbXBvc3QudjEuUmVkcml2ZVJlc3BvbnNlEj4KBVB1cmdlEhkuaWRlbXBvc3QudjEuUHVyZ2VSZXF1ZXN0GhouaWRlbXBvc3QudjEuUHVyZ2VSZXNwb25zZRJKCglMaXN0QXVkaXQSHS5pZGVtcG9zdC52MS5MaXN0QXVkaXRSZXF1ZXN0Gh4uaWRlbXBvc3QudjEuTGlzdEF1ZGl0UmVzcG9uc2USWQoOQXdhaXRQdWJsaXNoZWQSIi5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlcXVlc3QaIy5pZGVtcG9zdC52MS5Bd2FpdFB1Ymxpc2hlZFJlc3BvbnNlEkEKBlJlcGxheRIaLmlkZW1wb3N0LnYxLlJlcGxheVJlcXVlc3QaGy5pZGVtcG9zdC52MS5SZXBsYXlSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Asks for one event's timeline.
@@ -168,12 +168,21 @@ export type EventTimeline = Message<"idempost.v1.EventTimeline"> & {
   notificationJobs: NotificationJobRecord[];
 
   /**
-   * Every version of the event's order, oldest first: the event each operation (submission,
-   * amendment, cancellation) committed, and where that event's outbox row is now.
+   * The latest versions of the event's order, at most 100, oldest first: the event each
+   * operation (submission, amendment, cancellation) committed, and where that event's outbox row
+   * is now. An order with more versions (`order_events_total`) is paged by ListOrderEvents.
    *
    * @generated from field: repeated idempost.v1.OrderEventRecord order_events = 8;
    */
   orderEvents: OrderEventRecord[];
+
+  /**
+   * How many versions the order has recorded (the versions `order_events` leaves out are the
+   * oldest ones).
+   *
+   * @generated from field: uint64 order_events_total = 9;
+   */
+  orderEventsTotal: bigint;
 };
 
 /**
@@ -182,6 +191,77 @@ export type EventTimeline = Message<"idempost.v1.EventTimeline"> & {
  */
 export const EventTimelineSchema: GenMessage<EventTimeline> = /*@__PURE__*/
   messageDesc(file_idempost_v1_admin_service, 4);
+
+/**
+ * Asks for a page of one order's versions.
+ *
+ * @generated from message idempost.v1.ListOrderEventsRequest
+ */
+export type ListOrderEventsRequest = Message<"idempost.v1.ListOrderEventsRequest"> & {
+  /**
+   * The server-assigned order id.
+   *
+   * @generated from field: int64 order_id = 1;
+   */
+  orderId: bigint;
+
+  /**
+   * Only versions below this one: an earlier answer's `next_before_version`; 0 means from the
+   * latest version.
+   *
+   * @generated from field: int64 before_version = 2;
+   */
+  beforeVersion: bigint;
+
+  /**
+   * At most this many versions, 1 to 1000; 0 means 100.
+   *
+   * @generated from field: uint32 limit = 3;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message idempost.v1.ListOrderEventsRequest.
+ * Use `create(ListOrderEventsRequestSchema)` to create a new message.
+ */
+export const ListOrderEventsRequestSchema: GenMessage<ListOrderEventsRequest> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 5);
+
+/**
+ * A page of one order's versions.
+ *
+ * @generated from message idempost.v1.ListOrderEventsResponse
+ */
+export type ListOrderEventsResponse = Message<"idempost.v1.ListOrderEventsResponse"> & {
+  /**
+   * The versions, oldest first: the latest `limit` below `before_version`.
+   *
+   * @generated from field: repeated idempost.v1.OrderEventRecord order_events = 1;
+   */
+  orderEvents: OrderEventRecord[];
+
+  /**
+   * How many versions the order has recorded.
+   *
+   * @generated from field: uint64 total = 2;
+   */
+  total: bigint;
+
+  /**
+   * The `before_version` of the next (older) page; 0 when this page holds the oldest version.
+   *
+   * @generated from field: int64 next_before_version = 3;
+   */
+  nextBeforeVersion: bigint;
+};
+
+/**
+ * Describes the message idempost.v1.ListOrderEventsResponse.
+ * Use `create(ListOrderEventsResponseSchema)` to create a new message.
+ */
+export const ListOrderEventsResponseSchema: GenMessage<ListOrderEventsResponse> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_admin_service, 6);
 
 /**
  * One version of an order and the event committed with it.
@@ -245,7 +325,7 @@ export type OrderEventRecord = Message<"idempost.v1.OrderEventRecord"> & {
  * Use `create(OrderEventRecordSchema)` to create a new message.
  */
 export const OrderEventRecordSchema: GenMessage<OrderEventRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 5);
+  messageDesc(file_idempost_v1_admin_service, 7);
 
 /**
  * An order row, as it is now (its latest version).
@@ -315,7 +395,7 @@ export type OrderRecord = Message<"idempost.v1.OrderRecord"> & {
  * Use `create(OrderRecordSchema)` to create a new message.
  */
 export const OrderRecordSchema: GenMessage<OrderRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 6);
+  messageDesc(file_idempost_v1_admin_service, 8);
 
 /**
  * An outbox row. A caller without the operator scope, reading its own tenant's event, gets
@@ -438,7 +518,7 @@ export type OutboxRecord = Message<"idempost.v1.OutboxRecord"> & {
  * Use `create(OutboxRecordSchema)` to create a new message.
  */
 export const OutboxRecordSchema: GenMessage<OutboxRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 7);
+  messageDesc(file_idempost_v1_admin_service, 9);
 
 /**
  * A record's place on the broker.
@@ -473,7 +553,7 @@ export type KafkaCoordinates = Message<"idempost.v1.KafkaCoordinates"> & {
  * Use `create(KafkaCoordinatesSchema)` to create a new message.
  */
 export const KafkaCoordinatesSchema: GenMessage<KafkaCoordinates> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 8);
+  messageDesc(file_idempost_v1_admin_service, 10);
 
 /**
  * A consumer's committed record of an event.
@@ -501,7 +581,7 @@ export type ConsumerRecord = Message<"idempost.v1.ConsumerRecord"> & {
  * Use `create(ConsumerRecordSchema)` to create a new message.
  */
 export const ConsumerRecordSchema: GenMessage<ConsumerRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 9);
+  messageDesc(file_idempost_v1_admin_service, 11);
 
 /**
  * The notification consumer's effect.
@@ -550,7 +630,7 @@ export type NotificationJobRecord = Message<"idempost.v1.NotificationJobRecord">
  * Use `create(NotificationJobRecordSchema)` to create a new message.
  */
 export const NotificationJobRecordSchema: GenMessage<NotificationJobRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 10);
+  messageDesc(file_idempost_v1_admin_service, 12);
 
 /**
  * A record a consumer set aside.
@@ -606,7 +686,7 @@ export type DeadLetterRecord = Message<"idempost.v1.DeadLetterRecord"> & {
  * Use `create(DeadLetterRecordSchema)` to create a new message.
  */
 export const DeadLetterRecordSchema: GenMessage<DeadLetterRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 11);
+  messageDesc(file_idempost_v1_admin_service, 13);
 
 /**
  * Asks for the backlog.
@@ -634,6 +714,22 @@ export type ListBacklogRequest = Message<"idempost.v1.ListBacklogRequest"> & {
    * @generated from field: uint32 limit = 3;
    */
   limit: number;
+
+  /**
+   * Fill each row's `outbox.payload`. Without it (and for clients older than this field) the
+   * payloads are left empty.
+   *
+   * @generated from field: bool include_payloads = 4;
+   */
+  includePayloads: boolean;
+
+  /**
+   * Go on after the last row of an earlier answer: its `next_page_token`, with the same status
+   * and older_than. Empty: from the oldest row.
+   *
+   * @generated from field: string page_token = 5;
+   */
+  pageToken: string;
 };
 
 /**
@@ -641,7 +737,7 @@ export type ListBacklogRequest = Message<"idempost.v1.ListBacklogRequest"> & {
  * Use `create(ListBacklogRequestSchema)` to create a new message.
  */
 export const ListBacklogRequestSchema: GenMessage<ListBacklogRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 12);
+  messageDesc(file_idempost_v1_admin_service, 14);
 
 /**
  * The backlog.
@@ -650,7 +746,8 @@ export const ListBacklogRequestSchema: GenMessage<ListBacklogRequest> = /*@__PUR
  */
 export type ListBacklogResponse = Message<"idempost.v1.ListBacklogResponse"> & {
   /**
-   * The rows asked for, oldest first.
+   * The rows asked for, oldest first: at most `limit`, and no more than fit in 1 MiB encoded
+   * (at least one row, whatever its size).
    *
    * @generated from field: repeated idempost.v1.BacklogEntry entries = 1;
    */
@@ -662,6 +759,14 @@ export type ListBacklogResponse = Message<"idempost.v1.ListBacklogResponse"> & {
    * @generated from field: idempost.v1.BacklogStats stats = 2;
    */
   stats?: BacklogStats | undefined;
+
+  /**
+   * Set when more rows follow (the limit or the byte budget ended this page): pass it as
+   * `page_token` for the next one. Empty when this page holds the last row.
+   *
+   * @generated from field: string next_page_token = 3;
+   */
+  nextPageToken: string;
 };
 
 /**
@@ -669,7 +774,7 @@ export type ListBacklogResponse = Message<"idempost.v1.ListBacklogResponse"> & {
  * Use `create(ListBacklogResponseSchema)` to create a new message.
  */
 export const ListBacklogResponseSchema: GenMessage<ListBacklogResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 13);
+  messageDesc(file_idempost_v1_admin_service, 15);
 
 /**
  * One outbox row in a backlog listing.
@@ -704,7 +809,7 @@ export type BacklogEntry = Message<"idempost.v1.BacklogEntry"> & {
  * Use `create(BacklogEntrySchema)` to create a new message.
  */
 export const BacklogEntrySchema: GenMessage<BacklogEntry> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 14);
+  messageDesc(file_idempost_v1_admin_service, 16);
 
 /**
  * Counts of the outbox rows that still need something: the relay's backlog, the same numbers
@@ -757,7 +862,7 @@ export type BacklogStats = Message<"idempost.v1.BacklogStats"> & {
  * Use `create(BacklogStatsSchema)` to create a new message.
  */
 export const BacklogStatsSchema: GenMessage<BacklogStats> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 15);
+  messageDesc(file_idempost_v1_admin_service, 17);
 
 /**
  * Asks to return a FAILED event to PENDING.
@@ -794,7 +899,7 @@ export type RedriveRequest = Message<"idempost.v1.RedriveRequest"> & {
  * Use `create(RedriveRequestSchema)` to create a new message.
  */
 export const RedriveRequestSchema: GenMessage<RedriveRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 16);
+  messageDesc(file_idempost_v1_admin_service, 18);
 
 /**
  * The redriven row.
@@ -815,7 +920,7 @@ export type RedriveResponse = Message<"idempost.v1.RedriveResponse"> & {
  * Use `create(RedriveResponseSchema)` to create a new message.
  */
 export const RedriveResponseSchema: GenMessage<RedriveResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 17);
+  messageDesc(file_idempost_v1_admin_service, 19);
 
 /**
  * Asks for a retention purge.
@@ -861,7 +966,7 @@ export type PurgeRequest = Message<"idempost.v1.PurgeRequest"> & {
  * Use `create(PurgeRequestSchema)` to create a new message.
  */
 export const PurgeRequestSchema: GenMessage<PurgeRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 18);
+  messageDesc(file_idempost_v1_admin_service, 20);
 
 /**
  * What a purge deleted (or, in a dry run, would delete).
@@ -913,7 +1018,7 @@ export type PurgeResponse = Message<"idempost.v1.PurgeResponse"> & {
  * Use `create(PurgeResponseSchema)` to create a new message.
  */
 export const PurgeResponseSchema: GenMessage<PurgeResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 19);
+  messageDesc(file_idempost_v1_admin_service, 21);
 
 /**
  * Asks to wait until one event is published or FAILED.
@@ -943,7 +1048,7 @@ export type AwaitPublishedRequest = Message<"idempost.v1.AwaitPublishedRequest">
  * Use `create(AwaitPublishedRequestSchema)` to create a new message.
  */
 export const AwaitPublishedRequestSchema: GenMessage<AwaitPublishedRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 20);
+  messageDesc(file_idempost_v1_admin_service, 22);
 
 /**
  * Where one awaited event is, when the call ended.
@@ -988,7 +1093,7 @@ export type AwaitPublishedResponse = Message<"idempost.v1.AwaitPublishedResponse
  * Use `create(AwaitPublishedResponseSchema)` to create a new message.
  */
 export const AwaitPublishedResponseSchema: GenMessage<AwaitPublishedResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 21);
+  messageDesc(file_idempost_v1_admin_service, 23);
 
 /**
  * Asks to publish PUBLISHED events again. At least `order_id` or `created_from` is required.
@@ -1061,7 +1166,7 @@ export type ReplayRequest = Message<"idempost.v1.ReplayRequest"> & {
  * Use `create(ReplayRequestSchema)` to create a new message.
  */
 export const ReplayRequestSchema: GenMessage<ReplayRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 22);
+  messageDesc(file_idempost_v1_admin_service, 24);
 
 /**
  * One event a replay returned (or, in a dry run, would return) to PENDING.
@@ -1110,7 +1215,7 @@ export type ReplayedEvent = Message<"idempost.v1.ReplayedEvent"> & {
  * Use `create(ReplayedEventSchema)` to create a new message.
  */
 export const ReplayedEventSchema: GenMessage<ReplayedEvent> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 23);
+  messageDesc(file_idempost_v1_admin_service, 25);
 
 /**
  * What a replay did, or in a dry run would do.
@@ -1175,7 +1280,7 @@ export type ReplayResponse = Message<"idempost.v1.ReplayResponse"> & {
  * Use `create(ReplayResponseSchema)` to create a new message.
  */
 export const ReplayResponseSchema: GenMessage<ReplayResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 24);
+  messageDesc(file_idempost_v1_admin_service, 26);
 
 /**
  * Asks for a page of the audit of operators' writes, newest first.
@@ -1224,7 +1329,7 @@ export type ListAuditRequest = Message<"idempost.v1.ListAuditRequest"> & {
  * Use `create(ListAuditRequestSchema)` to create a new message.
  */
 export const ListAuditRequestSchema: GenMessage<ListAuditRequest> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 25);
+  messageDesc(file_idempost_v1_admin_service, 27);
 
 /**
  * A page of the audit.
@@ -1252,7 +1357,7 @@ export type ListAuditResponse = Message<"idempost.v1.ListAuditResponse"> & {
  * Use `create(ListAuditResponseSchema)` to create a new message.
  */
 export const ListAuditResponseSchema: GenMessage<ListAuditResponse> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 26);
+  messageDesc(file_idempost_v1_admin_service, 28);
 
 /**
  * One operator's write, as recorded in the transaction that made it. Append-only: no call
@@ -1339,7 +1444,7 @@ export type AuditRecord = Message<"idempost.v1.AuditRecord"> & {
  * Use `create(AuditRecordSchema)` to create a new message.
  */
 export const AuditRecordSchema: GenMessage<AuditRecord> = /*@__PURE__*/
-  messageDesc(file_idempost_v1_admin_service, 27);
+  messageDesc(file_idempost_v1_admin_service, 29);
 
 /**
  * Where an awaited event is on its way to the broker.
@@ -1395,7 +1500,8 @@ export const PublishStateSchema: GenEnum<PublishState> = /*@__PURE__*/
  * |---------------------|----------------------------|-------------------------------------------------|
  * | INVALID_ARGUMENT    | INVALID_REQUEST            | a field is invalid; BadRequest names it         |
  * | NOT_FOUND           | EVENT_NOT_FOUND            | no outbox row or order has it                   |
- * | NOT_FOUND           | ORDER_NOT_FOUND            | no operation used (tenant_id, request_id)       |
+ * | NOT_FOUND           | ORDER_NOT_FOUND            | no operation used (tenant_id, request_id); or   |
+ * |                     |                            | ListOrderEvents: no such order_id               |
  * | FAILED_PRECONDITION | NOT_FAILED                 | Redrive on an event that is not FAILED          |
  * | FAILED_PRECONDITION | REPLAY_TOO_LARGE           | Replay matches more than 1000 events: narrow it |
  * | UNAVAILABLE         | DATABASE_UNAVAILABLE       | the database failed; nothing was changed. The   |
@@ -1439,8 +1545,23 @@ export const AdminService: GenService<{
     output: typeof FindByBusinessKeyResponseSchema;
   },
   /**
+   * One order's versions a page at a time, for an order with more of them than a timeline's
+   * `order_events` holds: the `limit` latest versions below `before_version`, oldest first, and
+   * how many the order has. The permission rules of GetEventTimeline: without the operator scope,
+   * another tenant's order is ORDER_NOT_FOUND, exactly like an unknown one.
+   *
+   * @generated from rpc idempost.v1.AdminService.ListOrderEvents
+   */
+  listOrderEvents: {
+    methodKind: "unary";
+    input: typeof ListOrderEventsRequestSchema;
+    output: typeof ListOrderEventsResponseSchema;
+  },
+  /**
    * Outbox rows in one status, oldest first, with the counts of the rows that still need
    * something (PENDING, PUBLISHING, FAILED) and the age of the oldest one waiting for a relay.
+   * Payloads only when asked for (`include_payloads`); an answer stops adding rows at 1 MiB
+   * encoded (always holding at least one row) and says where to go on (`next_page_token`).
    *
    * @generated from rpc idempost.v1.AdminService.ListBacklog
    */
