@@ -8,11 +8,12 @@ pub mod cleanup;
 mod connect;
 mod dialect;
 mod failure;
+pub mod galera;
 pub mod purge;
 mod settings;
 
 pub use classify::{ErrorFacts, UniqueKey, violated_unique_key};
-pub use classify::{LockConflict, lock_conflict};
+pub use classify::{LockConflict, commit_refused, lock_conflict};
 pub use connect::ensure_migrated;
 pub use connect::{Pool, SchemaError, connect, connect_for};
 pub use dialect::now;

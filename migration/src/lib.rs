@@ -20,6 +20,7 @@ mod m20261206_000001_backlog_on_ready;
 mod m20261206_000002_replay_audit;
 mod m20261206_000003_consumer_names_exact;
 mod m20261206_000004_admin_audit;
+mod m20261206_000005_instance_lease;
 
 /// Every migration Idempost knows, oldest first.
 #[derive(Debug)]
@@ -42,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000002_replay_audit::Migration),
             Box::new(m20261206_000003_consumer_names_exact::Migration),
             Box::new(m20261206_000004_admin_audit::Migration),
+            Box::new(m20261206_000005_instance_lease::Migration),
         ]
     }
 }

@@ -180,6 +180,16 @@ pub fn lock_conflict(err: &DbErr) -> Option<LockConflict> {
     None
 }
 
+/// The conflict, when the server answered a COMMIT by refusing it as a deadlock: its exact
+/// answer that the transaction was rolled back, so nothing of it remains and it may run again
+/// with the same ids. On a Galera cluster this is how certification refuses a transaction whose
+/// rows another node committed first (rows are locked only per node); PostgreSQL answers a
+/// serialization failure at commit the same way. Every other error of a COMMIT, a lost
+/// connection above all, leaves the outcome unknown.
+pub fn commit_refused(err: &DbErr) -> Option<LockConflict> {
+    lock_conflict(err).filter(|conflict| *conflict == LockConflict::Deadlock)
+}
+
 fn mysql_lock_conflict(number: u16) -> Option<LockConflict> {
     match number {
         1213 => Some(LockConflict::Deadlock),

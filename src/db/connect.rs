@@ -46,19 +46,40 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnecti
     connect_for(url, max_connections, Pool::General).await
 }
 
-/// [`connect`], with the sessions set up for `pool`.
+/// [`connect`], with the sessions set up for `pool`. A MariaDB Galera node is checked first and
+/// its sessions read causally (see [`super::galera`]).
 pub async fn connect_for(url: &str, max_connections: u32, pool: Pool) -> Result<DatabaseConnection, DbErr> {
+    // Boxed: the probe's future would otherwise nest in every service's start-up future, past
+    // the compiler's depth limit for laying them out.
+    let galera = Box::pin(super::galera::probe(url)).await?;
+    Database::connect(options(url, max_connections, pool, galera)).await
+}
+
+/// How the pool for `pool` connects, its sessions set up for a Galera node when `galera`.
+fn options(url: &str, max_connections: u32, pool: Pool, galera: bool) -> ConnectOptions {
     let mut options = ConnectOptions::new(url);
     if matches!(pool, Pool::Relay | Pool::Consumer) {
         options.map_sqlx_postgres_opts(|o| {
             o.options([("plan_cache_mode", "force_custom_plan"), ("enable_bitmapscan", "off")])
         });
     }
+    let mut session: Vec<&'static str> = Vec::new();
     if pool == Pool::Relay {
-        options.map_sqlx_mysql_pool_opts(|o| {
-            o.after_connect(|conn, _| {
+        session.push("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    }
+    if galera {
+        session.push(super::galera::SYNC_WAIT);
+    }
+    if !session.is_empty() {
+        options.map_sqlx_mysql_pool_opts(move |o| {
+            let session = session.clone();
+            o.after_connect(move |conn, _| {
+                let session = session.clone();
                 Box::pin(async move {
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.map(drop)
+                    for statement in session {
+                        conn.execute(statement).await?;
+                    }
+                    Ok(())
                 })
             })
         });
@@ -74,7 +95,7 @@ pub async fn connect_for(url: &str, max_connections: u32, pool: Pool) -> Result<
                 .busy_timeout(Duration::from_secs(5))
                 .foreign_keys(true)
         });
-    Database::connect(options).await
+    options
 }
 
 /// The database is not ready for this version of Idempost.

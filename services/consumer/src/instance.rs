@@ -12,11 +12,20 @@
 //! second live instance under the same name stops at start-up. An instance without a name of
 //! its own takes the lowest numbered slot of its group whose lock no live process holds, and runs
 //! under that slot's name: its restart after a crash takes the same slot.
+//!
+//! On a MariaDB Galera cluster `GET_LOCK` holds only on the node that granted it, so the lock is
+//! a leased row instead ([`lease`]): a killed instance's name is free again when its lease runs
+//! out (within the starting wait), not at once, and an unnamed instance restarted before that
+//! takes the next free slot.
+
+mod lease;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use sea_orm::sqlx::{self, Connection as _, MySqlConnection, PgConnection};
+
+use lease::Lease;
 
 /// Another live process holds this instance's name, or the lock cannot be taken.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +122,8 @@ pub(crate) struct InstanceLock {
 
 enum Held {
     MySql(Option<MySqlConnection>),
+    /// On a Galera cluster: a leased row, renewed over this connection at every check.
+    Lease(Option<MySqlConnection>, Lease),
     Postgres(Option<PgConnection>),
     File(#[allow(dead_code)] std::fs::File),
     /// An in-memory SQLite database: nothing else can share it, so nothing to lock.
@@ -129,7 +140,7 @@ impl InstanceLock {
         wait: Duration,
     ) -> Result<Self, InstanceError> {
         let held = if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            Held::MySql(Some(lock_mysql(url, &identity, wait).await?))
+            lock_mysql(url, &identity, wait).await?
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Held::Postgres(Some(lock_postgres(url, &identity, wait).await?))
         } else {
@@ -176,7 +187,24 @@ impl InstanceLock {
                     return Ok(());
                 }
                 *conn = None;
-                *conn = Some(lock_mysql(&self.url, &self.identity, self.wait).await?);
+                self.held = lock_mysql(&self.url, &self.identity, self.wait).await?;
+            }
+            Held::Lease(conn, lease) => {
+                if conn.is_none() {
+                    let mut fresh = MySqlConnection::connect(&self.url).await?;
+                    Lease::set_up(&mut fresh).await?;
+                    *conn = Some(fresh);
+                }
+                let Some(open) = conn.as_mut() else { return Ok(()) };
+                match lease.take(open).await {
+                    Ok(true) => {}
+                    Ok(false) => return Err(self.identity.duplicate()),
+                    Err(e) => {
+                        // Renewed over a new connection at the next check.
+                        *conn = None;
+                        return Err(e.into());
+                    }
+                }
             }
             Held::Postgres(conn) => {
                 if let Some(alive) = conn.as_mut()
@@ -200,14 +228,13 @@ const SLOTS: u32 = 256;
 /// How often a lock held by another process is tried again while waiting.
 const RETRY: Duration = Duration::from_millis(100);
 
-async fn lock_mysql(
-    url: &str,
-    identity: &Identity,
-    wait: Duration,
-) -> Result<MySqlConnection, InstanceError> {
+async fn lock_mysql(url: &str, identity: &Identity, wait: Duration) -> Result<Held, InstanceError> {
     let mut conn = MySqlConnection::connect(url).await?;
     let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()").fetch_one(&mut conn).await?;
     let name = mysql_lock_name(database.as_deref(), identity.key());
+    if idempost::db::galera::wsrep_on(&mut conn).await? {
+        return lock_lease(conn, name, identity, wait).await;
+    }
     // 1: taken; 0: another session held it for the whole wait; NULL (-1 here): an error.
     let taken: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
         .bind(name)
@@ -215,9 +242,29 @@ async fn lock_mysql(
         .fetch_one(&mut conn)
         .await?;
     match taken {
-        1 => Ok(conn),
+        1 => Ok(Held::MySql(Some(conn))),
         0 => Err(identity.duplicate()),
         _ => Err(InstanceError::Database(sqlx::Error::Protocol("GET_LOCK answered NULL".into()))),
+    }
+}
+
+/// Takes the leased row named `name` on a Galera cluster, trying again until `wait` has passed.
+async fn lock_lease(
+    mut conn: MySqlConnection,
+    name: String,
+    identity: &Identity,
+    wait: Duration,
+) -> Result<Held, InstanceError> {
+    let lease = Lease::new(&mut conn, name).await?;
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        if lease.take(&mut conn).await? {
+            return Ok(Held::Lease(Some(conn), lease));
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(identity.duplicate());
+        }
+        tokio::time::sleep(RETRY).await;
     }
 }
 

@@ -8,7 +8,7 @@ use opentelemetry::KeyValue;
 use sea_orm::{DatabaseConnection, DatabaseTransaction, DbBackend, IsolationLevel, TransactionTrait};
 
 use super::accepting::{LOCK_CONFLICT_RETRIES, SubmitError, rolled_back, unknown};
-use idempost::db::{LockConflict, TxFailure, lock_conflict};
+use idempost::db::{LockConflict, TxFailure, commit_refused, lock_conflict};
 use idempost::failpoint;
 use idempost::telemetry::metrics;
 
@@ -26,16 +26,24 @@ pub(super) async fn begin(
     })
 }
 
-/// Commits `txn` through the commit-window failpoints: any failure from here on is UNKNOWN.
+/// Commits `txn` through the commit-window failpoints: any failure from here on is UNKNOWN, but
+/// for a COMMIT the server refused as a deadlock (a confirmed rollback, answered as the unlogged
+/// `RolledBack` of a lock-conflict victim, so [`rerun_lock_conflicts`] runs it again).
 pub(super) async fn commit(txn: DatabaseTransaction, event_id: EventId) -> Result<(), SubmitError> {
     if let Err(injected) = failpoint::hit(failpoint::COMMIT_FAILS_WITHOUT_COMMITTING) {
         let _ = txn.rollback().await;
         return Err(unknown(event_id, injected.into()));
     }
     if let Err(e) = txn.commit().await {
+        let cause = TxFailure::from(e);
+        if cause.db_err().and_then(commit_refused).is_some() {
+            // The server's own answer that it rolled the transaction back (on Galera: another
+            // node committed the same rows first): a lock-conflict victim, run again.
+            return Err(SubmitError::RolledBack { event_id, cause });
+        }
         // The server may have committed and only the acknowledgement was lost. Never turn
         // this into ROLLED_BACK: a later rollback cannot prove the commit did not happen.
-        return Err(unknown(event_id, e.into()));
+        return Err(unknown(event_id, cause));
     }
     failpoint::hit(failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION)
         .map_err(|injected| unknown(event_id, injected.into()))

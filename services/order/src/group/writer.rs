@@ -39,7 +39,7 @@ use crate::accepting::{
 };
 use crate::alone::Alone;
 use crate::transaction::read_committed;
-use idempost::db::{LockConflict, TxFailure, lock_conflict, violated_unique_key};
+use idempost::db::{LockConflict, TxFailure, commit_refused, lock_conflict, violated_unique_key};
 use idempost::failpoint;
 use idempost::telemetry::metrics;
 
@@ -348,9 +348,16 @@ async fn commit(txn: DatabaseTransaction, rows: &mut [Row]) -> Option<(LockConfl
         return None;
     }
     if let Err(e) = txn.commit().await {
+        let cause = TxFailure::from(e);
+        if let Some(conflict) = cause.db_err().and_then(commit_refused) {
+            // The server's own answer that it rolled the batch back (on Galera: another node
+            // committed the same rows first): the batch runs again, as after a deadlock.
+            reopen(rows);
+            return Some((conflict, cause));
+        }
         // The server may have committed and only the acknowledgement was lost: never
         // ROLLED_BACK.
-        settle_unknown(rows, &e.into());
+        settle_unknown(rows, &cause);
         return None;
     }
     if let Err(injected) = failpoint::hit(failpoint::COMMIT_SUCCEEDS_BUT_CLIENT_RECEIVES_EXCEPTION) {
@@ -466,17 +473,22 @@ async fn abort(
         return None;
     }
     if let Some(conflict) = cause.db_err().and_then(lock_conflict) {
-        for row in rows.iter_mut() {
-            if matches!(row.fate, Fate::IfCommitted(_)) {
-                row.fate = Fate::Open;
-            }
-        }
+        reopen(rows);
         return Some((conflict, cause));
     }
     for row in rows.iter_mut() {
         row.settle(|row| rolled_back(row.event_id(), cause.clone()));
     }
     None
+}
+
+/// Opens again every order whose answer held only if the rolled-back transaction committed.
+fn reopen(rows: &mut [Row]) {
+    for row in rows.iter_mut() {
+        if matches!(row.fate, Fate::IfCommitted(_)) {
+            row.fate = Fate::Open;
+        }
+    }
 }
 
 fn settle_unknown(rows: &mut [Row], cause: &TxFailure) {
