@@ -37,6 +37,18 @@ ensure_databases() {
   return 1
 }
 
+# Galera (MariaDB's multi-primary cluster): Debian's provider for the installed mariadb-server, and
+# rsync for the full state transfers of a node joining. The Galera tests start their own
+# three-node cluster on loopback (testkit/src/galera.rs).
+ensure_galera() {
+  if [[ -e /usr/lib/galera/libgalera_smm.so ]] && command -v rsync >/dev/null 2>&1; then
+    return 0
+  fi
+  log "installing galera-4 and rsync"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync >/dev/null
+}
+
 ensure_nextest() {
   if ! command -v cargo-nextest >/dev/null 2>&1; then
     log "installing cargo-nextest"

@@ -19,6 +19,7 @@ pub mod consumer;
 pub mod db;
 #[cfg(feature = "failpoints")]
 pub mod failpoint;
+pub mod galera;
 pub mod group;
 pub mod health;
 pub mod in_process;

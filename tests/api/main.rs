@@ -26,6 +26,7 @@ mod credentials;
 mod dependencies;
 mod deploy;
 mod escaping;
+mod galera;
 mod metrics_scrape;
 mod ordering;
 mod outage;

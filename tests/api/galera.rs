@@ -1,0 +1,170 @@
+//! Idempost on a three-node MariaDB Galera cluster of the test's own (the test kit's
+//! `GaleraCluster`): the cluster forms, the schema migrated through one node is on every node,
+//! and what Galera changes (locks and reads local to a node, certification at commit) is handled.
+//! These tests start three database servers each: they run in their own nextest group.
+
+use idempost_testkit::galera::{GaleraCluster, NODES};
+use sea_orm::{ConnectionTrait as _, DbBackend, Statement};
+
+use crate::helpers::service_binary;
+
+/// The tables a database has, by name.
+async fn tables(url: &str) -> Vec<String> {
+    let conn = idempost::db::connect(url, 1).await.unwrap();
+    let rows = conn
+        .query_all_raw(Statement::from_string(
+            DbBackend::MySql,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() ORDER BY 1",
+        ))
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    rows.iter().map(|row| row.try_get_by_index::<String>(0).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn three_nodes_form_one_synced_cluster_and_a_migration_through_one_reaches_all() {
+    let cluster = GaleraCluster::start().await;
+    for node in 0..NODES {
+        assert_eq!(cluster.status(node, "wsrep_cluster_size").await.as_deref(), Some("3"));
+        assert_eq!(cluster.status(node, "wsrep_local_state_comment").await.as_deref(), Some("Synced"));
+    }
+
+    let database = cluster.create_database().await;
+    let status = std::process::Command::new(service_binary("idempost-migrate"))
+        .args(["-u", &cluster.url(0, &database), "up"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "idempost-migrate up through node 0 failed: {status}");
+
+    let migrated = tables(&cluster.url(0, &database)).await;
+    assert!(
+        ["orders", "outbox_event", "consumed_event", "seaql_migrations"]
+            .iter()
+            .all(|t| migrated.contains(&t.to_string())),
+        "node 0 lacks the schema: {migrated:?}"
+    );
+    for node in 1..NODES {
+        assert_eq!(tables(&cluster.url(node, &database)).await, migrated, "node {node} differs from node 0");
+    }
+}
+
+/// One value a fresh pool of the services' own (`idempost::db::connect`) reads.
+async fn scalar(url: &str, sql: &str) -> String {
+    let conn = idempost::db::connect(url, 1).await.unwrap();
+    let row = conn.query_one_raw(Statement::from_string(DbBackend::MySql, sql)).await.unwrap().unwrap();
+    conn.close().await.unwrap();
+    row.try_get_by_index::<String>(0)
+        .or_else(|_| row.try_get_by_index::<i64>(0).map(|n| n.to_string()))
+        .or_else(|_| row.try_get_by_index::<u64>(0).map(|n| n.to_string()))
+        .unwrap()
+}
+
+/// Every session the services open on a Galera node reads causally, and a node Idempost cannot
+/// be correct on is refused with what to change: here a node cut off from the primary component
+/// (what a starting service would meet behind a partition), accepted again once it rejoined.
+#[tokio::test]
+async fn a_galera_session_reads_causally_and_a_node_outside_the_primary_component_is_refused() {
+    let cluster = GaleraCluster::start().await;
+    let database = cluster.create_database().await;
+    for node in 0..NODES {
+        assert_eq!(scalar(&cluster.url(node, &database), "SELECT @@SESSION.wsrep_sync_wait").await, "1");
+    }
+
+    cluster.isolate(2).await;
+    let refused = idempost::db::connect(&cluster.url(2, &database), 1).await.map(drop).unwrap_err();
+    assert!(
+        refused.to_string().contains("not ready in the primary component"),
+        "the refusal says what is wrong: {refused}"
+    );
+    let other = idempost::db::connect(&cluster.url(1, &database), 1).await;
+    assert!(other.is_ok(), "a node of the primary component is accepted: {:?}", other.map(drop));
+
+    cluster.rejoin(2).await;
+    let again = idempost::db::connect(&cluster.url(2, &database), 1).await;
+    assert!(again.is_ok(), "the node is accepted once it rejoined: {:?}", again.map(drop));
+}
+
+/// Row locks are local to a node: the same order submitted through order services on two nodes
+/// is written on both, and certification refuses the COMMIT of the one that comes second (the
+/// first node's transaction, held before its commit while the second node's committed). That
+/// refusal is the server's exact answer that nothing was written, so the order runs again and is
+/// answered as the replay it now is: COMMITTED, the other node's order, never UNKNOWN.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_refused_by_certification_runs_again_and_is_answered_exactly() {
+    use idempost_testkit::db::TestDb;
+    use idempost_testkit::failpoint::hold;
+    use idempost_testkit::order::{TestOrder, order};
+    use idempost_testkit::wait::WAIT;
+
+    let cluster = GaleraCluster::start().await;
+    let database = cluster.create_database().await;
+    let first = TestOrder::spawn_on(TestDb::migrated_at(cluster.url(0, &database)).await, |_| {}).await;
+    let second = TestOrder::spawn_on(TestDb::migrated_at(cluster.url(1, &database)).await, |_| {}).await;
+
+    let mut held = hold(idempost::failpoint::BEFORE_ORDER_TRANSACTION_COMMIT);
+    let request = order(7, "galera-twice");
+    let on_first = tokio::spawn({
+        let client = first.client.clone();
+        let request = request.clone();
+        async move { client.clone().submit_order(request).await.map(tonic::Response::into_inner) }
+    });
+    held.reached("the first node's transaction holds its rows, uncommitted", WAIT).await;
+
+    let committed = second.submit(request).await.unwrap();
+    assert!(!committed.replayed, "the second node wrote the order: {committed:?}");
+    // The first node applied it (its reads wait for causality), which aborted the held
+    // transaction there: its COMMIT can only be refused.
+    let applied = scalar(
+        &cluster.url(0, &database),
+        "SELECT COUNT(*) FROM orders WHERE tenant_id = 7 AND request_id = 'galera-twice'",
+    )
+    .await;
+    assert_eq!(applied, "1");
+    held.release();
+
+    let answer = on_first.await.unwrap().expect("an exact answer, not UNKNOWN");
+    assert_eq!(
+        (answer.replayed, answer.order_id),
+        (true, committed.order_id),
+        "the refused order ran again and found the other node's: {answer:?}"
+    );
+    assert_eq!(first.count("orders").await, 1);
+    first.stop().await;
+    second.stop().await;
+}
+
+/// `GET_LOCK` holds only on the node that granted it, so on Galera the consumer's instance lock
+/// is a leased row: a second consumer under a name in use, attached to another node, is refused
+/// at start-up naming it; once the first is gone, its lease runs out within the starting wait and
+/// the name can be taken through a third node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_instance_name_is_held_across_the_nodes_of_a_galera_cluster() {
+    use idempost_consumer::Application;
+    use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+    use idempost_testkit::db::TestDb;
+    use idempost_testkit::ports::free_port;
+
+    let cluster = GaleraCluster::start().await;
+    let database = cluster.create_database().await;
+    TestDb::migrated_at(cluster.url(0, &database)).await;
+    let brokers = format!("127.0.0.1:{}", free_port());
+    let settings = |node: usize| {
+        let mut settings = consumer_settings(&cluster.url(node, &database), &brokers, "t", "g1");
+        settings.instance_name = Some("pod-0".to_owned());
+        settings
+    };
+
+    // Running, so it renews its lease (the broker is nowhere: this consumer only holds its name).
+    let first = TestConsumer::spawn(settings(0)).await;
+    let refused = Application::build(settings(1)).await.map(drop).unwrap_err();
+    assert!(
+        refused.to_string().contains("another consumer instance") && refused.to_string().contains("`pod-0`"),
+        "the second instance, on another node, is refused naming it: {refused}"
+    );
+
+    first.stop().await;
+    let third = Application::build(settings(2)).await;
+    assert!(third.is_ok(), "the name is free again once its holder is gone: {:?}", third.map(drop));
+}
