@@ -21,7 +21,7 @@ async fn an_operators_method_called_without_the_operator_scope_is_refused_before
     .await;
     let token = tenant(&pki, 7);
     let mut connection = raw_connection(app.admin_port).await;
-    for method in ["ListBacklog", "Redrive", "Purge", "Replay"] {
+    for method in ["ListBacklog", "Redrive", "Purge", "Replay", "ListAudit"] {
         let path = format!("/idempost.v1.AdminService/{method}");
         let (response, _open) = declaring(&mut connection, &path, Some(&token), 1024 * 1024).await;
         assert_eq!(status_within(response, WAIT).await, PERMISSION_DENIED, "{method}");
