@@ -878,12 +878,20 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
             "redrive".to_owned(),
             ids[0].clone(),
             "--reason=broker fixed".to_owned(),
+            "--requested-by=oncall".to_owned(),
         ],
         &[],
     );
     assert!(redrive.wait(WAIT).await.success());
     let redriven = probe.state(&ids[0]).await;
     assert_eq!((redriven.status.as_str(), redriven.attempts), ("PENDING", 0));
+    // The command's redrive is audited like the AdminService's, in the same transaction.
+    let audited = format!(
+        "SELECT COUNT(*) FROM admin_audit WHERE action = 'REDRIVE' AND actor = 'oncall' \
+         AND reason = 'broker fixed' AND event_id = '{}'",
+        ids[0]
+    );
+    assert_eq!(app.scalar_i64(&audited).await, 1, "one REDRIVE audit row");
 
     broker.run().await;
     broker.create_topic(&topic, 1).await;
