@@ -4,6 +4,7 @@
 //! operator scope: these tables do not know tenants.
 
 mod dead_letters;
+mod parked;
 mod wait;
 
 use std::collections::HashMap;
@@ -12,14 +13,14 @@ use idempost_proto::v1::{
     self as pb,
     consumer_admin_service_server::{ConsumerAdminService, ConsumerAdminServiceServer},
 };
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder};
 use tonic::{Code, Request, Response, Status};
 
 use super::gap::{self, Audit};
 use super::retention::{DedupRetention, RetentionError};
 use idempost::domain::{FieldViolation, InvalidInput};
 use idempost::edge::{self, CallError, LongPoll, error_status, parse_event_id, timestamp};
-use idempost::entity::{consumed_event, dead_letter, notification_job, order_view, parked_event};
+use idempost::entity::{consumed_event, dead_letter, notification_job};
 use idempost::security::{Authenticator, Caller};
 use idempost::telemetry::logged;
 
@@ -162,13 +163,10 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
         &self,
         request: Request<pb::ListParkedEventsRequest>,
     ) -> Result<Response<pb::ListParkedEventsResponse>, Status> {
-        let ask = *request.get_ref();
+        let ask = request.get_ref().clone();
         self.operator("ListParkedEvents", &request, None, |_| async move {
-            let mut violations = Vec::new();
-            let limit = edge::limit(ask.limit, &mut violations);
-            InvalidInput::check(violations)?;
-            let parked_events = parked(&self.db, &self.consumer_name, ask.order_id, limit).await?;
-            Ok(pb::ListParkedEventsResponse { parked_events })
+            let ask = parked::Ask::try_from(ask)?;
+            Ok(parked::page(&self.db, &self.consumer_name, ask).await?)
         })
         .await
     }
@@ -229,48 +227,6 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
 /// Who an operator's write is recorded as when the listener runs with `--auth none` (loopback
 /// only).
 const UNAUTHENTICATED: &str = "unauthenticated (--auth none)";
-
-/// `consumer`'s parked events (of `order_id`, or of every order for 0), by order and version,
-/// each with the version its order's read model is at.
-async fn parked(
-    db: &DatabaseConnection,
-    consumer: &str,
-    order_id: i64,
-    limit: u32,
-) -> Result<Vec<pb::ParkedEventRecord>, DbErr> {
-    let mut query = parked_event::Entity::find().filter(parked_event::Column::ConsumerName.eq(consumer));
-    if order_id != 0 {
-        query = query.filter(parked_event::Column::OrderId.eq(order_id));
-    }
-    let rows = query
-        .order_by_asc(parked_event::Column::OrderId)
-        .order_by_asc(parked_event::Column::Version)
-        .limit(u64::from(limit))
-        .all(db)
-        .await?;
-    let orders: Vec<i64> = rows.iter().map(|row| row.order_id).collect();
-    let versions: HashMap<i64, i64> = order_view::Entity::find()
-        .filter(order_view::Column::ConsumerName.eq(consumer))
-        .filter(order_view::Column::OrderId.is_in(orders))
-        .all(db)
-        .await?
-        .into_iter()
-        .map(|view| (view.order_id, view.version))
-        .collect();
-    Ok(rows
-        .into_iter()
-        .map(|row| pb::ParkedEventRecord {
-            read_model_version: versions.get(&row.order_id).copied().unwrap_or(0),
-            consumer_name: row.consumer_name,
-            event_id: row.event_id,
-            order_id: row.order_id,
-            event_version: row.version,
-            event_type: row.event_type,
-            reason: row.reason,
-            parked_at: Some(timestamp(row.parked_at)),
-        })
-        .collect())
-}
 
 /// Everything the database holds for `event_id`, oldest first.
 async fn timeline(db: &DatabaseConnection, event_id: String) -> Result<pb::ConsumerTimeline, DbErr> {

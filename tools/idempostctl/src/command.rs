@@ -143,6 +143,9 @@ enum Command {
         /// At most this many (1 to 1000).
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Go on where an earlier listing stopped: the token it printed.
+        #[arg(long, default_value = "")]
+        page_token: String,
     },
     /// Give up an order's missing versions in the consumer's read model and apply what waits
     /// behind them, in version order; the token's subject and the reason are recorded.
@@ -459,11 +462,15 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let request = change.cancel(*reason, note);
             render::changed("cancelled", &cli.submitter().await?.cancel(request).await?, json)
         }
-        Command::Parked { order_id, limit } => {
+        Command::Parked { order_id, limit, page_token } => {
             let mut client = cli.consumer_admin().await?;
-            let request = pb::ListParkedEventsRequest { order_id: order_id.unwrap_or(0), limit: *limit };
+            let request = pb::ListParkedEventsRequest {
+                order_id: order_id.unwrap_or(0),
+                limit: *limit,
+                page_token: page_token.clone(),
+            };
             let reply = client.list_parked_events(request).await?.into_inner();
-            render::parked(&reply.parked_events, json)
+            render::parked(&reply, json)
         }
         Command::ReleaseGap { order_id, reason } => {
             let mut client = cli.consumer_admin().await?;
@@ -608,7 +615,7 @@ async fn version_states(cli: &Cli, timeline: &pb::EventTimeline) -> Result<Vec<S
         return Ok(Vec::new());
     }
     let mut consumer = cli.consumer_admin().await?;
-    let parked = pb::ListParkedEventsRequest { order_id, limit: 1000 };
+    let parked = pb::ListParkedEventsRequest { order_id, limit: 1000, ..Default::default() };
     let parked = consumer.list_parked_events(parked).await?.into_inner().parked_events;
     let mut states = Vec::with_capacity(timeline.order_events.len());
     for event in &timeline.order_events {

@@ -325,8 +325,9 @@ fn more(next_page_token: &str) -> String {
     format!("\nmore follow: --page-token {next_page_token}")
 }
 
-/// Parked events, by order and version.
-pub(crate) fn parked(events: &[pb::ParkedEventRecord], as_json: bool) -> String {
+/// Parked events, by order and version, and the token of the next page when there is one.
+pub(crate) fn parked(reply: &pb::ListParkedEventsResponse, as_json: bool) -> String {
+    let events = &reply.parked_events;
     if as_json {
         let events: Vec<Value> = events
             .iter()
@@ -343,7 +344,9 @@ pub(crate) fn parked(events: &[pb::ParkedEventRecord], as_json: bool) -> String 
                 })
             })
             .collect();
-        return pretty(&json!({ "parkedEvents": events }));
+        return pretty(
+            &json!({ "parkedEvents": events, "nextPageToken": non_empty(&reply.next_page_token) }),
+        );
     }
     let mut out = table(&["order", "version", "model at", "event type", "event id", "parked", "reason"]);
     for p in events {
@@ -357,7 +360,7 @@ pub(crate) fn parked(events: &[pb::ParkedEventRecord], as_json: bool) -> String 
             shown(&p.reason),
         ]);
     }
-    out.to_string()
+    format!("{out}{}", more(&reply.next_page_token))
 }
 
 /// What releasing an order's gap did.

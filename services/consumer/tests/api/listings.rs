@@ -10,7 +10,10 @@ use crate::broker::TestBroker;
 use crate::helpers::{Backend, TestOrder, on_every_backend};
 use idempost_testkit::consumer::{TestConsumer, consumer_settings};
 
-on_every_backend!(dead_letters_answer_within_their_byte_budget_with_a_token_that_reaches_every_record);
+on_every_backend!(
+    dead_letters_answer_within_their_byte_budget_with_a_token_that_reaches_every_record,
+    parked_events_answer_within_their_byte_budget_with_a_token_that_reaches_every_event,
+);
 
 async fn list(
     admin: &ConsumerAdminServiceClient<tonic::transport::Channel>,
@@ -92,6 +95,79 @@ async fn dead_letters_answer_within_their_byte_budget_with_a_token_that_reaches_
     assert_eq!((first.dead_letters.len(), rest.dead_letters.len()), (5, events.len() - 5));
     let bad = list(&admin, ask("x".into(), false)).await.unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
+    consumer.stop().await;
+    app.stop().await;
+}
+
+/// A consumer (of a fresh topic) over the database of a fresh order service, and a client of its
+/// ConsumerAdminService.
+async fn consumer_of(
+    app: &TestOrder,
+    broker: &TestBroker,
+) -> (TestConsumer, ConsumerAdminServiceClient<tonic::transport::Channel>, String) {
+    let topic = idempost_testkit::topic::unique("idempost-parked");
+    broker.create_topic(&topic, 1).await;
+    let group = format!("listings-{}", uuid::Uuid::new_v4().simple());
+    let settings = consumer_settings(&app.db.url, &broker.address(), &topic, &group);
+    let name = settings.consumer_name.clone();
+    let consumer = TestConsumer::spawn(settings).await;
+    let admin =
+        ConsumerAdminServiceClient::connect(format!("http://127.0.0.1:{}", consumer.port)).await.unwrap();
+    (consumer, admin, name)
+}
+
+async fn parked_events_answer_within_their_byte_budget_with_a_token_that_reaches_every_event(
+    backend: Backend,
+) {
+    let app = TestOrder::spawn(backend).await;
+    let broker = TestBroker::start().await;
+    let (consumer, admin, name) = consumer_of(&app, &broker).await;
+
+    // 1,000 parked events with the longest reason kept (1,000 characters of four bytes each):
+    // about 4 MB of answer, written as the consumer parks them (two versions of 500 orders).
+    let reason = "\u{1d11e}".repeat(1000);
+    let backend = app.conn.get_database_backend();
+    let mut expected = Vec::new();
+    for orders in (1..=500i64).collect::<Vec<_>>().chunks(50) {
+        let mut values = Vec::<sea_orm::Value>::new();
+        for &order_id in orders {
+            for version in [3i64, 4] {
+                let event_id = uuid::Uuid::now_v7().to_string();
+                values.extend([
+                    name.clone().into(),
+                    event_id.clone().into(),
+                    order_id.into(),
+                    version.into(),
+                    b"value".to_vec().into(),
+                    reason.clone().into(),
+                    chrono::Utc::now().into(),
+                ]);
+                expected.push((order_id, version, event_id));
+            }
+        }
+        let rows = vec!["(?, ?, ?, ?, 'idempost.v1.OrderAmended', ?, ?, ?)"; orders.len() * 2].join(", ");
+        let sql = format!(
+            "INSERT INTO parked_event (consumer_name, event_id, order_id, version, event_type, payload, reason, \
+             parked_at) VALUES {rows}"
+        );
+        app.conn.execute_raw(idempost_testkit::sql::statement(backend, &sql, values)).await.unwrap();
+    }
+
+    let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let request = pb::ListParkedEventsRequest { limit: 1000, page_token: token, ..Default::default() };
+        let page = admin.clone().list_parked_events(request).await.unwrap().into_inner();
+        pages += 1;
+        assert!(page.encoded_len() <= 1024 * 1024, "page {pages}: {} bytes", page.encoded_len());
+        assert!(page.parked_events.iter().all(|p| p.reason == reason));
+        seen.extend(page.parked_events.into_iter().map(|p| (p.order_id, p.event_version, p.event_id)));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, expected);
+    assert!(pages >= 4, "about 4 MB take at least four pages of 1 MiB: {pages}");
     consumer.stop().await;
     app.stop().await;
 }

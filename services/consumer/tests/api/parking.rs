@@ -38,7 +38,7 @@ impl Consumer {
     }
 
     async fn parked(&self, order_id: i64) -> Vec<(i64, String)> {
-        let request = pb::ListParkedEventsRequest { order_id, limit: 0 };
+        let request = pb::ListParkedEventsRequest { order_id, ..Default::default() };
         let reply = self.admin.clone().list_parked_events(request).await.unwrap().into_inner();
         reply.parked_events.into_iter().map(|p| (p.event_version, p.event_type)).collect()
     }
