@@ -12,6 +12,22 @@ use sea_orm::{
 
 use crate::sql;
 
+/// Takes a snapshot `stage` after `started` and releases it `stage` later, on a task of its own.
+pub(super) fn schedule(
+    url: String,
+    started: tokio::time::Instant,
+    stage: std::time::Duration,
+) -> tokio::task::JoinHandle<Result<(), DbErr>> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(started + stage).await;
+        println!("== soak: another session takes a snapshot and holds it");
+        let held = Held::take(&url).await?;
+        tokio::time::sleep_until(started + stage * 2).await;
+        println!("== soak: the snapshot is released");
+        held.release().await
+    })
+}
+
 /// The session and its open transaction; [`Held::release`] ends both.
 pub(super) struct Held {
     db: DatabaseConnection,

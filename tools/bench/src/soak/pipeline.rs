@@ -7,7 +7,7 @@ use chrono::Utc;
 use idempost_testkit::private_db::PrivateServer;
 use sea_orm::DatabaseConnection;
 
-use super::hold::Held;
+use super::hold;
 use super::sample::{self, Sampler};
 use super::{Soak, Stage, StageLatency, WINDOW, server, stage_at};
 use crate::child::Service;
@@ -208,56 +208,13 @@ impl<'a> Session<'a> {
         let topic = self.topic("pipeline").await?;
         let (clients, mut services) = self.start_pipeline(&topic).await?;
         let total = shape.stage * 3;
-        let (rate, stage) = (soak.rate, shape.stage);
-        step(&format!("soak: {rate:.0}/s for {total:?}, stages of {stage:?}"));
+        let rate = soak.rate;
+        step(&format!("soak: {rate:.0}/s for {total:?}, stages of {:?}", shape.stage));
         let server_before = self.server_pid.map_or(0.0, server::cpu_seconds);
-        let t0 = Utc::now();
-        let started = tokio::time::Instant::now();
+        let started = (Utc::now(), tokio::time::Instant::now());
         let load = tokio::spawn(async move { load::open_loop(&clients, rate, total).await });
-        let url = self.url.clone();
-        let holder = tokio::spawn(async move {
-            tokio::time::sleep_until(started + stage).await;
-            step("soak: another session takes a snapshot and holds it");
-            let held = Held::take(&url).await?;
-            tokio::time::sleep_until(started + stage * 2).await;
-            step("soak: the snapshot is released");
-            held.release().await
-        });
-        let mut sampler = Sampler::new(self.plan.out_dir.join("soak-relay.log"), &services, self.server_pid);
-        let mut pooled: Vec<(Stage, Latencies, Latencies)> =
-            Stage::ALL.iter().map(|s| (*s, Latencies::default(), Latencies::default())).collect();
-        let windows = (total.as_secs_f64() / WINDOW.as_secs_f64()).ceil() as u32;
-        for k in 1..=windows {
-            // The window's events had a whole window to get through before they are judged.
-            tokio::time::sleep_until(started + WINDOW * (k + 1)).await;
-            let (from, to) = (WINDOW * (k - 1), (WINDOW * k).min(total));
-            let stage_of = stage_at(from.as_secs_f64() + WINDOW.as_secs_f64() / 2.0, stage);
-            let at = |d: Duration| t0 + chrono::Duration::from_std(d).unwrap_or_default();
-            let (window, lags) =
-                sampler.take(&self.db, &services, (at(from), at(to)), to.as_secs_f64(), stage_of).await?;
-            println!(
-                "   {:>5.0}s {:<13} events {:>5} publish p50/p99 {:>7.1}/{:>7.1} ms consume {:>7.1}/{:>7.1} ms backlog {:>6} dead/history {:>7} oldest tx {:>5.0}s load {:.2}",
-                window.at,
-                stage_of.name(),
-                window.events,
-                window.publish.p50,
-                window.publish.p99,
-                window.consume.p50,
-                window.consume.p99,
-                window.backlog,
-                window.cleanup.outbox_dead + window.cleanup.history_length,
-                window.oldest_transaction,
-                window.load
-            );
-            if let Some((_, publish, consume)) = pooled.iter_mut().find(|(s, _, _)| *s == stage_of) {
-                publish.extend(lags.publish);
-                consume.extend(lags.consume);
-            }
-            soak.windows.push(window);
-            for service in &mut services {
-                service.check_alive()?;
-            }
-        }
+        let holder = hold::schedule(self.url.clone(), started.1, shape.stage);
+        let pooled = self.sample_stages(&mut services, started, shape, soak).await?;
         let (sent, failed, first_error) =
             load.await.map_err(|e| BenchError::Stuck(format!("the soak's load: {e}")))?;
         holder.await.map_err(|e| BenchError::Stuck(format!("the snapshot holder: {e}")))??;
@@ -278,6 +235,41 @@ impl<'a> Session<'a> {
         soak.stages = summarise(&soak.windows, pooled);
         soak.recovered_after = recovered_after(soak);
         Ok(())
+    }
+
+    /// Samples every window of the load that began at `started` (the clock and the timer) into
+    /// `soak.windows`; returns each stage's lags pooled.
+    async fn sample_stages(
+        &self,
+        services: &mut [Service],
+        (t0, started): (chrono::DateTime<Utc>, tokio::time::Instant),
+        shape: &super::Shape,
+        soak: &mut Soak,
+    ) -> Result<Vec<(Stage, Latencies, Latencies)>, BenchError> {
+        let total = shape.stage * 3;
+        let mut sampler = Sampler::new(self.plan.out_dir.join("soak-relay.log"), services, self.server_pid);
+        let mut pooled: Vec<(Stage, Latencies, Latencies)> =
+            Stage::ALL.iter().map(|s| (*s, Latencies::default(), Latencies::default())).collect();
+        let windows = (total.as_secs_f64() / WINDOW.as_secs_f64()).ceil() as u32;
+        for k in 1..=windows {
+            // The window's events had a whole window to get through before they are judged.
+            tokio::time::sleep_until(started + WINDOW * (k + 1)).await;
+            let (from, to) = (WINDOW * (k - 1), (WINDOW * k).min(total));
+            let stage_of = stage_at(from.as_secs_f64() + WINDOW.as_secs_f64() / 2.0, shape.stage);
+            let at = |d: Duration| t0 + chrono::Duration::from_std(d).unwrap_or_default();
+            let (window, lags) =
+                sampler.take(&self.db, services, (at(from), at(to)), to.as_secs_f64(), stage_of).await?;
+            println!("{}", super::report::progress(&window));
+            if let Some((_, publish, consume)) = pooled.iter_mut().find(|(s, _, _)| *s == stage_of) {
+                publish.extend(lags.publish);
+                consume.extend(lags.consume);
+            }
+            soak.windows.push(window);
+            for service in services.iter_mut() {
+                service.check_alive()?;
+            }
+        }
+        Ok(pooled)
     }
 }
 

@@ -57,6 +57,25 @@ pub(crate) fn targets(soak: &Soak) -> Vec<(String, String, String, bool)> {
     ]
 }
 
+/// One window as the soak prints it while it runs.
+pub(crate) fn progress(w: &super::Window) -> String {
+    format!(
+        "   {:>5.0}s {:<13} events {:>5} publish p50/p99 {:>7.1}/{:>7.1} ms consume {:>7.1}/{:>7.1} ms \
+         backlog {:>6} dead/history {:>7} oldest tx {:>5.0}s load {:.2}",
+        w.at,
+        w.stage.map_or("", Stage::name),
+        w.events,
+        w.publish.p50,
+        w.publish.p99,
+        w.consume.p50,
+        w.consume.p99,
+        w.backlog,
+        w.cleanup.outbox_dead + w.cleanup.history_length,
+        w.oldest_transaction,
+        w.load
+    )
+}
+
 /// The soak's part of the printed table.
 pub(crate) fn table(soak: &Soak) -> String {
     let mut t = String::new();
