@@ -178,11 +178,7 @@ impl<S> Limited<S> {
     fn admit(&self, kind: Kind, request: &mut http::Request<Body>) -> Result<Held, Refusal> {
         let limits = &self.admission.limits;
         let connection = request.extensions().get::<ConnectionInfo>().map(|info| Arc::clone(&info.state));
-        let mut held = Held {
-            _in_flight: connection.as_ref().map(|c| c.begin()),
-            connection: connection.clone(),
-            _permits: Vec::new(),
-        };
+        let mut held = Held { _in_flight: None, connection: connection.clone(), _permits: Vec::new() };
         match kind {
             Kind::Watch => {
                 let watch = Arc::clone(&limits.watches).try_acquire_owned();
@@ -204,7 +200,16 @@ impl<S> Limited<S> {
         if kind == Kind::Call {
             let authorization = request.headers().get(http::header::AUTHORIZATION);
             let caller = self.admission.auth.authenticate_header(authorization.map(|v| v.as_bytes()));
-            let caller = caller.map_err(refused)?;
+            // A caller refused for its token is counted against its connection, never as its
+            // activity; an authenticated one keeps its connection open.
+            let caller = caller.map_err(|why| {
+                let mut answer = refused(why);
+                if let Some(last) = connection.as_ref().and_then(|c| c.refused()) {
+                    answer.extensions_mut().insert(last);
+                }
+                answer
+            })?;
+            held._in_flight = connection.as_ref().map(|c| c.begin());
             if limits.needs_operator(request.uri().path()) {
                 caller.require_operator().map_err(refused)?;
             }

@@ -1,8 +1,12 @@
-//! Accepted connections and what bounds them: how many one listener keeps open, how many TLS
-//! handshakes run at once, the process's open-file limit, and how long one may sit idle.
+//! Accepted connections and what bounds them: how many one listener keeps open, and one peer
+//! address of them, how many TLS handshakes run at once, the process's open-file limit, how long
+//! one may sit idle or unauthenticated, and how many of its calls may be refused.
 
+mod by_address;
+
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,6 +20,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use self::by_address::{AddressSlot, ByAddress, Kind};
 use super::settings::ListenerSettings;
 use crate::telemetry::metrics;
 
@@ -30,6 +35,10 @@ const HEALTH_ONLY_IDLE: Duration = Duration::from_secs(5);
 /// most, and each stream lives as long as its connection.
 const WATCHES_PER_CONNECTION: usize = 4;
 
+/// TLS handshakes from this host's own loopback address (its probes, its sidecars) run on slots
+/// of their own, so that peers elsewhere holding the listener's cannot fail a readiness probe.
+const LOOPBACK_HANDSHAKES: usize = 8;
+
 /// New connections are shed once the process holds this share (in tenths) of its open-file
 /// limit, keeping the rest for its database and broker connections, files and health probes.
 const DESCRIPTOR_SHED_TENTHS: u64 = 9;
@@ -41,8 +50,12 @@ pub(crate) enum Shed {
     Connections,
     /// The process is near its open-file limit.
     Descriptors,
-    /// `--max-tls-handshakes` are under way.
+    /// `--max-tls-handshakes` are under way, and none ended within the brief wait for one.
     Handshakes,
+    /// The peer's address holds `--max-connections-per-address` already.
+    AddressConnections,
+    /// The peer's address has `--max-tls-handshakes-per-address` under way.
+    AddressHandshakes,
 }
 
 impl Shed {
@@ -51,6 +64,8 @@ impl Shed {
             Self::Connections => "connections",
             Self::Descriptors => "descriptors",
             Self::Handshakes => "handshakes",
+            Self::AddressConnections => "address_connections",
+            Self::AddressHandshakes => "address_handshakes",
         }
     }
 
@@ -75,10 +90,23 @@ pub(crate) struct ConnectionLimits {
     connections: Arc<Semaphore>,
     health_only: Arc<Semaphore>,
     handshakes: Arc<Semaphore>,
+    loopback_handshakes: Arc<Semaphore>,
+    by_address: Arc<ByAddress>,
     /// The first descriptor number at which new connections are shed, if the limit is finite.
     shed_from_descriptor: Option<u64>,
     calls_per_connection: usize,
-    idle_timeout: Duration,
+    timeouts: Timeouts,
+    max_refused_calls: u32,
+    handshake_slot_wait: Duration,
+}
+
+/// How long a connection may go without an authenticated call in flight.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    /// Since its last authenticated call ended.
+    idle: Duration,
+    /// Since it opened, while it has made none.
+    unauthenticated: Duration,
 }
 
 impl ConnectionLimits {
@@ -87,20 +115,44 @@ impl ConnectionLimits {
             connections: Arc::new(Semaphore::new(settings.max_connections as usize)),
             health_only: Arc::new(Semaphore::new(HEALTH_ONLY_CONNECTIONS)),
             handshakes: Arc::new(Semaphore::new(settings.max_tls_handshakes as usize)),
+            loopback_handshakes: Arc::new(Semaphore::new(LOOPBACK_HANDSHAKES)),
+            by_address: ByAddress::new(
+                settings.max_connections_per_address,
+                settings.max_tls_handshakes_per_address,
+            ),
             shed_from_descriptor: descriptor_limit().map(|limit| limit / 10 * DESCRIPTOR_SHED_TENTHS),
             calls_per_connection,
-            idle_timeout: settings.idle_timeout,
+            timeouts: Timeouts {
+                idle: settings.idle_timeout,
+                unauthenticated: settings.unauthenticated_timeout,
+            },
+            max_refused_calls: settings.max_refused_calls,
+            handshake_slot_wait: settings.tls_handshake_slot_wait,
         }
     }
 
-    /// Admits a new connection in full, for health checks only, or not at all (it is then
-    /// dropped, which closes it).
-    pub(crate) fn admit(&self, stream: &TcpStream) -> Result<Admitted, Shed> {
+    /// Admits a new connection from `peer` in full, for health checks only, or not at all (it is
+    /// then dropped, which closes it). An address at its own cap is closed at once: the slots
+    /// kept for health checks are not for the peer that filled its share.
+    pub(crate) fn admit(&self, stream: &TcpStream, peer: SocketAddr) -> Result<Admitted, Shed> {
+        let source = by_address::source(peer.ip());
+        let address = match source {
+            Some(ip) => match self.by_address.take(ip, Kind::Connection) {
+                Some(slot) => Some(slot),
+                None => {
+                    Shed::AddressConnections.count(false);
+                    return Err(Shed::AddressConnections);
+                }
+            },
+            None => None,
+        };
         let shed = if self.descriptors_left(stream) {
             match Arc::clone(&self.connections).try_acquire_owned() {
                 Ok(permit) => {
-                    let state = ConnectionState::new(self.calls_per_connection, false);
-                    return Ok(Admitted { permit, state, idle_timeout: self.idle_timeout });
+                    let state =
+                        ConnectionState::new(self.calls_per_connection, false, self.max_refused_calls);
+                    let held = Held { _permit: permit, _address: address };
+                    return Ok(Admitted { held, state, timeouts: self.timeouts, source });
                 }
                 Err(_) => Shed::Connections,
             }
@@ -110,8 +162,10 @@ impl ConnectionLimits {
         match Arc::clone(&self.health_only).try_acquire_owned() {
             Ok(permit) => {
                 shed.count(true);
-                let state = ConnectionState::new(0, true);
-                Ok(Admitted { permit, state, idle_timeout: HEALTH_ONLY_IDLE })
+                let state = ConnectionState::new(0, true, self.max_refused_calls);
+                let held = Held { _permit: permit, _address: address };
+                let timeouts = Timeouts { idle: HEALTH_ONLY_IDLE, unauthenticated: HEALTH_ONLY_IDLE };
+                Ok(Admitted { held, state, timeouts, source })
             }
             Err(_) => {
                 shed.count(false);
@@ -120,9 +174,33 @@ impl ConnectionLimits {
         }
     }
 
-    /// A slot for one TLS handshake, if one is free.
-    pub(crate) fn handshake(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.handshakes).try_acquire_owned().ok()
+    /// This connection's share of its address's TLS handshakes, taken when it is accepted and
+    /// held until its handshake ends (none for this host's loopback address).
+    pub(crate) fn handshake_share(&self, admitted: &Admitted) -> Result<Option<AddressSlot>, Shed> {
+        let Some(ip) = admitted.source else { return Ok(None) };
+        match self.by_address.take(ip, Kind::Handshake) {
+            Some(slot) => Ok(Some(slot)),
+            None => {
+                Shed::AddressHandshakes.count(false);
+                Err(Shed::AddressHandshakes)
+            }
+        }
+    }
+
+    /// A slot for one TLS handshake, waiting briefly for one to end when all are taken; this
+    /// host's loopback address draws on slots of its own.
+    pub(crate) async fn handshake(&self, admitted: &Admitted) -> Result<OwnedSemaphorePermit, Shed> {
+        let slots = match admitted.source {
+            Some(_) => &self.handshakes,
+            None => &self.loopback_handshakes,
+        };
+        match tokio::time::timeout(self.handshake_slot_wait, Arc::clone(slots).acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => {
+                Shed::Handshakes.count(false);
+                Err(Shed::Handshakes)
+            }
+        }
     }
 
     /// The kernel gives a new socket the lowest free descriptor number, so a number at the
@@ -139,12 +217,21 @@ fn descriptor_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
-/// A connection let in, with the permit it holds until it closes.
+/// What an open connection holds until it closes: its listener's permit and its address's.
+#[derive(Debug)]
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _address: Option<AddressSlot>,
+}
+
+/// A connection let in, with what it holds until it closes.
 #[derive(Debug)]
 pub(crate) struct Admitted {
-    permit: OwnedSemaphorePermit,
+    held: Held,
     state: Arc<ConnectionState>,
-    idle_timeout: Duration,
+    timeouts: Timeouts,
+    /// The peer's address as the per-address caps count it (`None`: this host's loopback).
+    source: Option<IpAddr>,
 }
 
 impl Admitted {
@@ -154,18 +241,22 @@ impl Admitted {
             Io::Plain(stream) => stream.connect_info(),
             Io::Tls(stream) => stream.get_ref().0.connect_info(),
         };
+        let first_deadline = self.state.idle_deadline(self.timeouts).unwrap_or_else(Instant::now);
         Connection {
             io,
             info: ConnectionInfo { tcp, state: self.state },
-            idle: Box::pin(tokio::time::sleep(self.idle_timeout)),
-            idle_timeout: self.idle_timeout,
-            _permit: self.permit,
+            idle: Box::pin(tokio::time::sleep_until(first_deadline)),
+            timeouts: self.timeouts,
+            wrote_since_refusals: false,
+            answered_since_refusals: false,
+            _held: self.held,
         }
     }
 }
 
 /// What every call on one connection shares: its own call permits, whether it serves health
-/// checks only, and when it last had nothing in flight.
+/// checks only, when it last had no authenticated call in flight (or opened, if it never had
+/// one), and how many of its calls were refused.
 #[derive(Debug)]
 pub struct ConnectionState {
     /// This connection's share of its listener's calls.
@@ -176,19 +267,30 @@ pub struct ConnectionState {
     pub watches: Arc<Semaphore>,
     in_flight: AtomicUsize,
     idle_since: Mutex<Instant>,
+    /// Whether an authenticated call has begun on it.
+    authenticated: AtomicBool,
+    refused: AtomicU32,
+    max_refused: u32,
+    /// Set once the answer to the last allowed refusal was queued: the connection closes once it
+    /// is written.
+    refused_enough: AtomicBool,
     /// Set by [`ConnectionState::close`]; the reader to wake for it.
     closing: AtomicBool,
     reader: AtomicWaker,
 }
 
 impl ConnectionState {
-    fn new(calls: usize, health_only: bool) -> Arc<Self> {
+    fn new(calls: usize, health_only: bool, max_refused: u32) -> Arc<Self> {
         Arc::new(Self {
             calls: Arc::new(Semaphore::new(calls)),
             health_only,
             watches: Arc::new(Semaphore::new(WATCHES_PER_CONNECTION)),
             in_flight: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
+            authenticated: AtomicBool::new(false),
+            refused: AtomicU32::new(0),
+            max_refused,
+            refused_enough: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             reader: AtomicWaker::new(),
         })
@@ -207,18 +309,52 @@ impl ConnectionState {
         self.closing.load(Ordering::SeqCst)
     }
 
-    /// Marks a request in flight until the returned guard is dropped (when its answer is sent).
+    /// Marks an authenticated call in flight until the returned guard is dropped (when its
+    /// answer is sent). Only these keep a connection open: health checks, reflection and refused
+    /// calls cost a peer without a token nothing, so they must not buy it a connection either.
     pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.authenticated.store(true, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(Arc::clone(self))
     }
 
-    /// When the connection may be closed for idleness: `None` while a request is in flight.
-    fn idle_deadline(&self, idle_timeout: Duration) -> Option<Instant> {
+    /// Counts a call refused for its caller's credentials. The one that reaches the connection's
+    /// bound gets a [`LastRefusal`] for its answer: the connection closes once that is written.
+    pub fn refused(self: &Arc<Self>) -> Option<LastRefusal> {
+        let last = self.refused.fetch_add(1, Ordering::SeqCst) + 1 == self.max_refused;
+        last.then(|| LastRefusal { _closes: Arc::new(Closer(Arc::clone(self))) })
+    }
+
+    /// When the connection may be closed for idleness: `None` while an authenticated call is in
+    /// flight. One that never had one may stay only its unauthenticated timeout from its opening.
+    fn idle_deadline(&self, timeouts: Timeouts) -> Option<Instant> {
         if self.in_flight.load(Ordering::SeqCst) > 0 {
             return None;
         }
-        Some(*self.idle_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) + idle_timeout)
+        let timeout = match self.authenticated.load(Ordering::SeqCst) {
+            true => timeouts.idle,
+            false => timeouts.unauthenticated.min(timeouts.idle),
+        };
+        Some(*self.idle_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) + timeout)
+    }
+}
+
+/// Carried in the extensions of the answer to a connection's last allowed refusal. The server
+/// drops an answer's head once it has queued its frame, so the writes after that carry it, and
+/// the connection's reads end once they are flushed.
+#[derive(Debug, Clone)]
+pub struct LastRefusal {
+    _closes: Arc<Closer>,
+}
+
+#[derive(Debug)]
+struct Closer(Arc<ConnectionState>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        tracing::debug!(refused = self.0.max_refused, "connection closed after its refused calls");
+        self.0.refused_enough.store(true, Ordering::SeqCst);
+        self.0.reader.wake();
     }
 }
 
@@ -248,14 +384,19 @@ pub(crate) enum Io {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-/// An accepted connection: closed (its reads end) once it has been idle for its idle timeout.
+/// An accepted connection: closed (its reads end) once it has been idle for its idle timeout,
+/// unauthenticated for its unauthenticated timeout, or has answered its last allowed refusal.
 #[derive(Debug)]
 pub struct Connection {
     io: Io,
     info: ConnectionInfo,
     idle: Pin<Box<Sleep>>,
-    idle_timeout: Duration,
-    _permit: OwnedSemaphorePermit,
+    timeouts: Timeouts,
+    /// What was written, and then flushed, after its refusals reached their bound: the last
+    /// refusal's answer, which the server would drop unsent if its reads ended first.
+    wrote_since_refusals: bool,
+    answered_since_refusals: bool,
+    _held: Held,
 }
 
 impl Connection {
@@ -264,13 +405,35 @@ impl Connection {
     fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
         while self.idle.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
-            match self.info.state.idle_deadline(self.idle_timeout) {
+            match self.info.state.idle_deadline(self.timeouts) {
                 Some(deadline) if deadline <= now => return true,
                 Some(deadline) => self.idle.as_mut().reset(deadline),
-                None => self.idle.as_mut().reset(now + self.idle_timeout),
+                None => self.idle.as_mut().reset(now + self.timeouts.idle),
             }
         }
         false
+    }
+
+    /// Notes `written` bytes: those written after the last allowed refusal's answer was queued
+    /// carry it.
+    fn wrote(&mut self, written: &Poll<std::io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0)
+            && self.info.state.refused_enough.load(Ordering::SeqCst)
+        {
+            self.wrote_since_refusals = true;
+        }
+    }
+
+    /// Notes a flush: once the last allowed refusal's answer is out, the reader is woken to end
+    /// the connection.
+    fn flushed(&mut self, flushed: &Poll<std::io::Result<()>>) {
+        if self.wrote_since_refusals
+            && !self.answered_since_refusals
+            && matches!(flushed, Poll::Ready(Ok(())))
+        {
+            self.answered_since_refusals = true;
+            self.info.state.reader.wake();
+        }
     }
 }
 
@@ -289,7 +452,7 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        if this.info.state.closed(cx) || this.idle_expired(cx) {
+        if this.info.state.closed(cx) || this.answered_since_refusals || this.idle_expired(cx) {
             // The end of the stream: the server closes a connection with nothing in flight.
             return Poll::Ready(Ok(()));
         }
@@ -302,17 +465,23 @@ impl AsyncRead for Connection {
 
 impl AsyncWrite for Connection {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        let written = match &mut this.io {
             Io::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
             Io::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-        }
+        };
+        this.wrote(&written);
+        written
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        let flushed = match &mut this.io {
             Io::Plain(stream) => Pin::new(stream).poll_flush(cx),
             Io::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-        }
+        };
+        this.flushed(&flushed);
+        flushed
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -327,10 +496,13 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        let written = match &mut this.io {
             Io::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
             Io::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        };
+        this.wrote(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

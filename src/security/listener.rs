@@ -14,13 +14,11 @@ use tower::layer::util::{Identity, Stack};
 
 use super::admission::{Admission, CallLimits};
 use super::auth::Authenticator;
-use super::connection::{Connection, ConnectionLimits, Io, Shed};
+use super::connection::{Connection, ConnectionLimits, Io};
 use super::settings::ListenerSettings;
 use super::tls::{Alpn, ReloadingTls, TlsError, TlsFiles};
 
-/// A TLS handshake that has not finished by then is dropped, so slow or idle clients cannot
-/// hold handshake slots.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+mod handshake;
 
 /// The concurrency limit of a listener whose service set none (the health listeners).
 const HEALTH_LIMIT: u32 = 16;
@@ -63,6 +61,7 @@ pub struct Listener {
     connections: ConnectionLimits,
     http2: Http2,
     reload_every: Duration,
+    tls_first_byte_timeout: Duration,
 }
 
 /// The HTTP/2 settings of a listener's connections.
@@ -147,6 +146,7 @@ impl Listener {
                 max_connection_age_grace: settings.call_timeout,
             },
             reload_every: settings.reload_every,
+            tls_first_byte_timeout: settings.tls_first_byte_timeout,
         })
     }
 
@@ -193,23 +193,32 @@ impl Listener {
     /// slow client delays nobody; certificates are re-read every `reload_every` and on SIGHUP.
     pub fn incoming(self) -> impl Stream<Item = Result<Connection, std::io::Error>> + Send + 'static {
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(accept(self.tcp, self.tls, Arc::new(self.connections), self.reload_every, tx));
+        let timing = Timing { reload_every: self.reload_every, first_byte: self.tls_first_byte_timeout };
+        tokio::spawn(accept(self.tcp, self.tls, Arc::new(self.connections), timing, tx));
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|conn| (Ok(conn), rx)) })
     }
+}
+
+/// How often an accept loop re-reads its TLS files, and how soon a TLS client's first bytes must
+/// arrive.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    reload_every: Duration,
+    first_byte: Duration,
 }
 
 async fn accept(
     tcp: TcpListener,
     tls: Option<ReloadingTls>,
     limits: Arc<ConnectionLimits>,
-    reload_every: Duration,
+    timing: Timing,
     tx: mpsc::Sender<Connection>,
 ) {
     let mut hangup = match &tls {
         Some(_) => tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
         None => None,
     };
-    let mut reload = tokio::time::interval(reload_every.max(Duration::from_millis(100)));
+    let mut reload = tokio::time::interval(timing.reload_every.max(Duration::from_millis(100)));
     reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -217,7 +226,7 @@ async fn accept(
             accepted = tcp.accept() => match accepted {
                 Ok((stream, peer)) => {
                     // Past a limit the stream is dropped here, which closes it.
-                    let Ok(admitted) = limits.admit(&stream) else { continue };
+                    let Ok(admitted) = limits.admit(&stream, peer) else { continue };
                     let _ = stream.set_nodelay(true);
                     match &tls {
                         None => {
@@ -226,23 +235,16 @@ async fn accept(
                             }
                         }
                         Some(tls) => {
-                            let Some(slot) = limits.handshake() else {
-                                Shed::Handshakes.count(false);
-                                continue;
-                            };
                             let acceptor = TlsAcceptor::from(tls.current());
-                            let tx = tx.clone();
-                            tokio::spawn(async move {
-                                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
-                                drop(slot);
-                                match handshake {
-                                    Ok(Ok(stream)) => {
-                                        let _ = tx.send(admitted.serve(Io::Tls(Box::new(stream)))).await;
-                                    }
-                                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                                }
-                            });
+                            tokio::spawn(handshake::handshake(
+                                Arc::clone(&limits),
+                                acceptor,
+                                stream,
+                                peer,
+                                admitted,
+                                timing.first_byte,
+                                tx.clone(),
+                            ));
                         }
                     }
                 }

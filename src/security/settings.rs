@@ -54,10 +54,47 @@ pub struct ListenerSettings {
     #[arg(long, env = "IDEMPOST_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
 
-    /// Most TLS handshakes one listener runs at once; past it a new connection is closed at once
-    /// (and counted). Each handshake must also finish within 10 s.
+    /// Most TLS handshakes one listener runs at once; a connection whose ClientHello arrived
+    /// waits briefly for one, then is closed (and counted). Each handshake must also finish
+    /// within 10 s of the connection's accept.
     #[arg(long, env = "IDEMPOST_MAX_TLS_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_tls_handshakes: u32,
+
+    /// Most client connections one peer address (an IPv6 peer: its /64) keeps open on one
+    /// listener; past it a new connection from it is closed at once (and counted). Peers at
+    /// 127.0.0.1 and ::1 (this host's own probes and sidecars) are not counted. Raise it when a
+    /// proxy or NAT puts many clients behind one address.
+    #[arg(long, env = "IDEMPOST_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections_per_address: u32,
+
+    /// Most TLS handshakes one peer address runs at once on one listener, from its connection's
+    /// accept to the handshake's end; past it a new connection from it is closed at once (and
+    /// counted). Peers at 127.0.0.1 and ::1 draw on 8 handshakes of their own instead.
+    #[arg(long, env = "IDEMPOST_MAX_TLS_HANDSHAKES_PER_ADDRESS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_tls_handshakes_per_address: u32,
+
+    /// The TLS client's first bytes (its ClientHello) must arrive this soon after it connects,
+    /// else the connection is closed before it waits for a handshake slot: a silent connection
+    /// holds no slot. Not a flag: a client sends its ClientHello as soon as it is connected.
+    #[arg(skip = Duration::from_secs(3))]
+    pub tls_first_byte_timeout: Duration,
+
+    /// How long a connection whose ClientHello arrived waits for one of the listener's
+    /// `--max-tls-handshakes` before it is closed: a burst waits its turn, a listener held full
+    /// sheds. Not a flag: it only needs to outlast a burst of honest handshakes.
+    #[arg(skip = Duration::from_secs(1))]
+    pub tls_handshake_slot_wait: Duration,
+
+    /// A connection that has made no authenticated call this long after it opened is closed;
+    /// health checks, reflection and calls refused for their token do not count (nor do they
+    /// keep a connection from its `--idle-timeout`).
+    #[arg(long, env = "IDEMPOST_UNAUTHENTICATED_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub unauthenticated_timeout: Duration,
+
+    /// A connection is closed once this many of its calls were refused for their token (missing,
+    /// invalid, expired), after the last refusal's answer.
+    #[arg(long, env = "IDEMPOST_MAX_REFUSED_CALLS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_refused_calls: u32,
 
     /// Most HTTP/2 streams a client may open at once on one connection (the
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` the server announces); health checks count too.
@@ -69,7 +106,7 @@ pub struct ListenerSettings {
     #[arg(long, env = "IDEMPOST_MAX_WATCH_STREAMS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_watch_streams: u32,
 
-    /// A connection with no call in flight for this long is closed.
+    /// A connection with no authenticated call in flight for this long is closed.
     #[arg(long, env = "IDEMPOST_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
 
@@ -112,6 +149,12 @@ impl Default for ListenerSettings {
             body_timeout: Duration::from_secs(10),
             max_connections: 512,
             max_tls_handshakes: 64,
+            max_connections_per_address: 64,
+            max_tls_handshakes_per_address: 8,
+            tls_first_byte_timeout: Duration::from_secs(3),
+            tls_handshake_slot_wait: Duration::from_secs(1),
+            unauthenticated_timeout: Duration::from_secs(30),
+            max_refused_calls: 8,
             max_concurrent_streams: 256,
             max_watch_streams: 32,
             idle_timeout: Duration::from_secs(300),

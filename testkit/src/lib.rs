@@ -28,6 +28,7 @@ pub mod order;
 pub mod ordering;
 pub mod otlp;
 pub mod outbox;
+pub mod peer;
 pub mod pipeline;
 pub mod pki;
 pub mod ports;

@@ -16,6 +16,7 @@ mod exact_key;
 mod group_commit;
 mod limits;
 mod listings;
+mod peers;
 mod reconcile;
 mod service;
 mod submit_order;
