@@ -68,6 +68,8 @@ pub struct SoakRun {
     pub date: String,
     pub time: String,
     pub command: String,
+    /// Where it ran, and what else the machine was doing.
+    pub setting: String,
     /// Its dated report, relative to `docs/benchmarks/`.
     pub report: String,
 }
@@ -117,6 +119,7 @@ pub fn parse(text: &str) -> Result<Results, String> {
                 date: text_at(soak, "date").map_err(|e| format!("soak: {e}"))?,
                 time: text_at(soak, "time").map_err(|e| format!("soak: {e}"))?,
                 command: text_at(soak, "command").map_err(|e| format!("soak: {e}"))?,
+                setting: text_at(soak, "setting").map_err(|e| format!("soak: {e}"))?,
                 report: text_at(soak, "report").map_err(|e| format!("soak: {e}"))?,
             }),
         },
@@ -226,10 +229,11 @@ pub fn block(results: &Results) -> String {
     if let Some(soak) = &results.soak {
         let _ = write!(
             caption,
-            " The soak row: {} builds of {}, measured {} {} with `{}` on a private server with stock \
-             settings (autovacuum on), a snapshot held open through the second of three stages; in \
-             brackets, each p99 over the raw pipeline floor's at the same rate in the same run.",
-            results.build, soak.commit, soak.date, soak.time, soak.command
+            " The soak row: {} builds of {}, measured {} {} with `{}` on {}, each database a private \
+             server with stock settings (autovacuum on), a snapshot held open through the second of \
+             three stages; in brackets, each p99 over the raw pipeline floor's at the same rate in the \
+             same run.",
+            results.build, soak.commit, soak.date, soak.time, soak.command, soak.setting
         );
     }
     let mut out = format!("{BEGIN}\n{}", wrapped(&caption, WIDTH));

@@ -169,7 +169,7 @@ fn a_soak_adds_its_row_and_names_its_own_run_in_the_caption() {
         .replacen(
             r#""runs": "#,
             r#""soak": {"commit": "abcdef1", "date": "2026-12-06", "time": "13:10-13:40 UTC",
-                        "command": "scripts/bench --only soak", "report": "history/2026-12-06-soak.md"}, "runs": "#,
+                        "command": "scripts/bench --only soak", "setting": "a busy 2-vCPU VM", "report": "history/2026-12-06-soak.md"}, "runs": "#,
             1,
         );
     let block = figures::block(&figures::parse(&with).unwrap());
@@ -182,7 +182,10 @@ fn a_soak_adds_its_row_and_names_its_own_run_in_the_caption() {
     );
     let caption = block.lines().take_while(|line| !line.is_empty()).collect::<Vec<_>>().join(" ");
     assert!(
-        caption.contains("The soak row: release builds of abcdef1, measured 2026-12-06 13:10-13:40 UTC"),
+        caption.contains(
+            "The soak row: release builds of abcdef1, measured 2026-12-06 13:10-13:40 UTC with \
+         `scripts/bench --only soak` on a busy 2-vCPU VM, each database"
+        ),
         "{caption}"
     );
     let broken = with.replace(r#""stage": "released""#, r#""stage": "later""#);
