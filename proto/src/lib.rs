@@ -3,6 +3,7 @@
 //! the hand-written parts of the contract both sides need: the error domain, the event id's one
 //! text form, and the one way text from the other side is escaped before it is shown.
 
+mod audit;
 mod event_id;
 mod text;
 

@@ -214,11 +214,11 @@ impl ConsumerAdminService for ConsumerAdminGrpc {
 
     async fn list_audit(
         &self,
-        request: Request<pb::ListAuditRequest>,
-    ) -> Result<Response<pb::ListAuditResponse>, Status> {
-        let ask = request.get_ref().clone();
+        request: Request<pb::ConsumerAdminServiceListAuditRequest>,
+    ) -> Result<Response<pb::ConsumerAdminServiceListAuditResponse>, Status> {
+        let ask = request.get_ref().clone().into();
         self.operator("ListAudit", &request, None, |_| async move {
-            edge::list_audit(&self.db, ask).await.map_err(ConsumerAdminError::Call)
+            edge::list_audit(&self.db, ask).await.map(Into::into).map_err(ConsumerAdminError::Call)
         })
         .await
     }

@@ -487,7 +487,8 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
         }
         Command::Audit(args) => {
             let reply = if args.consumer() {
-                cli.consumer_admin().await?.list_audit(args.request()).await?.into_inner()
+                let ask = pb::ConsumerAdminServiceListAuditRequest::from(args.request());
+                cli.consumer_admin().await?.list_audit(ask).await?.into_inner().into()
             } else {
                 cli.admin().await?.list_audit(args.request()).await?.into_inner()
             };

@@ -54,7 +54,7 @@ impl Consumer {
 
     /// The consumer's audit rows about `order_id`, newest first.
     async fn audit(&self, order_id: i64) -> Vec<pb::AuditRecord> {
-        let request = pb::ListAuditRequest { order_id, ..Default::default() };
+        let request = pb::ConsumerAdminServiceListAuditRequest { order_id, ..Default::default() };
         self.admin.clone().list_audit(request).await.unwrap().into_inner().records
     }
 }

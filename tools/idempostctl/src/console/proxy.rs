@@ -205,8 +205,8 @@ impl ConsumerAdminService for ConsumerAdminProxy {
 
     async fn list_audit(
         &self,
-        request: Request<pb::ListAuditRequest>,
-    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        request: Request<pb::ConsumerAdminServiceListAuditRequest>,
+    ) -> Result<Response<pb::ConsumerAdminServiceListAuditResponse>, Status> {
         forward!(self.0, ConsumerAdminServiceClient, list_audit, request.into_inner())
     }
 

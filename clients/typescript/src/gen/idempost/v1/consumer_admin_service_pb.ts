@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ConsumerRecord, DeadLetterRecord, ListAuditRequestSchema, ListAuditResponseSchema, NotificationJobRecord } from "./admin_service_pb.js";
+import type { AuditRecord, ConsumerRecord, DeadLetterRecord, NotificationJobRecord } from "./admin_service_pb.js";
 import { file_idempost_v1_admin_service } from "./admin_service_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempost/v1/consumer_admin_service.proto.
  */
 export const file_idempost_v1_consumer_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("CihpZGVtcG9zdC92MS9jb25zdW1lcl9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIuChpHZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJOChtHZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USLwoIdGltZWxpbmUYASABKAsyHS5pZGVtcG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsgBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi4KCWNvbnN1bWVycxgCIAMoCzIbLmlkZW1wb3N0LnYxLkNvbnN1bWVyUmVjb3JkEj0KEW5vdGlmaWNhdGlvbl9qb2JzGAMgAygLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgEIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQibAoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNEhgKEGluY2x1ZGVfcGF5bG9hZHMYAyABKAgSEgoKcGFnZV90b2tlbhgEIAEoCSJnChdMaXN0RGVhZExldHRlcnNSZXNwb25zZRIzCgxkZWFkX2xldHRlcnMYASADKAsyHS5pZGVtcG9zdC52MS5EZWFkTGV0dGVyUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJvChRQdXJnZUNvbnN1bWVkUmVxdWVzdBI2ChNjb25zdW1lZF9vbGRlcl90aGFuGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2RyeV9ydW4YAiABKAgSDgoGcmVhc29uGAMgASgJIpoBChVQdXJnZUNvbnN1bWVkUmVzcG9uc2USFQoNY29uc3VtZWRfcm93cxgBIAEoBBIzCg9jb25zdW1lZF9jdXRvZmYYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEnJlZGVsaXZlcnlfaG9yaXpvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJOChdMaXN0UGFya2VkRXZlbnRzUmVxdWVzdBIQCghvcmRlcl9pZBgBIAEoAxINCgVsaW1pdBgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJItQBChFQYXJrZWRFdmVudFJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEhAKCGV2ZW50X2lkGAIgASgJEhAKCG9yZGVyX2lkGAMgASgDEhUKDWV2ZW50X3ZlcnNpb24YBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZyZWFzb24YBiABKAkSLQoJcGFya2VkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWFkX21vZGVsX3ZlcnNpb24YCCABKAMiagoYTGlzdFBhcmtlZEV2ZW50c1Jlc3BvbnNlEjUKDXBhcmtlZF9ldmVudHMYASADKAsyHi5pZGVtcG9zdC52MS5QYXJrZWRFdmVudFJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOwoXUmVsZWFzZVBhcmtlZEdhcFJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSDgoGcmVhc29uGAIgASgJIqIBChhSZWxlYXNlUGFya2VkR2FwUmVzcG9uc2USHQoVcmVsZWFzZWRfZnJvbV92ZXJzaW9uGAEgASgDEhsKE3JlbGVhc2VkX3RvX3ZlcnNpb24YAiABKAMSGAoQYXBwbGllZF92ZXJzaW9ucxgDIAMoAxIaChJyZWFkX21vZGVsX3ZlcnNpb24YBCABKAMSFAoMc3RpbGxfcGFya2VkGAUgASgNImgKFEF3YWl0Q29uc3VtZWRSZXF1ZXN0EhAKCGV2ZW50X2lkGAEgASgJEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSJwoEd2FpdBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKYAQoVQXdhaXRDb25zdW1lZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuQ29uc3VtZVN0YXRlEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSDgoGZGV0YWlsGAMgASgJEi4KC3JldHJ5X2FmdGVyGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKp8BCgxDb25zdW1lU3RhdGUSHQoZQ09OU1VNRV9TVEFURV9VTlNQRUNJRklFRBAAEhkKFUNPTlNVTUVfU1RBVEVfV0FJVElORxABEhoKFkNPTlNVTUVfU1RBVEVfQ09OU1VNRUQQAhIfChtDT05TVU1FX1NUQVRFX0RFQURfTEVUVEVSRUQQAxIYChRDT05TVU1FX1NUQVRFX1BBUktFRBAEMpwFChRDb25zdW1lckFkbWluU2VydmljZRJoChNHZXRDb25zdW1lclRpbWVsaW5lEicuaWRlbXBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QaKC5pZGVtcG9zdC52MS5HZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USXAoPTGlzdERlYWRMZXR0ZXJzEiMuaWRlbXBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBokLmlkZW1wb3N0LnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElYKDVB1cmdlQ29uc3VtZWQSIS5pZGVtcG9zdC52MS5QdXJnZUNvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXNwb25zZRJfChBMaXN0UGFya2VkRXZlbnRzEiQuaWRlbXBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QaJS5pZGVtcG9zdC52MS5MaXN0UGFya2VkRXZlbnRzUmVzcG9uc2USXwoQUmVsZWFzZVBhcmtlZEdhcBIkLmlkZW1wb3N0LnYxLlJlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0GiUuaWRlbXBvc3QudjEuUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlEkoKCUxpc3RBdWRpdBIdLmlkZW1wb3N0LnYxLkxpc3RBdWRpdFJlcXVlc3QaHi5pZGVtcG9zdC52MS5MaXN0QXVkaXRSZXNwb25zZRJWCg1Bd2FpdENvbnN1bWVkEiEuaWRlbXBvc3QudjEuQXdhaXRDb25zdW1lZFJlcXVlc3QaIi5pZGVtcG9zdC52MS5Bd2FpdENvbnN1bWVkUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempost_v1_admin_service]);
+  fileDesc("CihpZGVtcG9zdC92MS9jb25zdW1lcl9hZG1pbl9zZXJ2aWNlLnByb3RvEgtpZGVtcG9zdC52MSIuChpHZXRDb25zdW1lclRpbWVsaW5lUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCSJOChtHZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USLwoIdGltZWxpbmUYASABKAsyHS5pZGVtcG9zdC52MS5Db25zdW1lclRpbWVsaW5lIsgBChBDb25zdW1lclRpbWVsaW5lEhAKCGV2ZW50X2lkGAEgASgJEi4KCWNvbnN1bWVycxgCIAMoCzIbLmlkZW1wb3N0LnYxLkNvbnN1bWVyUmVjb3JkEj0KEW5vdGlmaWNhdGlvbl9qb2JzGAMgAygLMiIuaWRlbXBvc3QudjEuTm90aWZpY2F0aW9uSm9iUmVjb3JkEjMKDGRlYWRfbGV0dGVycxgEIAMoCzIdLmlkZW1wb3N0LnYxLkRlYWRMZXR0ZXJSZWNvcmQibAoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEg0KBWxpbWl0GAIgASgNEhgKEGluY2x1ZGVfcGF5bG9hZHMYAyABKAgSEgoKcGFnZV90b2tlbhgEIAEoCSJnChdMaXN0RGVhZExldHRlcnNSZXNwb25zZRIzCgxkZWFkX2xldHRlcnMYASADKAsyHS5pZGVtcG9zdC52MS5EZWFkTGV0dGVyUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJvChRQdXJnZUNvbnN1bWVkUmVxdWVzdBI2ChNjb25zdW1lZF9vbGRlcl90aGFuGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2RyeV9ydW4YAiABKAgSDgoGcmVhc29uGAMgASgJIpoBChVQdXJnZUNvbnN1bWVkUmVzcG9uc2USFQoNY29uc3VtZWRfcm93cxgBIAEoBBIzCg9jb25zdW1lZF9jdXRvZmYYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjUKEnJlZGVsaXZlcnlfaG9yaXpvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJOChdMaXN0UGFya2VkRXZlbnRzUmVxdWVzdBIQCghvcmRlcl9pZBgBIAEoAxINCgVsaW1pdBgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJItQBChFQYXJrZWRFdmVudFJlY29yZBIVCg1jb25zdW1lcl9uYW1lGAEgASgJEhAKCGV2ZW50X2lkGAIgASgJEhAKCG9yZGVyX2lkGAMgASgDEhUKDWV2ZW50X3ZlcnNpb24YBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZyZWFzb24YBiABKAkSLQoJcGFya2VkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIaChJyZWFkX21vZGVsX3ZlcnNpb24YCCABKAMiagoYTGlzdFBhcmtlZEV2ZW50c1Jlc3BvbnNlEjUKDXBhcmtlZF9ldmVudHMYASADKAsyHi5pZGVtcG9zdC52MS5QYXJrZWRFdmVudFJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOwoXUmVsZWFzZVBhcmtlZEdhcFJlcXVlc3QSEAoIb3JkZXJfaWQYASABKAMSDgoGcmVhc29uGAIgASgJIqIBChhSZWxlYXNlUGFya2VkR2FwUmVzcG9uc2USHQoVcmVsZWFzZWRfZnJvbV92ZXJzaW9uGAEgASgDEhsKE3JlbGVhc2VkX3RvX3ZlcnNpb24YAiABKAMSGAoQYXBwbGllZF92ZXJzaW9ucxgDIAMoAxIaChJyZWFkX21vZGVsX3ZlcnNpb24YBCABKAMSFAoMc3RpbGxfcGFya2VkGAUgASgNImgKFEF3YWl0Q29uc3VtZWRSZXF1ZXN0EhAKCGV2ZW50X2lkGAEgASgJEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSJwoEd2FpdBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKYAQoVQXdhaXRDb25zdW1lZFJlc3BvbnNlEigKBXN0YXRlGAEgASgOMhkuaWRlbXBvc3QudjEuQ29uc3VtZVN0YXRlEhUKDWNvbnN1bWVyX25hbWUYAiABKAkSDgoGZGV0YWlsGAMgASgJEi4KC3JldHJ5X2FmdGVyGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uInwKJENvbnN1bWVyQWRtaW5TZXJ2aWNlTGlzdEF1ZGl0UmVxdWVzdBINCgVsaW1pdBgBIAEoDRIRCgliZWZvcmVfaWQYAiABKAMSDgoGYWN0aW9uGAMgASgJEhAKCG9yZGVyX2lkGAQgASgDEhAKCGV2ZW50X2lkGAUgASgJImoKJUNvbnN1bWVyQWRtaW5TZXJ2aWNlTGlzdEF1ZGl0UmVzcG9uc2USKQoHcmVjb3JkcxgBIAMoCzIYLmlkZW1wb3N0LnYxLkF1ZGl0UmVjb3JkEhYKDm5leHRfYmVmb3JlX2lkGAIgASgDKp8BCgxDb25zdW1lU3RhdGUSHQoZQ09OU1VNRV9TVEFURV9VTlNQRUNJRklFRBAAEhkKFUNPTlNVTUVfU1RBVEVfV0FJVElORxABEhoKFkNPTlNVTUVfU1RBVEVfQ09OU1VNRUQQAhIfChtDT05TVU1FX1NUQVRFX0RFQURfTEVUVEVSRUQQAxIYChRDT05TVU1FX1NUQVRFX1BBUktFRBAEMsQFChRDb25zdW1lckFkbWluU2VydmljZRJoChNHZXRDb25zdW1lclRpbWVsaW5lEicuaWRlbXBvc3QudjEuR2V0Q29uc3VtZXJUaW1lbGluZVJlcXVlc3QaKC5pZGVtcG9zdC52MS5HZXRDb25zdW1lclRpbWVsaW5lUmVzcG9uc2USXAoPTGlzdERlYWRMZXR0ZXJzEiMuaWRlbXBvc3QudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBokLmlkZW1wb3N0LnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElYKDVB1cmdlQ29uc3VtZWQSIS5pZGVtcG9zdC52MS5QdXJnZUNvbnN1bWVkUmVxdWVzdBoiLmlkZW1wb3N0LnYxLlB1cmdlQ29uc3VtZWRSZXNwb25zZRJfChBMaXN0UGFya2VkRXZlbnRzEiQuaWRlbXBvc3QudjEuTGlzdFBhcmtlZEV2ZW50c1JlcXVlc3QaJS5pZGVtcG9zdC52MS5MaXN0UGFya2VkRXZlbnRzUmVzcG9uc2USXwoQUmVsZWFzZVBhcmtlZEdhcBIkLmlkZW1wb3N0LnYxLlJlbGVhc2VQYXJrZWRHYXBSZXF1ZXN0GiUuaWRlbXBvc3QudjEuUmVsZWFzZVBhcmtlZEdhcFJlc3BvbnNlEnIKCUxpc3RBdWRpdBIxLmlkZW1wb3N0LnYxLkNvbnN1bWVyQWRtaW5TZXJ2aWNlTGlzdEF1ZGl0UmVxdWVzdBoyLmlkZW1wb3N0LnYxLkNvbnN1bWVyQWRtaW5TZXJ2aWNlTGlzdEF1ZGl0UmVzcG9uc2USVgoNQXdhaXRDb25zdW1lZBIhLmlkZW1wb3N0LnYxLkF3YWl0Q29uc3VtZWRSZXF1ZXN0GiIuaWRlbXBvc3QudjEuQXdhaXRDb25zdW1lZFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempost_v1_admin_service]);
 
 /**
  * Asks for the consumer's part of one event's timeline.
@@ -544,6 +544,84 @@ export const AwaitConsumedResponseSchema: GenMessage<AwaitConsumedResponse> = /*
   messageDesc(file_idempost_v1_consumer_admin_service, 13);
 
 /**
+ * Asks for a page of the consumer side's audit, newest first: the fields of AdminService's
+ * ListAuditRequest, field for field.
+ *
+ * @generated from message idempost.v1.ConsumerAdminServiceListAuditRequest
+ */
+export type ConsumerAdminServiceListAuditRequest = Message<"idempost.v1.ConsumerAdminServiceListAuditRequest"> & {
+  /**
+   * The most rows: 0 means 100; at most 1000.
+   *
+   * @generated from field: uint32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * Only rows with a smaller id (the previous answer's `next_before_id`); 0 starts at the newest.
+   *
+   * @generated from field: int64 before_id = 2;
+   */
+  beforeId: bigint;
+
+  /**
+   * Only rows of this action (RELEASE_GAP, PURGE_CONSUMED); empty for all.
+   *
+   * @generated from field: string action = 3;
+   */
+  action: string;
+
+  /**
+   * Only rows about this order; 0 for all.
+   *
+   * @generated from field: int64 order_id = 4;
+   */
+  orderId: bigint;
+
+  /**
+   * Only rows about this event (a canonical lower-case UUID); empty for all.
+   *
+   * @generated from field: string event_id = 5;
+   */
+  eventId: string;
+};
+
+/**
+ * Describes the message idempost.v1.ConsumerAdminServiceListAuditRequest.
+ * Use `create(ConsumerAdminServiceListAuditRequestSchema)` to create a new message.
+ */
+export const ConsumerAdminServiceListAuditRequestSchema: GenMessage<ConsumerAdminServiceListAuditRequest> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_consumer_admin_service, 14);
+
+/**
+ * A page of the consumer side's audit: the fields of AdminService's ListAuditResponse.
+ *
+ * @generated from message idempost.v1.ConsumerAdminServiceListAuditResponse
+ */
+export type ConsumerAdminServiceListAuditResponse = Message<"idempost.v1.ConsumerAdminServiceListAuditResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated idempost.v1.AuditRecord records = 1;
+   */
+  records: AuditRecord[];
+
+  /**
+   * The `before_id` of the next page; 0 when this page is the last.
+   *
+   * @generated from field: int64 next_before_id = 2;
+   */
+  nextBeforeId: bigint;
+};
+
+/**
+ * Describes the message idempost.v1.ConsumerAdminServiceListAuditResponse.
+ * Use `create(ConsumerAdminServiceListAuditResponseSchema)` to create a new message.
+ */
+export const ConsumerAdminServiceListAuditResponseSchema: GenMessage<ConsumerAdminServiceListAuditResponse> = /*@__PURE__*/
+  messageDesc(file_idempost_v1_consumer_admin_service, 15);
+
+/**
  * Where an awaited event is for one consumer.
  *
  * @generated from enum idempost.v1.ConsumeState
@@ -686,14 +764,15 @@ export const ConsumerAdminService: GenService<{
   },
   /**
    * The audit of operators' writes on the consumer's database (ReleaseParkedGap, PurgeConsumed),
-   * newest first, a page at a time, as AdminService.ListAudit serves the order side's.
+   * newest first, a page at a time, as AdminService.ListAudit serves the order side's. Its own
+   * request and response types (one pair per RPC), with the same fields as AdminService's.
    *
    * @generated from rpc idempost.v1.ConsumerAdminService.ListAudit
    */
   listAudit: {
     methodKind: "unary";
-    input: typeof ListAuditRequestSchema;
-    output: typeof ListAuditResponseSchema;
+    input: typeof ConsumerAdminServiceListAuditRequestSchema;
+    output: typeof ConsumerAdminServiceListAuditResponseSchema;
   },
   /**
    * Waits, for a bounded time, until a named consumer consumed one event, dead-lettered it or

@@ -1,0 +1,37 @@
+//! The audit listing's two request/response pairs. Each admin service has a ListAudit of its own
+//! types (buf's rule: one request and one response type per RPC, so either can change alone), with
+//! the same fields; servers and tools share one implementation over AdminService's pair and convert
+//! at the consumer's edge.
+
+use crate::v1::{
+    ConsumerAdminServiceListAuditRequest, ConsumerAdminServiceListAuditResponse, ListAuditRequest,
+    ListAuditResponse,
+};
+
+impl From<ConsumerAdminServiceListAuditRequest> for ListAuditRequest {
+    fn from(ask: ConsumerAdminServiceListAuditRequest) -> Self {
+        let ConsumerAdminServiceListAuditRequest { limit, before_id, action, order_id, event_id } = ask;
+        Self { limit, before_id, action, order_id, event_id }
+    }
+}
+
+impl From<ListAuditRequest> for ConsumerAdminServiceListAuditRequest {
+    fn from(ask: ListAuditRequest) -> Self {
+        let ListAuditRequest { limit, before_id, action, order_id, event_id } = ask;
+        Self { limit, before_id, action, order_id, event_id }
+    }
+}
+
+impl From<ConsumerAdminServiceListAuditResponse> for ListAuditResponse {
+    fn from(page: ConsumerAdminServiceListAuditResponse) -> Self {
+        let ConsumerAdminServiceListAuditResponse { records, next_before_id } = page;
+        Self { records, next_before_id }
+    }
+}
+
+impl From<ListAuditResponse> for ConsumerAdminServiceListAuditResponse {
+    fn from(page: ListAuditResponse) -> Self {
+        let ListAuditResponse { records, next_before_id } = page;
+        Self { records, next_before_id }
+    }
+}
