@@ -393,7 +393,8 @@ async fn a_relay_with_two_producers_has_two_batches_at_the_broker_and_a_failed_b
     let probe = OutboxProbe { conn: &app.conn };
     let orders: Vec<i64> = (1..=200).collect();
     let ids = seed_changes(&app.conn, &orders, 1..=3, 3).await;
-    let kafka = KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(5), &[])
+    // Room for a loaded machine: the hold and the send together stay well inside the timeout.
+    let kafka = KafkaPublisher::new(&broker.address(), topic.clone(), Duration::from_secs(10), &[])
         .unwrap()
         .with_producers(2)
         .unwrap();
@@ -401,7 +402,7 @@ async fn a_relay_with_two_producers_has_two_batches_at_the_broker_and_a_failed_b
     let tuning = Tuning {
         batch_size: 50,
         lease: Duration::from_secs(20),
-        delivery_timeout: Duration::from_secs(5),
+        delivery_timeout: Duration::from_secs(10),
         lease_margin: Duration::from_secs(2),
         retry: RetryPolicy {
             max_attempts: 10,
@@ -460,7 +461,7 @@ fn relay_publisher_overlapped(relay: &idempost_relay::Relay<Overlapping>) -> boo
 }
 
 /// A Kafka publisher of two producers that holds every send until both producers have a batch,
-/// and remembers whether they ever had. A hold that lasts 3 s ends every hold, so that a relay
+/// and remembers whether they ever had. A hold that lasts 5 s ends every hold, so that a relay
 /// whose batches never meet still publishes and the test fails on what it asserts.
 #[cfg(feature = "failpoints")]
 struct Overlapping {
@@ -505,7 +506,7 @@ impl idempost_relay::Publisher for Overlapping {
         async move {
             if !self.gave_up.load(SeqCst) {
                 let met =
-                    tokio::time::timeout(Duration::from_secs(3), overlapped.wait_for(|both| *both)).await;
+                    tokio::time::timeout(Duration::from_secs(5), overlapped.wait_for(|both| *both)).await;
                 self.gave_up.fetch_or(met.is_err(), SeqCst);
             }
             let sent = send.await;
