@@ -168,3 +168,132 @@ async fn a_consumer_instance_name_is_held_across_the_nodes_of_a_galera_cluster()
     let third = Application::build(settings(2)).await;
     assert!(third.is_ok(), "the name is free again once its holder is gone: {:?}", third.map(drop));
 }
+
+/// The journey across the cluster: the order service on node 0, relays on nodes 1 and 2, the
+/// consumer on node 2. Node 1 is SIGKILLed while orders, amendments and cancellations flow, and
+/// rejoins by state transfer while they still flow: every call is answered exactly (no UNKNOWN
+/// reaches the caller: the order service's node stayed up), every event is published once its
+/// relay is back or the other relay took its leases over, each order's versions reach the topic
+/// in order, and the consumer's read model equals the orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "finds a Galera bug not fixed yet: an amendment committed on the order service's node \
+            while a relay on another node marks its previous version is left held_back (the row \
+            lock between them is node-local), so its event is never published"]
+async fn the_journey_across_three_nodes_keeps_every_order_through_a_node_killed_and_rejoined_under_load() {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use idempost_testkit::consumer::{TestConsumer, consumer_settings};
+    use idempost_testkit::db::TestDb;
+    use idempost_testkit::order::{TestOrder, amend, cancel, order};
+    use idempost_testkit::ordering::read_model;
+    use idempost_testkit::outbox::OutboxProbe;
+    use idempost_testkit::relay::{TestRelay, relay_defaults};
+    use idempost_testkit::wait::assert_eventually;
+
+    use crate::broker::{TestBroker, read_topic};
+
+    const ORDERS: i64 = 30;
+    const SLOW_WAIT: Duration = Duration::from_secs(120);
+    let mut cluster = GaleraCluster::start().await;
+    let database = cluster.create_database().await;
+    let broker = TestBroker::start().await;
+    let topic = idempost_testkit::topic::unique("idempost-test-galera");
+    broker.create_topic(&topic, 3).await;
+    let app = TestOrder::spawn_on(TestDb::migrated_at(cluster.url(0, &database)).await, |_| {}).await;
+    // The relays' default delivery timeout (10 s): no send may time out against Tansu 0.6 (see
+    // docs/testing.md), and a loaded machine with three database servers is slow to confirm.
+    let mut relays = Vec::new();
+    for node in [1, 2] {
+        relays.push(
+            TestRelay::spawn(relay_defaults(&cluster.url(node, &database), &broker.address(), &topic)).await,
+        );
+    }
+    let group = format!("galera-{}", uuid::Uuid::new_v4().simple());
+    let consumer =
+        TestConsumer::spawn(consumer_settings(&cluster.url(2, &database), &broker.address(), &topic, &group))
+            .await;
+
+    // Each order: accepted, amended, and (even orders) cancelled: three versions in order.
+    let journey = |n: i64| {
+        let app = &app;
+        async move {
+            let submitted = app.submit(order(7, &format!("galera-{n}"))).await.expect("an exact answer");
+            let id = submitted.order_id;
+            let amended =
+                app.amend(amend(&format!("galera-{n}-2"), id, 1, 3)).await.expect("an exact answer");
+            assert_eq!(amended.version, 2);
+            if n % 2 == 0 {
+                app.cancel(cancel(&format!("galera-{n}-3"), id, 2)).await.expect("an exact answer");
+            }
+            id
+        }
+    };
+    let mut ids = Vec::new();
+    for n in 0..ORDERS / 2 {
+        ids.push(journey(n).await);
+    }
+    cluster.kill(1);
+    for n in ORDERS / 2..ORDERS * 3 / 4 {
+        ids.push(journey(n).await);
+    }
+    cluster.restart(1).await;
+    for n in ORDERS * 3 / 4..ORDERS {
+        ids.push(journey(n).await);
+    }
+
+    let events = ORDERS * 2 + ORDERS / 2;
+    let probe = OutboxProbe { conn: &app.conn };
+    let published = crate::helpers::eventually(SLOW_WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == events
+    })
+    .await;
+    if !published {
+        let sql = "SELECT CONCAT(status, ' held_back=', held_back, ' v', event_version, ' leased=', \
+                   lease_until IS NOT NULL) AS s, COUNT(*) FROM outbox_event \
+                   WHERE status <> 'PUBLISHED' GROUP BY 1";
+        let rows = app.conn.query_all_raw(Statement::from_string(DbBackend::MySql, sql)).await.unwrap();
+        let left: Vec<(String, i64)> =
+            rows.iter().map(|r| (r.try_get_by_index(0).unwrap(), r.try_get_by_index(1).unwrap())).collect();
+        panic!("not every event was published within {SLOW_WAIT:?}; unpublished: {left:?}");
+    }
+    let records =
+        read_topic(&broker.address(), &topic, events as usize, SLOW_WAIT, Duration::from_millis(1500)).await;
+    let mut by_order: BTreeMap<i64, Vec<(i32, i64, i64)>> = BTreeMap::new();
+    for record in &records {
+        let order_id: i64 = record.header("aggregate_id").parse().unwrap();
+        let version: i64 = record.header("event_version").parse().unwrap();
+        by_order.entry(order_id).or_default().push((record.partition, record.offset, version));
+    }
+    assert_eq!(by_order.len(), ORDERS as usize, "every order reached the topic");
+    for (order_id, seen) in &mut by_order {
+        seen.sort();
+        let versions: Vec<i64> = seen.iter().map(|s| s.2).collect();
+        assert!(
+            versions.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1) && versions.first() == Some(&1),
+            "order {order_id}'s versions on the topic are out of order: {versions:?}"
+        );
+    }
+
+    let mut want = BTreeMap::new();
+    for &id in &ids {
+        want.insert(id, app.order_state(id).await);
+    }
+    let name = idempost_consumer::Settings::new(&app.db.url, broker.address()).consumer_name;
+    let consumer_conn = idempost::db::connect(&cluster.url(2, &database), 2).await.unwrap();
+    assert_eventually("the read model equals the orders", SLOW_WAIT, || async {
+        let model: BTreeMap<i64, (i64, String)> = read_model(&consumer_conn, &name)
+            .await
+            .into_iter()
+            .map(|(id, e)| (id, (e.version, e.status)))
+            .collect();
+        model == want
+    })
+    .await;
+
+    consumer.stop().await;
+    for relay in relays {
+        relay.stop().await;
+    }
+    app.stop().await;
+}
