@@ -38,9 +38,10 @@ pub struct Settings {
     pub workers: u16,
 
     /// Kafka producers one relay publishes through, each holding one batch at a time on a
-    /// connection of its own (at most `--workers` of them are used): with two, one batch is
-    /// with the broker while the other's confirms come back, as with two relays.
-    #[arg(long, global = true, env = "IDEMPOST_RELAY_PRODUCERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
+    /// connection of its own (at most `--workers` of them are used): with two, two batches are
+    /// with the broker at once, as with two relays. Worth it only where the broker has time to
+    /// spare between one relay's batches; on a busy broker it was slower.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_PRODUCERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub producers: u16,
 
     /// Most events one claim takes. Claims start small and grow toward this while a backlog
@@ -181,7 +182,7 @@ impl Settings {
             db_max_connections: 4,
             kafka: KafkaSettings::new(brokers),
             workers: 2,
-            producers: 2,
+            producers: 1,
             batch_size: 500,
             lease: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(10),
