@@ -157,7 +157,7 @@ async fn main() -> ExitCode {
             versions: cli.ordered_versions,
             ..if cli.quick { ordered::Shape::QUICK } else { ordered::Shape::FULL }
         },
-        soak: soak::Shape {
+        soak: plan::SoakShape {
             stage: Duration::from_secs_f64((cli.soak_minutes * 60.0).max(soak::WINDOW.as_secs_f64())),
             rate: cli.soak_rate,
         },

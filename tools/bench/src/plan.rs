@@ -36,7 +36,18 @@ pub(crate) struct Plan {
     /// The backlog of the ordered-relay phase.
     pub(crate) ordered: crate::ordered::Shape,
     /// The soak's stages and rate.
-    pub(crate) soak: crate::soak::Shape,
+    pub(crate) soak: SoakShape,
+}
+
+/// What the command line asked of the soak (here, beside the rest of the plan, so that the soak
+/// reads the plan and the plan never reads the soak).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SoakShape {
+    /// Length of each of the three stages.
+    pub(crate) stage: std::time::Duration,
+    /// The offered rate, orders/s; none: `soak::SHARE` of the pipeline's sustained rate when the
+    /// run measured it (or `--max-offered` gave it), else `soak::DEFAULT_RATE`.
+    pub(crate) rate: Option<f64>,
 }
 
 /// One phase of a run, as `--only` names it.

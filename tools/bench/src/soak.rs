@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::error::BenchError;
 use crate::measure::Percentiles;
-use crate::plan::Plan;
+use crate::plan::{Plan, SoakShape as Shape};
 use crate::sql::BenchDatabase;
 
 pub(crate) use chart::draw;
@@ -26,16 +26,6 @@ pub(crate) use report::{json, table, targets};
 
 /// How often the soak samples, and the span of creation times each sample judges.
 pub(crate) const WINDOW: Duration = Duration::from_secs(10);
-
-/// What the command line asked of the soak.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Shape {
-    /// Length of each of the three stages.
-    pub(crate) stage: Duration,
-    /// The offered rate, orders/s; none: [`SHARE`] of the pipeline's sustained rate when the
-    /// run measured it (or `--max-offered` gave it), else [`DEFAULT_RATE`].
-    pub(crate) rate: Option<f64>,
-}
 
 /// The share of the sustained rate the soak offers: issue 42 tried 300 orders/s, about a tenth
 /// of what the pipeline sustains here, a load a production outbox runs at for months.

@@ -77,7 +77,7 @@ impl<'a> Session<'a> {
     /// The floor, then the soak.
     pub(super) async fn soak(
         &mut self,
-        shape: &super::Shape,
+        shape: &crate::plan::SoakShape,
         rate: f64,
         rate_source: String,
     ) -> Result<Soak, BenchError> {
@@ -204,7 +204,7 @@ impl<'a> Session<'a> {
     }
 
     /// The three stages under load, sampled every window; then the drain.
-    async fn stages(&self, shape: &super::Shape, soak: &mut Soak) -> Result<(), BenchError> {
+    async fn stages(&self, shape: &crate::plan::SoakShape, soak: &mut Soak) -> Result<(), BenchError> {
         let topic = self.topic("pipeline").await?;
         let (clients, mut services) = self.start_pipeline(&topic).await?;
         let total = shape.stage * 3;
@@ -243,7 +243,7 @@ impl<'a> Session<'a> {
         &self,
         services: &mut [Service],
         (t0, started): (chrono::DateTime<Utc>, tokio::time::Instant),
-        shape: &super::Shape,
+        shape: &crate::plan::SoakShape,
         soak: &mut Soak,
     ) -> Result<Vec<(Stage, Latencies, Latencies)>, BenchError> {
         let total = shape.stage * 3;
