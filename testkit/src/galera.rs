@@ -120,6 +120,13 @@ impl GaleraCluster {
         let others = (0..NODES).find(|&n| n != node).unwrap();
         let shrunk = eventually(SYNCED_WITHIN, || self.cluster_size_is(others, NODES - 1)).await;
         assert!(shrunk, "the cluster did not drop isolated node {node} within {SYNCED_WITHIN:?}");
+        // The others may form their component before the isolated node has noticed that it is
+        // alone: wait until the node itself no longer counts itself in a primary component.
+        let alone = eventually(SYNCED_WITHIN, || async {
+            self.status(node, "wsrep_cluster_status").await.is_some_and(|status| status != "Primary")
+        })
+        .await;
+        assert!(alone, "isolated node {node} still counted itself primary after {SYNCED_WITHIN:?}");
     }
 
     /// Ends [`GaleraCluster::isolate`]: the node rejoins and catches up; this waits until every
