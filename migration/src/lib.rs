@@ -7,6 +7,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod column;
+pub mod order_ids;
 mod m20261202_000001_create_outbox_schema;
 mod m20261202_000002_operations;
 mod m20261203_000001_claim_fence;

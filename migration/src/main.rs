@@ -3,6 +3,9 @@
 //! sea-orm-migration's own CLI, plus `--database-url-file` (or `IDEMPOST_DATABASE_URL_FILE`) as the
 //! services take it: the URL holds a password, so a deployment mounts it from a secret as a file
 //! rather than putting it in the environment (`DATABASE_URL`) or on the command line (`-u`).
+//!
+//! With `--shard-map-file` it runs the subcommand on every shard of the map instead, one after
+//! another (see `shards.rs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,12 +15,15 @@ use sea_orm_cli::MigrateSubcommands;
 use sea_orm_migration::cli::{Cli, run_cli, run_migrate};
 use sea_orm_migration::sea_orm::{ConnectOptions, Database};
 
+mod shards;
+
 const URL_FILE: &str = "database_url_file";
+const SHARD_MAP_FILE: &str = "shard_map_file";
 /// sea-orm-migration's argument id for `-u` / `DATABASE_URL`.
 const URL: &str = "database_url";
 
 fn command() -> clap::Command {
-    Cli::command().name("idempost-migrate").arg(
+    Cli::command().name("idempost-migrate").arg(shards::argument(SHARD_MAP_FILE, [URL, URL_FILE])).arg(
         Arg::new(URL_FILE)
             .long("database-url-file")
             .value_name("DATABASE_URL_FILE")
@@ -50,6 +56,20 @@ fn database_url(matches: &ArgMatches) -> Result<String, String> {
     Ok(url.to_owned())
 }
 
+/// The subcommand to run (`None`: `up`).
+fn subcommand(matches: &ArgMatches) -> Option<MigrateSubcommands> {
+    matches.subcommand()?;
+    match MigrateSubcommands::from_arg_matches(matches) {
+        Ok(subcommand) => Some(subcommand),
+        Err(error) => error.exit(),
+    }
+}
+
+/// The PostgreSQL schema (`-s`), `public` by default.
+fn schema(matches: &ArgMatches) -> String {
+    matches.get_one::<String>("database_schema").cloned().unwrap_or_else(|| "public".to_owned())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let matches = command().get_matches();
@@ -59,6 +79,10 @@ async fn main() -> ExitCode {
         run_cli(idempost_migration::Migrator).await;
         return ExitCode::SUCCESS;
     }
+    if let Some(path) = matches.get_one::<PathBuf>(SHARD_MAP_FILE) {
+        return shards::migrate(path, subcommand(&matches), schema(&matches), matches.get_flag("verbose"))
+            .await;
+    }
     let url = match database_url(&matches) {
         Ok(url) => url,
         Err(message) => {
@@ -66,15 +90,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let subcommand = match matches.subcommand() {
-        Some(_) => match MigrateSubcommands::from_arg_matches(&matches) {
-            Ok(subcommand) => Some(subcommand),
-            Err(error) => error.exit(),
-        },
-        None => None,
-    };
-    let schema = matches.get_one::<String>("database_schema").cloned().unwrap_or_else(|| "public".to_owned());
-    let options = ConnectOptions::new(url).set_schema_search_path(schema).to_owned();
+    let subcommand = subcommand(&matches);
+    let options = ConnectOptions::new(url).set_schema_search_path(schema(&matches)).to_owned();
     let db = match Database::connect(options).await {
         Ok(db) => db,
         Err(error) => {

@@ -152,11 +152,19 @@ pub enum ShardMapError {
 }
 
 impl ShardMap {
-    /// Reads and checks the map at `path`.
+    /// Reads and checks the map at `path`. A relative `database_url_file` is taken relative to
+    /// the map's own directory, where a deployment mounts the two together.
     pub fn load(path: &Path) -> Result<Self, ShardMapError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ShardMapError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text)
+        let mut map = Self::parse(&text)?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        for shard in &mut map.shards {
+            if let Database::UrlFile(file) = &mut shard.database {
+                *file = dir.join(&*file);
+            }
+        }
+        Ok(map)
     }
 
     /// Parses and checks a map's text.

@@ -139,3 +139,15 @@ fn a_shard_whose_database_changed_is_named_as_redefined() {
     assert_eq!(map.redefined_in(&moved), ["eu-1"]);
     assert!(map.redefined_in(&grown).is_empty());
 }
+
+#[test]
+fn a_relative_url_file_is_found_beside_the_map() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("eu-2"), "postgres://db/eu2\n").unwrap();
+    let text = TWO_SHARDS.replace("/run/secrets/eu-2", "eu-2");
+    std::fs::write(dir.path().join("map.json"), text).unwrap();
+
+    let map = ShardMap::load(&dir.path().join("map.json")).unwrap();
+
+    assert_eq!(map.get("eu-2").unwrap().url().unwrap(), "postgres://db/eu2");
+}
