@@ -22,6 +22,7 @@ mod m20261206_000002_replay_audit;
 mod m20261206_000003_consumer_names_exact;
 mod m20261206_000004_admin_audit;
 mod m20261206_000005_instance_lease;
+mod m20261206_000006_successor_version;
 
 /// Every migration Idempost knows, oldest first.
 #[derive(Debug)]
@@ -45,6 +46,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000003_consumer_names_exact::Migration),
             Box::new(m20261206_000004_admin_audit::Migration),
             Box::new(m20261206_000005_instance_lease::Migration),
+            Box::new(m20261206_000006_successor_version::Migration),
         ]
     }
 }

@@ -20,16 +20,15 @@
 //!    expected version, which the original commit moved past.
 //! 3. Otherwise the change itself, the `order_version` row (whose unique keys catch a key or an
 //!    event id that another operation holds; then the key is read after the rollback) and the
-//!    PENDING outbox row, held back while the previous version's event is unpublished (read
-//!    under a lock on that event's row, which the relay's mark also takes).
+//!    PENDING outbox row, held back while the previous version's event is unpublished (decided
+//!    by writing that event's row, which the relay's mark also writes: a row lock orders the two
+//!    on one server, certification on a Galera cluster).
 
 use chrono::{DateTime, SubsecRound, Utc};
 use idempost_proto::EventId;
-use sea_orm::sea_query::LockType;
-use sea_orm::sea_query::{Expr, ExprTrait as _};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait as _};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, EntityTrait,
-    QueryFilter, QuerySelect,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
 };
 
 use super::accepting::{
@@ -348,30 +347,42 @@ async fn write_change(
     })
 }
 
-/// Whether the order's outbox event of `version` is not yet PUBLISHED, read under a lock on its
-/// row: the new event is then written held back (`outbox_event.held_back`), and the relay's mark
-/// of that version, which must wait for this lock, clears it in the mark's transaction after
-/// this one has committed. Without the lock a mark committing between this read and this
-/// transaction's commit would find no later version to clear, and the new event would stay held
-/// back for good. A row that is gone was published (retention deletes only PUBLISHED rows).
-/// SQLite has one writer, which this transaction already is.
+/// Whether the order's outbox event of `version` is not yet PUBLISHED, decided by writing that
+/// event's row: the new event is then written held back (`outbox_event.held_back`), and the
+/// relay's mark of that version clears it in the mark's transaction after this one has committed.
+///
+/// The write records the new version (`successor_version`, a real change, never a no-op) only
+/// while the row is unpublished, so it both locks the row and puts it in this transaction's
+/// write-set. On one server its row lock orders it with the mark, which takes the same lock: if
+/// the mark locked first, this statement waits and then finds PUBLISHED; if this one did, the
+/// mark waits and its release, a new statement, sees this commit. On a Galera cluster a lock
+/// holds only on its node, but certification refuses the second of two commits that wrote the
+/// same row, so a change and a mark through different nodes can no longer both commit without
+/// seeing each other: the refused one (a deadlock at COMMIT, a confirmed rollback) runs again
+/// (`docs/design/per-order-order.md`, "On Galera"). It replaces a locking read of the same row:
+/// the change's statement count is unchanged. A row that is gone was published (retention
+/// deletes only PUBLISHED rows); SQLite has one writer, which this transaction already is.
 async fn previous_version_unpublished(
     txn: &DatabaseTransaction,
     order_id: i64,
     version: i64,
 ) -> Result<bool, DbErr> {
-    let mut query = outbox_event::Entity::find()
-        .select_only()
-        .column(outbox_event::Column::Status)
+    let written = outbox_event::Entity::update_many()
+        .col_expr(Alias::new(SUCCESSOR_VERSION), Expr::value(version + 1))
         .filter(outbox_event::Column::AggregateType.eq(AGGREGATE_TYPE))
         .filter(outbox_event::Column::AggregateId.eq(order_id.to_string()))
-        .filter(outbox_event::Column::EventVersion.eq(version));
-    if txn.get_database_backend() != DbBackend::Sqlite {
-        query = query.lock(LockType::Update);
-    }
-    let status: Option<String> = query.into_tuple().one(txn).await?;
-    Ok(status.is_some_and(|status| status != OutboxStatus::Published.as_str()))
+        .filter(outbox_event::Column::EventVersion.eq(version))
+        .filter(outbox_event::Column::Status.ne(OutboxStatus::Published.as_str()))
+        .exec(txn)
+        .await?;
+    // Only the change that won version + 1 writes it, so the value always changes and MariaDB
+    // counts the row as affected.
+    Ok(written.rows_affected > 0)
 }
+
+/// `outbox_event.successor_version` (migration `m20261206_000006_successor_version`): written
+/// only here and read by nothing, so it is not a field of the entity.
+const SUCCESSOR_VERSION: &str = "successor_version";
 
 /// The order row as this transaction sees it (claimed, so present).
 async fn order_row(txn: &DatabaseTransaction, order_id: i64) -> Result<orders::Model, DbErr> {

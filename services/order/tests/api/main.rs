@@ -20,3 +20,4 @@ mod peers;
 mod reconcile;
 mod service;
 mod submit_order;
+mod successor;

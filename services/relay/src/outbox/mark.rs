@@ -160,9 +160,12 @@ type PublishedRow = (String, String, Option<String>, Option<i32>, Option<i64>);
 /// made every mark several times slower (figures in `docs/design/per-order-order.md`).
 ///
 /// The read misses no next version: one committed after this transaction's mark took its row
-/// lock was written by a change that read this version's status under that lock, so after this
-/// commit, and saw it PUBLISHED (not held back); one committed before is seen by this read, a new
-/// statement at READ COMMITTED.
+/// lock was written by a change that wrote this version's row only while it was unpublished
+/// (`successor_version`), so it waited for this commit, found PUBLISHED and is not held back; one
+/// committed before is seen by this read, a new statement at READ COMMITTED. On a Galera cluster,
+/// where that lock holds only on its node, the change and this mark both wrote this version's
+/// row, so the one that commits second is refused and runs again (the worker's `record` for a
+/// mark): see `docs/design/per-order-order.md`, "On Galera".
 async fn release_next_versions(txn: &DatabaseTransaction, marked: &[&str]) -> Result<(), DbErr> {
     if marked.is_empty() {
         return Ok(());
