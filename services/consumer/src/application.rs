@@ -18,7 +18,7 @@ use super::instance::{Identity, InstanceError, InstanceLock};
 use super::retention::{DedupRetention, RetentionError};
 use super::settings::{Membership, Settings};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
-use idempost::db;
+use idempost::db::{self, purge};
 use idempost::edge::LongPoll;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
 use idempost::service::{self, Health, HealthEndpoint, MetricsListener, ReadyError};
@@ -169,7 +169,11 @@ impl Application {
         let (db, retention, every, stopped) =
             (self.db.clone(), self.retention.clone(), self.settings.purge_every, stop_rx.clone());
         let purger = tokio::spawn(async move {
-            let purge = || async { retention.purge(&db, false).await.map(|report| report.consumed_rows) };
+            let resume = tokio::sync::Mutex::new(purge::Resume::default());
+            let purge = || async {
+                let mut resume = resume.lock().await;
+                retention.purge_resuming(&db, &mut resume).await.map(|report| report.consumed_rows)
+            };
             service::purge_periodically("consumed_event", every, stopped, purge).await;
         });
         let (current_tx, current) = watch::channel(Arc::clone(&self.consumer));

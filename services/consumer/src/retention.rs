@@ -63,13 +63,36 @@ impl DedupRetention {
         Ok(())
     }
 
-    /// Deletes what the window allows, oldest first, in batches of `batch_size` rows
-    /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them, after
+    /// Deletes what the window allows, oldest first from the head, in batches of `batch_size`
+    /// rows ([`purge::delete_in_batches`]), or with `dry_run` only counts them, after
     /// [`DedupRetention::check`]. The cut-off comes from the database clock.
     pub(crate) async fn purge(
         &self,
         db: &DatabaseConnection,
         dry_run: bool,
+    ) -> Result<DedupPurgeReport, RetentionError> {
+        self.purge_after(db, dry_run, &mut None).await
+    }
+
+    /// The periodic purge: as [`DedupRetention::purge`], but continuing where the run before
+    /// stopped except on a full pass ([`purge::Resume`]).
+    pub(crate) async fn purge_resuming(
+        &self,
+        db: &DatabaseConnection,
+        resume: &mut purge::Resume<i64>,
+    ) -> Result<DedupPurgeReport, RetentionError> {
+        self.purge_after(db, false, resume.next_run()).await
+    }
+
+    /// Rows are taken in `(consumed_at, id)` order, on `idx_consumed_event_retention
+    /// (consumed_at)`: InnoDB and SQLite end every secondary index with the primary key `id`;
+    /// PostgreSQL ends it with the row's address, and ties of `consumed_at` (one consumer batch
+    /// stamps its rows with one time) are as many as a consumer batch at most.
+    async fn purge_after(
+        &self,
+        db: &DatabaseConnection,
+        dry_run: bool,
+        after: &mut Option<purge::Cursor<i64>>,
     ) -> Result<DedupPurgeReport, RetentionError> {
         self.check()?;
         let consumed_cutoff = purge::before(db::now(db).await?, self.consumed)?;
@@ -80,6 +103,7 @@ impl DedupRetention {
             Column::ConsumedAt,
             self.batch_size,
             dry_run,
+            after,
         )
         .await?;
         Ok(DedupPurgeReport { consumed_rows, consumed_cutoff })

@@ -12,6 +12,7 @@ use super::group::{BatchStats, GroupCommitSettings};
 use super::grpc::OrderGrpc;
 use super::settings::Settings;
 use super::store::OrderStore;
+use idempost::db::purge;
 use idempost::edge::LongPoll;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
 use idempost::service::{self, Health, MetricsListener, ReadyError};
@@ -189,7 +190,11 @@ impl Application {
             .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
         let (db, retention, every, until) = (self.db, self.retention, self.purge_every, stopped.clone());
         let purger = tokio::spawn(async move {
-            let purge = || async { retention.purge(&db, false).await.map(|report| report.outbox_rows) };
+            let resume = tokio::sync::Mutex::new(purge::Resume::default());
+            let purge = || async {
+                let mut resume = resume.lock().await;
+                retention.purge_resuming(&db, &mut resume).await.map(|report| report.outbox_rows)
+            };
             service::purge_periodically("outbox_event", every, until, purge).await;
         });
         let servers = async { tokio::try_join!(orders, admin).map(|_| ()) };

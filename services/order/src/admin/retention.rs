@@ -30,13 +30,35 @@ pub(crate) struct OutboxPurgeReport {
 }
 
 impl OutboxRetention {
-    /// Deletes the PUBLISHED rows the window allows, oldest first, in batches of `batch_size`
-    /// ([`purge::delete_in_batches`]), or with `dry_run` only counts them. The cut-off comes from
-    /// the database clock.
+    /// Deletes the PUBLISHED rows the window allows, oldest first from the head, in batches of
+    /// `batch_size` ([`purge::delete_in_batches`]), or with `dry_run` only counts them. The
+    /// cut-off comes from the database clock.
     pub(crate) async fn purge(
         &self,
         db: &DatabaseConnection,
         dry_run: bool,
+    ) -> Result<OutboxPurgeReport, DbErr> {
+        self.purge_after(db, dry_run, &mut None).await
+    }
+
+    /// The periodic purge: as [`OutboxRetention::purge`], but continuing where the run before
+    /// stopped except on a full pass ([`purge::Resume`]).
+    pub(crate) async fn purge_resuming(
+        &self,
+        db: &DatabaseConnection,
+        resume: &mut purge::Resume<String>,
+    ) -> Result<OutboxPurgeReport, DbErr> {
+        self.purge_after(db, false, resume.next_run()).await
+    }
+
+    /// Rows are taken in `(published_at, event_id)` order, on `idx_outbox_retention (status,
+    /// published_at)`: `status` is fixed by equality, and ties of `published_at` (one relay mark
+    /// statement stamps its whole batch with one time) are as many as a mark's batch at most.
+    async fn purge_after(
+        &self,
+        db: &DatabaseConnection,
+        dry_run: bool,
+        after: &mut Option<purge::Cursor<String>>,
     ) -> Result<OutboxPurgeReport, DbErr> {
         let outbox_cutoff = purge::before(db::now(db).await?, self.outbox)?;
         let published = Condition::all()
@@ -49,6 +71,7 @@ impl OutboxRetention {
             Column::PublishedAt,
             self.batch_size,
             dry_run,
+            after,
         )
         .await?;
         Ok(OutboxPurgeReport { outbox_rows, outbox_cutoff })
