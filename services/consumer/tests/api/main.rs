@@ -15,3 +15,4 @@ mod listings;
 mod membership;
 mod parking;
 mod restart;
+mod retention;

@@ -18,6 +18,7 @@ mod limits;
 mod listings;
 mod peers;
 mod reconcile;
+mod retention;
 mod service;
 mod submit_order;
 mod successor;
