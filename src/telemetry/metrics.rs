@@ -39,6 +39,9 @@ pub struct Metrics {
     /// Claims that waited the whole of the claim gate's wait and claimed without it
     /// (MariaDB/MySQL).
     pub claim_gate_timeouts: Counter<u64>,
+    /// Sweeps that found a claimable row behind where the relay's claims start reading
+    /// (attribute `idempost.relay.claim_read`: `due` or `expired`); often means a lookback too short.
+    pub claim_sweep_finds: Counter<u64>,
     /// Idle waits ended early by a wake-up from the order service.
     pub wakeups: Counter<u64>,
     /// Events moved to FAILED.
@@ -154,6 +157,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         releases: meter
             .u64_counter("idempost.relay.releases")
             .with_description("Failed publishes released for retry")
+            .build(),
+        claim_sweep_finds: meter
+            .u64_counter("idempost.relay.claim_sweep_finds")
+            .with_description("Sweeps that found a claimable row behind where the relay's claims start reading")
             .build(),
         wakeups: meter
             .u64_counter("idempost.relay.wakeups")

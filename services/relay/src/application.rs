@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use super::budget::StepBudget;
 use super::health::{Vitals, publish_verdict};
-use super::outbox::{Outbox, RetryPolicy};
+use super::outbox::{ClaimWindow, Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::settings::Settings;
 use super::worker::{PublisherFailed, Relay, Tuning};
@@ -61,7 +61,12 @@ impl Application {
         for addr in std::iter::once(settings.listen).chain(settings.metrics_listen) {
             Listener::check_plaintext(addr, &settings.security).map_err(ReadyError::from)?;
         }
-        let outbox = open_outbox(&settings.database.url, settings.db_max_connections).await?;
+        let outbox = open_outbox(&settings.database.url, settings.db_max_connections)
+            .await?
+            .with_claim_window(ClaimWindow {
+                lookback: settings.claim_lookback,
+                sweep_interval: settings.claim_sweep_interval,
+            });
         let publisher = KafkaPublisher::new(
             &settings.kafka.brokers,
             settings.kafka.topic.clone(),
@@ -234,6 +239,9 @@ fn check(settings: &Settings) -> Result<(), StartupError> {
     // releases, and the margin.
     StepBudget::new(settings.lease, settings.delivery_timeout, settings.lease_margin)
         .map_err(StartupError::Settings)?;
+    if settings.claim_sweep_interval.is_zero() {
+        return Err(StartupError::Settings("--claim-sweep-interval must be longer than zero".into()));
+    }
     if settings.backoff_base > settings.backoff_max {
         return Err(StartupError::Settings("--backoff-base must not exceed --backoff-max".into()));
     }

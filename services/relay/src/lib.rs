@@ -17,7 +17,7 @@ mod worker;
 
 pub use application::{Application, StartupError, open_outbox, redrive};
 pub use lease::{LeaseToken, WorkerId};
-pub use outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
+pub use outbox::{Blame, ClaimWindow, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy, Swept};
 pub use publisher::{CloudEventsMode, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
 pub use step::{StepOutcome, StepReport};

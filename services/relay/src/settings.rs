@@ -74,6 +74,20 @@ pub struct Settings {
     #[arg(long, global = true, env = "IDEMPOST_RELAY_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
 
+    /// How far behind the newest event it claimed a relay's claims read (MariaDB/MySQL and
+    /// PostgreSQL), and how long after their end expired leases are looked for: claims then pass
+    /// only the dead index entries of this span, not all that a held snapshot keeps. Cover the
+    /// order service's transactions (their `created_at` is taken before they commit); a row
+    /// committed later, or left behind for any other reason, waits for the sweep.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_CLAIM_LOOKBACK", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub claim_lookback: Duration,
+
+    /// How often a plain read over the whole due and expired ranges looks for claimable events
+    /// behind where the claims read (a retry, a late commit, a redrive), so that the next claim
+    /// takes them; off the claim path. Counted in `idempost.relay.claim_sweep_finds`.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_CLAIM_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub claim_sweep_interval: Duration,
+
     /// Longest wait between polls of an empty outbox.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_MAX_IDLE_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub max_idle_poll: Duration,
@@ -191,6 +205,8 @@ impl Settings {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
             max_idle_poll: Duration::from_secs(1),
+            claim_lookback: Duration::from_secs(5),
+            claim_sweep_interval: Duration::from_secs(10),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: None,
             publish_stall: Duration::from_secs(60),

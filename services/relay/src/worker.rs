@@ -1,7 +1,7 @@
 //! One relay step (claim, publish, mark or release) and the polling loop around it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -54,6 +54,8 @@ pub struct Relay<P> {
     producer_turns: Vec<Semaphore>,
     /// The lane the next loop started by [`Relay::run`] publishes through.
     next_lane: AtomicUsize,
+    /// Whether a loop started the claims' sweep ([`sweep`]): one per worker, whatever its loops.
+    sweeping: AtomicBool,
 }
 
 /// Batches one producer holds at once. librdkafka's idempotent producer sends one
@@ -86,6 +88,7 @@ impl<P: Publisher> Relay<P> {
             vitals: Arc::default(),
             producer_turns,
             next_lane: AtomicUsize::new(0),
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -422,6 +425,9 @@ impl<P: Publisher> Relay<P> {
         let mut batch = AdaptiveBatch::new(self.tuning.batch_size);
         // Counted per loop, so per lane: another lane's confirms say nothing of this producer.
         let mut failed_batches = 0;
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(sweep(self.outbox.clone(), stop.clone()));
+        }
         tracing::info!(lease_owner = %self.owner, lane, "relay started");
         while !*stop.borrow() {
             let polled_at = tokio::time::Instant::now();
@@ -493,6 +499,36 @@ impl<P: Publisher> Relay<P> {
         }
         tracing::info!(lease_owner = %self.owner, "relay stopped claiming");
         Ok(())
+    }
+}
+
+/// Every sweep interval until `stop`, looks for claimable rows behind where the claims of
+/// `outbox` start reading and lowers the starts to them ([`Outbox::sweep_claims`]): in a task of
+/// its own, so that its walk over the whole ranges never delays a claim. What it finds is
+/// counted: a row found often means a lookback shorter than the order service's transactions.
+async fn sweep(outbox: Outbox, mut stop: watch::Receiver<bool>) {
+    let every = outbox.claim_window().sweep_interval;
+    while !*stop.borrow() {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            changed = stop.changed() => if changed.is_err() { break } else { continue },
+        }
+        match outbox.sweep_claims().await {
+            Ok(swept) => {
+                for (read, found) in [("due", swept.due), ("expired", swept.expired)] {
+                    if found {
+                        metrics()
+                            .claim_sweep_finds
+                            .add(1, &[KeyValue::new("idempost.relay.claim_read", read)]);
+                        tracing::info!(
+                            read,
+                            "the sweep found a claimable row behind the claims' start; claiming from it"
+                        );
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "the claims' sweep failed; trying again next interval"),
+        }
     }
 }
 

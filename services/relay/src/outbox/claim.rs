@@ -7,6 +7,7 @@ use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{DbBackend, DbErr};
 
 use super::event::ClaimedEvent;
+use super::position::Took;
 use super::table::Outbox;
 use crate::lease::{LeaseToken, WorkerId};
 use idempost::db;
@@ -17,6 +18,9 @@ mod gate;
 mod mysql;
 mod postgres;
 mod sqlite;
+mod sweep;
+
+pub use sweep::Swept;
 
 impl Outbox {
     /// Claims up to `batch_size` events for `worker` for `lease`, oldest first, under a fresh
@@ -41,6 +45,11 @@ impl Outbox {
     /// written `held_back` (their previous version was unpublished) are not read at all until
     /// that version's mark releases them, so the due read passes only events that may be their
     /// aggregate's next, however many later versions wait.
+    ///
+    /// On MariaDB/MySQL and PostgreSQL both reads start where this process's claims left off
+    /// (its [`ClaimWindow`](super::ClaimWindow)), not at the head of their index range, so that
+    /// they do not pass the dead entries a held snapshot keeps; what falls behind is found by
+    /// [`Outbox::sweep_claims`] and claimed next.
     pub async fn claim(
         &self,
         worker: &WorkerId,
@@ -48,12 +57,33 @@ impl Outbox {
         batch_size: u64,
     ) -> Result<Vec<ClaimedEvent>, DbErr> {
         let token = LeaseToken::new(worker);
-        match self.db.get_database_backend() {
-            DbBackend::Postgres => self.claim_in_one_statement(&token, lease, batch_size).await,
-            _ if !db::has_skip_locked(&self.db) => self.claim_single_writer(&token, lease, batch_size).await,
-            _ => self.claim_locking(&token, lease, batch_size).await,
-        }
+        let read = self.position.starts();
+        let (claimed, took) = match self.db.get_database_backend() {
+            DbBackend::Postgres => self.claim_in_one_statement(&token, lease, batch_size, read).await?,
+            // One writer at a time, and no snapshot that keeps dead rows: read from the head.
+            _ if !db::has_skip_locked(&self.db) => {
+                return self.claim_single_writer(&token, lease, batch_size).await;
+            }
+            _ => self.claim_locking(&token, lease, batch_size, read).await?,
+        };
+        self.position.claimed(read, took);
+        Ok(claimed)
     }
+}
+
+/// What a claim that leased `rows`, of which `due` came from the due read, tells its position;
+/// `expired_found` is how many expired leases its expired read found within `limit`.
+fn took<'a>(due: impl Iterator<Item = &'a outbox_event::Model>, expired_found: usize, limit: u64) -> Took {
+    Took {
+        newest_due: due.map(|row| row.created_at).max(),
+        expired_cut: u64::try_from(expired_found).unwrap_or(u64::MAX) >= limit,
+    }
+}
+
+/// A lease of `lease` (or a lookback) in whole microseconds, as the claims bind it.
+fn micros(length: Duration) -> Result<i64, DbErr> {
+    i64::try_from(length.as_micros())
+        .map_err(|_| DbErr::Custom(format!("a length of {length:?} is out of range")))
 }
 
 /// SQL true when the outbox row `alias` is its aggregate's earliest event not yet PUBLISHED: no

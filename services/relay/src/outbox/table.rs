@@ -1,11 +1,13 @@
 //! The outbox table as the relay holds it: the pool, the isolation level its locking
 //! transactions set, and the end of a lease by the database clock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{DatabaseConnection, DbErr, IsolationLevel};
 
+use super::position::{ClaimPosition, ClaimWindow};
 use idempost::backlog::{Backlog, Redrive, RedriveAudit};
 use idempost::db;
 
@@ -16,6 +18,8 @@ pub struct Outbox {
     /// Set at the start of each locking transaction; `None` where the pool's sessions already
     /// run at the relay's isolation level (or the backend needs none).
     pub(super) isolation: Option<IsolationLevel>,
+    /// Where this process's claims start reading; shared by every clone, so by every loop.
+    pub(super) position: Arc<ClaimPosition>,
 }
 
 impl Outbox {
@@ -23,13 +27,25 @@ impl Outbox {
     /// isolation level ([`db::relay_isolation`]) itself, one round trip more on MariaDB/MySQL.
     pub fn new(db: DatabaseConnection) -> Self {
         let isolation = db::relay_isolation(&db);
-        Self { db, isolation }
+        Self { db, isolation, position: Arc::new(ClaimPosition::new(ClaimWindow::default())) }
     }
 
     /// The outbox in `db`, a pool opened for the relay ([`db::Pool::Relay`]), whose sessions
     /// already run at the relay's isolation level.
     pub(crate) fn on_relay_pool(db: DatabaseConnection) -> Self {
-        Self { db, isolation: None }
+        Self { db, isolation: None, position: Arc::new(ClaimPosition::new(ClaimWindow::default())) }
+    }
+
+    /// This outbox with its claims read from the head again, then through `window` (see
+    /// [`ClaimWindow`]): as a relay process that has just started.
+    pub fn with_claim_window(mut self, window: ClaimWindow) -> Self {
+        self.position = Arc::new(ClaimPosition::new(window));
+        self
+    }
+
+    /// How this outbox's claims look behind their frontier.
+    pub fn claim_window(&self) -> ClaimWindow {
+        self.position.window()
     }
 
     /// The database connection this outbox uses.

@@ -10,4 +10,5 @@ mod helpers;
 
 use idempost_testkit::{broker, otlp};
 
+mod claims;
 mod relay;

@@ -9,9 +9,10 @@ use sea_orm::{
     FromQueryResult as _, QueryFilter, QueryResult, Statement, TransactionTrait, Value,
 };
 
-use super::{CLAIM_INDEX, READY_INDEX, claimed, first_unpublished, gate, lease_to};
+use super::{CLAIM_INDEX, READY_INDEX, claimed, first_unpublished, gate, lease_to, micros, took};
 use crate::lease::LeaseToken;
 use crate::outbox::event::ClaimedEvent;
+use crate::outbox::position::{ExpiredFrom, Starts, Took};
 use crate::outbox::table::{Outbox, lease_end};
 use idempost::domain::OutboxStatus;
 use idempost::entity::outbox_event::{self, Column};
@@ -49,6 +50,11 @@ impl Outbox {
     /// `docs/design/relay-lease.md`, Deadlocks). On its own index, in the index's order, it stops
     /// at its `LIMIT` and locks only what it takes and what it skips.
     ///
+    /// Both reads start where this process's claims left off (`read`): a range condition on
+    /// `lease_until` and on `created_at` that InnoDB's range optimizer turns into the start of
+    /// the index range, so neither read passes the delete-marked entries before it that a
+    /// stalled purge keeps.
+    ///
     /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
     /// one at a time, and releases it before the commit.
     pub(super) async fn claim_locking(
@@ -56,12 +62,14 @@ impl Outbox {
         token: &LeaseToken,
         lease: Duration,
         batch_size: u64,
-    ) -> Result<Vec<ClaimedEvent>, DbErr> {
+        read: Starts,
+    ) -> Result<(Vec<ClaimedEvent>, Took), DbErr> {
         let txn = self.db.begin_with_config(self.isolation, None).await?;
         let gate = gate::enter(&txn).await?;
+        let lookback = self.position.window().lookback;
         let leased = async {
-            let candidates = lock_candidates(&txn, batch_size).await?;
-            lease_found(&txn, candidates, token, lease, batch_size).await
+            let (candidates, expired_found) = lock_candidates(&txn, batch_size, read, lookback).await?;
+            lease_found(&txn, candidates, expired_found, token, lease, batch_size).await
         }
         .await;
         // Before the commit: the next claim may read while this one commits, and skips its rows.
@@ -74,34 +82,53 @@ impl Outbox {
 }
 
 /// The claim's locking read in `txn`: expired leases and due events, each row with its part
-/// and the server's clock, locked `FOR UPDATE SKIP LOCKED`.
-async fn lock_candidates(txn: &DatabaseTransaction, batch_size: u64) -> Result<Vec<QueryResult>, DbErr> {
+/// and the server's clock, locked `FOR UPDATE SKIP LOCKED`, both read from `read`; and how many
+/// expired leases the plain read found.
+async fn lock_candidates(
+    txn: &DatabaseTransaction,
+    batch_size: u64,
+    read: Starts,
+    lookback: Duration,
+) -> Result<(Vec<QueryResult>, usize), DbErr> {
     let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
     let (publishing, pending) = (OutboxStatus::Publishing.as_str(), OutboxStatus::Pending.as_str());
+    let (expired_from, mut values): (&str, Vec<Value>) = match read.expired_from {
+        ExpiredFrom::Head => ("", vec![]),
+        ExpiredFrom::Window => {
+            ("AND lease_until >= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ", vec![micros(lookback)?.into()])
+        }
+        ExpiredFrom::From(lease_until) => ("AND lease_until >= ? ", vec![lease_until.naive_utc().into()]),
+    };
+    values.push(limit.into());
     let expired: Vec<Value> = txn
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::MySql,
             format!(
                 "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
-                     WHERE status = '{publishing}' AND lease_until < UTC_TIMESTAMP(6) \
+                     WHERE status = '{publishing}' {expired_from}AND lease_until < UTC_TIMESTAMP(6) \
                      ORDER BY lease_until, created_at LIMIT ?"
             ),
-            [limit.into()],
+            values,
         ))
         .await?
         .iter()
         .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
         .collect::<Result<_, _>>()?;
+    let expired_found = expired.len();
     let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
     let first = first_unpublished(DbBackend::MySql, "o");
+    let (due_from, due_values): (&str, Vec<Value>) = match read.due_from {
+        None => ("", vec![limit.into()]),
+        Some(from) => ("AND o.created_at >= ? ", vec![from.naive_utc().into(), limit.into()]),
+    };
     let due = format!(
         "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
-              WHERE o.status = '{pending}' AND o.held_back = FALSE \
+              WHERE o.status = '{pending}' AND o.held_back = FALSE {due_from}\
               AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
               AND {first} ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
     );
     let statement = if expired.is_empty() {
-        Statement::from_sql_and_values(DbBackend::MySql, due, [limit.into()])
+        Statement::from_sql_and_values(DbBackend::MySql, due, due_values)
     } else {
         let keys = vec!["?"; expired.len()].join(", ");
         let sql = format!(
@@ -109,10 +136,10 @@ async fn lock_candidates(txn: &DatabaseTransaction, batch_size: u64) -> Result<V
                   WHERE o.event_id IN ({keys}) AND o.status = '{publishing}' AND o.lease_until < UTC_TIMESTAMP(6) \
                   FOR UPDATE SKIP LOCKED) UNION ALL {due}"
         );
-        let values = expired.into_iter().chain([limit.into()]);
+        let values = expired.into_iter().chain(due_values);
         Statement::from_sql_and_values(DbBackend::MySql, sql, values)
     };
-    txn.query_all_raw(statement).await
+    Ok((txn.query_all_raw(statement).await?, expired_found))
 }
 
 /// Leases what `lock_candidates` found in `txn` (not committed): up to `batch_size`, those not
@@ -120,25 +147,30 @@ async fn lock_candidates(txn: &DatabaseTransaction, batch_size: u64) -> Result<V
 async fn lease_found(
     txn: &DatabaseTransaction,
     result: Vec<QueryResult>,
+    expired_found: usize,
     token: &LeaseToken,
     lease: Duration,
     batch_size: u64,
-) -> Result<Vec<ClaimedEvent>, DbErr> {
+) -> Result<(Vec<ClaimedEvent>, Took), DbErr> {
+    let nothing = took(std::iter::empty(), expired_found, batch_size);
     // One clock value per statement: the first row's is every row's.
     let Some(first) = result.first() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), nothing));
     };
     let lease_until = lease_end(first.try_get::<NaiveDateTime>("", "claim_now")?.and_utc(), lease)?;
     let mut found = Vec::with_capacity(result.len());
     for row in &result {
         found.push((row.try_get::<i64>("", "claim_part")?, outbox_event::Model::from_query_result(row, "")?));
     }
+    let due: HashSet<String> =
+        found.iter().filter(|(part, _)| *part == 1).map(|(_, row)| row.event_id.clone()).collect();
     let mut rows = taken(found, batch_size);
     let held = still_behind_an_unpublished_version(txn, &rows).await?;
     rows.retain(|row| !held.contains(&row.event_id));
     if rows.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), nothing));
     }
+    let took = took(rows.iter().filter(|row| due.contains(&row.event_id)), expired_found, batch_size);
     // At most `batch_size` placeholders, and never an empty `IN ()`.
     let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
     lease_to(outbox_event::Entity::update_many(), token, lease_until)
@@ -146,7 +178,7 @@ async fn lease_found(
         .exec(txn)
         .await?;
     failpoint::hit(failpoint::INSIDE_RELAY_CLAIM_BEFORE_COMMIT).map_err(|e| DbErr::Custom(e.to_string()))?;
-    Ok(rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect())
+    Ok((rows.into_iter().map(|row| claimed(row, 1, lease_until, token)).collect(), took))
 }
 
 /// What a claim takes of the rows its union found (each with its part: 0 for an expired lease,

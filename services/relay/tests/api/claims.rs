@@ -1,0 +1,200 @@
+//! Claims read from where the process's claims left off (MariaDB/MySQL, PostgreSQL), and the
+//! sweep finds what falls behind: an event is claimed late at worst, never left. SQLite's claims
+//! read from the head, so there every event is claimed at once and the sweep finds nothing.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use idempost_relay::{
+    Blame, ClaimWindow, ClaimedEvent, Fenced, Outbox, Released, RetryPolicy, Swept, WorkerId,
+};
+use sea_orm::{ConnectionTrait as _, DatabaseConnection};
+
+use crate::broker::TestBroker;
+use crate::helpers::{Backend, OutboxProbe, TestOrder, TestService, assert_eventually, on_every_backend};
+use idempost_testkit::relay::{relay_args, relay_settings};
+use idempost_testkit::wait::WAIT;
+
+on_every_backend!(
+    a_retry_released_after_the_claims_moved_on_is_found_by_the_sweep_and_claimed_next,
+    an_event_committed_later_than_the_lookback_is_found_by_the_sweep_and_claimed_next,
+    a_lease_that_expired_while_no_claim_looked_is_found_by_the_sweep_and_claimed_next,
+    a_relay_restarted_mid_backlog_reads_both_ranges_from_their_head,
+    a_relay_publishes_an_event_committed_behind_its_claims_and_counts_the_sweep_that_found_it,
+);
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// The default lookback, and a sweep that the tests run themselves.
+fn window() -> ClaimWindow {
+    ClaimWindow { lookback: Duration::from_secs(5), sweep_interval: Duration::from_secs(3600) }
+}
+
+/// A PENDING event of an order of its own, created at `created_at` (as the order service's clock
+/// says when its transaction began); its id.
+async fn insert_event(conn: &DatabaseConnection, created_at: DateTime<Utc>) -> String {
+    let backend = conn.get_database_backend();
+    let id = uuid::Uuid::now_v7().to_string();
+    let sql = "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
+               payload, status, attempts, created_at) \
+               VALUES (?, 'order', ?, 'idempost.v1.OrderAccepted', 1, ?, 'PENDING', 0, ?)";
+    let values = vec![id.clone().into(), id.clone().into(), b"payload".to_vec().into(), created_at.into()];
+    conn.execute_raw(idempost_testkit::sql::statement(backend, sql, values)).await.unwrap();
+    id
+}
+
+fn ids(events: &[ClaimedEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event_id.as_str()).collect()
+}
+
+/// Waits until the database's clock has passed `at`.
+async fn until_database_clock_passes(conn: &DatabaseConnection, at: DateTime<Utc>) {
+    assert_eventually("the database clock passes the moment", WAIT, || async {
+        idempost::db::now(conn).await.unwrap() > at
+    })
+    .await;
+}
+
+/// An event created a minute before `now`: older than any lookback the tests use, as the
+/// event of a transaction that committed long after it began.
+async fn a_minute_before(conn: &DatabaseConnection) -> DateTime<Utc> {
+    idempost::db::now(conn).await.unwrap() - chrono::Duration::seconds(60)
+}
+
+/// On MariaDB/MySQL and PostgreSQL, `event` is behind the claims' start: the claim passes it
+/// by, the sweep finds it (`found`), and the next claim takes it. On SQLite the claim takes it
+/// at once and the sweep finds nothing.
+async fn claimed_only_after_the_sweep(backend: Backend, outbox: &Outbox, event: &str, found: Swept) {
+    let worker = WorkerId::generate();
+    if backend == Backend::Sqlite {
+        assert_eq!(ids(&outbox.claim(&worker, LEASE, 10).await.unwrap()), [event], "read from the head");
+        assert_eq!(outbox.sweep_claims().await.unwrap(), Swept::default());
+        return;
+    }
+    assert!(
+        outbox.claim(&worker, LEASE, 10).await.unwrap().is_empty(),
+        "the claim does not read behind its start"
+    );
+    assert_eq!(outbox.sweep_claims().await.unwrap(), found, "the sweep finds the event behind the start");
+    assert_eq!(ids(&outbox.claim(&worker, LEASE, 10).await.unwrap()), [event], "the next claim takes it");
+    assert_eq!(outbox.sweep_claims().await.unwrap(), Swept::default(), "nothing is left behind");
+}
+
+async fn a_retry_released_after_the_claims_moved_on_is_found_by_the_sweep_and_claimed_next(backend: Backend) {
+    let app = TestOrder::spawn(backend).await;
+    let outbox = Outbox::new(app.db.connect().await).with_claim_window(window());
+    let worker = WorkerId::generate();
+    let retried = insert_event(&app.conn, a_minute_before(&app.conn).await).await;
+    let first = outbox.claim(&worker, LEASE, 1).await.unwrap();
+    assert_eq!(ids(&first), [retried.as_str()]);
+    let newer = insert_event(&app.conn, idempost::db::now(&app.conn).await.unwrap()).await;
+    assert_eq!(ids(&outbox.claim(&worker, LEASE, 1).await.unwrap()), [newer.as_str()], "the claims move on");
+
+    let retry = RetryPolicy {
+        max_attempts: 12,
+        backoff_base: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(1),
+    };
+    let released = outbox.release_all(&[(&first[0], "refused", Blame::Event)], &retry).await.unwrap();
+    let [Fenced::Done(Released::RetryAt(retry_at))] = released[..] else {
+        panic!("the failed publish is released for a retry: {released:?}");
+    };
+    until_database_clock_passes(&app.conn, retry_at).await;
+    claimed_only_after_the_sweep(backend, &outbox, &retried, Swept { due: true, expired: false }).await;
+}
+
+async fn an_event_committed_later_than_the_lookback_is_found_by_the_sweep_and_claimed_next(backend: Backend) {
+    let app = TestOrder::spawn(backend).await;
+    let outbox = Outbox::new(app.db.connect().await).with_claim_window(window());
+    let newer = insert_event(&app.conn, idempost::db::now(&app.conn).await.unwrap()).await;
+    assert_eq!(ids(&outbox.claim(&WorkerId::generate(), LEASE, 10).await.unwrap()), [newer.as_str()]);
+    let late = insert_event(&app.conn, a_minute_before(&app.conn).await).await;
+    claimed_only_after_the_sweep(backend, &outbox, &late, Swept { due: true, expired: false }).await;
+}
+
+async fn a_lease_that_expired_while_no_claim_looked_is_found_by_the_sweep_and_claimed_next(backend: Backend) {
+    let app = TestOrder::spawn(backend).await;
+    let window = ClaimWindow { lookback: Duration::from_secs(1), ..window() };
+    let outbox = Outbox::new(app.db.connect().await).with_claim_window(window);
+    let event = insert_event(&app.conn, idempost::db::now(&app.conn).await.unwrap()).await;
+    let brief = outbox.claim(&WorkerId::generate(), Duration::from_millis(200), 10).await.unwrap();
+    assert_eq!(ids(&brief), [event.as_str()]);
+    // No claim looks while the lease runs out and a lookback more passes.
+    until_database_clock_passes(&app.conn, brief[0].lease_until + chrono::Duration::milliseconds(1500)).await;
+    claimed_only_after_the_sweep(backend, &outbox, &event, Swept { due: false, expired: true }).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    assert_eq!(probe.state(&event).await.attempts, 2, "claimed again, each claim counted");
+}
+
+async fn a_relay_restarted_mid_backlog_reads_both_ranges_from_their_head(backend: Backend) {
+    let app = TestOrder::spawn(backend).await;
+    let window = ClaimWindow { lookback: Duration::from_secs(1), ..window() };
+    let before = Outbox::new(app.db.connect().await).with_claim_window(window);
+    let worker = WorkerId::generate();
+    let expiring = insert_event(&app.conn, a_minute_before(&app.conn).await).await;
+    let brief = before.claim(&worker, Duration::from_millis(200), 1).await.unwrap();
+    assert_eq!(ids(&brief), [expiring.as_str()]);
+    let newer = insert_event(&app.conn, idempost::db::now(&app.conn).await.unwrap()).await;
+    assert_eq!(ids(&before.claim(&worker, LEASE, 1).await.unwrap()), [newer.as_str()]);
+    let late = insert_event(&app.conn, a_minute_before(&app.conn).await).await;
+    until_database_clock_passes(&app.conn, brief[0].lease_until + chrono::Duration::milliseconds(1500)).await;
+    if backend != Backend::Sqlite {
+        assert!(before.claim(&worker, LEASE, 10).await.unwrap().is_empty(), "both are behind its starts");
+    }
+
+    // A new process knows nothing of the old one's position: its first claim reads from the head.
+    let restarted = Outbox::new(app.db.connect().await).with_claim_window(window);
+    let claimed = restarted.claim(&WorkerId::generate(), LEASE, 10).await.unwrap();
+    assert_eq!(
+        ids(&claimed),
+        [expiring.as_str(), late.as_str()],
+        "the expired lease and the late event (oldest first), without a sweep"
+    );
+}
+
+/// A relay process with a short lookback and sweep interval publishes an event committed behind
+/// its claims, and counts the sweep that found it (`idempost.relay.claim_sweep_finds`).
+async fn a_relay_publishes_an_event_committed_behind_its_claims_and_counts_the_sweep_that_found_it(
+    backend: Backend,
+) {
+    let app = TestOrder::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let broker = TestBroker::start().await;
+    let topic = idempost_testkit::topic::unique("idempost-test");
+    broker.create_topic(&topic, 1).await;
+    let mut args = relay_args(&relay_settings(&app.db.url, &broker.address(), &topic));
+    args.extend(["--claim-lookback=1s".to_owned(), "--claim-sweep-interval=500ms".to_owned()]);
+    let (endpoint, received, _receiver) = crate::otlp::start_receiver().await;
+    let env = [
+        ("NO_COLOR", "1".to_owned()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
+    ];
+    let logs = tempfile::tempdir().unwrap();
+    let mut relay = TestService::spawn_logged("idempost-relay", &args, &env, logs.path().join("relay.log"));
+    probe.seed(3).await;
+    assert_eventually("the first events are published", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 3
+    })
+    .await;
+    let late = insert_event(&app.conn, a_minute_before(&app.conn).await).await;
+    assert_eventually("the late event is published", WAIT, || async { probe.state(&late).await.published })
+        .await;
+
+    relay.signal("TERM").await;
+    assert!(relay.wait(Duration::from_secs(40)).await.success(), "the relay exits 0 after SIGTERM");
+    let found: f64 = received
+        .points()
+        .iter()
+        .filter(|p| {
+            p.name == "idempost.relay.claim_sweep_finds"
+                && p.attribute("idempost.relay.claim_read") == Some("due")
+        })
+        .map(|p| p.value)
+        .fold(0.0, f64::max);
+    if backend == Backend::Sqlite {
+        assert_eq!(found, 0.0, "SQLite's claims read from the head; nothing is behind them");
+    } else {
+        assert!(found >= 1.0, "the sweep found the late event and counted it: {}", relay.log());
+    }
+}
