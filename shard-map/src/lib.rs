@@ -194,6 +194,11 @@ impl ShardMap {
         self.shards.iter().find(|s| s.name == name)
     }
 
+    /// The shard whose block holds `order_id`: the only one that can have made it.
+    pub fn shard_of_order(&self, order_id: i64) -> Option<&Shard> {
+        self.shards.iter().find(|s| s.order_ids().contains(&order_id))
+    }
+
     /// The shard of every tenant the map does not list.
     pub fn default_shard(&self) -> &Shard {
         &self.shards[self.default]

@@ -46,6 +46,9 @@ fn shards_have_disjoint_blocks_of_order_ids() {
     )
     .unwrap();
     assert_eq!(last.shards()[0].order_ids().end, 1 << 53);
+    assert_eq!(map.shard_of_order(7).unwrap().name(), "eu-1");
+    assert_eq!(map.shard_of_order((1 << 40) + 7).unwrap().name(), "eu-2");
+    assert!(map.shard_of_order(2 << 40).is_none());
 }
 
 #[test]

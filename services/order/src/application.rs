@@ -1,17 +1,17 @@
 //! Builds the order service from its settings and runs it until shutdown.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use sea_orm::DatabaseConnection;
 use tokio::sync::watch;
 
 use super::admin::{AdminGrpc, OutboxRetention};
-use super::group::{BatchStats, GroupCommitSettings};
+use super::group::BatchStats;
 use super::grpc::OrderGrpc;
 use super::settings::Settings;
-use super::store::OrderStore;
+use super::shards::{self, ShardError, Shards};
 use idempost::db::purge;
 use idempost::edge::LongPoll;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
@@ -41,6 +41,10 @@ pub enum StartupError {
     /// No UDP socket for relay wake-ups could be opened.
     #[error("cannot open a socket for relay wake-ups: {0}")]
     Wake(#[source] std::io::Error),
+    /// A shard of the map cannot be served, or the one database's order ids are outside shard
+    /// 0's block.
+    #[error(transparent)]
+    Shard(ShardError),
 }
 
 /// A built, listening order service.
@@ -55,15 +59,12 @@ pub struct Application {
     public_reflection: bool,
     admin_reflection: bool,
     reload_every: Duration,
-    db: DatabaseConnection,
-    /// Health's own connection: callers' calls holding every pooled connection cannot starve
-    /// its ping.
-    health_db: DatabaseConnection,
+    /// The databases: every shard of the map, or the one database.
+    shards: Shards,
     retention: OutboxRetention,
     wake: WakeSender,
     purge_every: Duration,
     shutdown_grace: Duration,
-    group_commit: GroupCommitSettings,
     batches: BatchStats,
 }
 
@@ -80,8 +81,8 @@ impl Application {
         for addr in [settings.listen, settings.admin_listen].into_iter().chain(settings.metrics_listen) {
             Listener::check_plaintext(addr, &security.listeners).map_err(ReadyError::from)?;
         }
-        let db = service::open_database(&settings.database.url, settings.db_max_connections).await?;
-        let health_db = service::open_health_connection(&settings.database.url).await?;
+        let batches = BatchStats::new(usize::from(settings.group_commit.max_batch));
+        let shards = Shards::open(&settings, batches.clone()).await?;
         // One call holds at most one connection. A listener admits a short queue of calls per
         // pooled connection (each waits milliseconds for one under a burst) and refuses calls past
         // it at once, so a burst never queues without bound on the pool: refusing at the pool size
@@ -113,14 +114,12 @@ impl Application {
             public_reflection: security.auth.reflection_on(settings.listen),
             admin_reflection: security.auth.reflection_on(settings.admin_listen),
             reload_every: security.listeners.reload_every,
-            db,
-            health_db,
+            shards,
             retention,
             wake,
             purge_every: settings.purge_every,
             shutdown_grace: settings.shutdown_grace,
-            batches: BatchStats::new(usize::from(settings.group_commit.max_batch)),
-            group_commit: settings.group_commit,
+            batches,
         })
     }
 
@@ -151,7 +150,8 @@ impl Application {
 
         let (stop, stopped) = watch::channel(false);
         let draining = health.clone();
-        let watcher = tokio::spawn(watch_database(self.health_db, health, stopped.clone()));
+        let watcher = tokio::spawn(shards::watch_health(self.shards.clone(), health, stopped.clone()));
+        let hangups = shards::watch_hangup(self.shards.clone(), stopped.clone());
         let signal = async move {
             shutdown.await;
             tracing::info!("shutdown requested; draining in-flight calls");
@@ -169,31 +169,39 @@ impl Application {
             metrics.serve(stopped.clone());
         }
         telemetry::start_at_zero(&[&telemetry::metrics().calls_refused]);
-        tokio::spawn(service::report_claimable(self.db.clone(), stopped.clone()));
+        // The order service's own claimable gauges read the default shard; the relays report
+        // the shards they serve.
+        tokio::spawn(service::report_claimable(self.shards.default_db(), stopped.clone()));
         let orders = self
             .listener
             .server(&self.auth)
             .add_service(health_service)
             .add_optional_service(self.public_reflection.then(|| reflection.clone()))
-            .add_service(OrderGrpc::server(
-                OrderStore::with_settings(self.db.clone(), &self.group_commit, self.batches),
-                self.wake.clone(),
-                self.auth.clone(),
-            ))
+            .add_service(OrderGrpc::server(self.shards.clone(), self.wake.clone(), self.auth.clone()))
             .serve_with_incoming_shutdown(self.listener.incoming(), signal);
         let waits = LongPoll::for_listener(&self.admin_listener);
         let admin = self
             .admin_listener
             .server(&self.auth)
             .add_optional_service(self.admin_reflection.then_some(reflection))
-            .add_service(AdminGrpc::server(self.db.clone(), self.retention.clone(), self.auth, waits))
+            .add_service(AdminGrpc::server(self.shards.clone(), self.retention.clone(), self.auth, waits))
             .serve_with_incoming_shutdown(self.admin_listener.incoming(), until_true(stopped.clone()));
-        let (db, retention, every, until) = (self.db, self.retention, self.purge_every, stopped.clone());
+        let (shards, retention, every, until) =
+            (self.shards.clone(), self.retention, self.purge_every, stopped.clone());
         let purger = tokio::spawn(async move {
-            let resume = tokio::sync::Mutex::new(purge::Resume::default());
+            // Each shard's own cursor, by name: a shard added by a reload starts with a full pass.
+            let resumes = tokio::sync::Mutex::new(HashMap::<String, purge::Resume<String>>::new());
             let purge = || async {
-                let mut resume = resume.lock().await;
-                retention.purge_resuming(&db, &mut resume).await.map(|report| report.outbox_rows)
+                let mut resumes = resumes.lock().await;
+                let (mut rows, mut failed) = (0, None);
+                // A shard that fails keeps none of the others from their purge.
+                for (name, shard) in shards.all() {
+                    match retention.purge_resuming(shard.store.db(), resumes.entry(name).or_default()).await {
+                        Ok(report) => rows += report.outbox_rows,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                failed.map_or(Ok(rows), Err)
             };
             service::purge_periodically("outbox_event", every, until, purge).await;
         });
@@ -211,6 +219,7 @@ impl Application {
         };
         purger.abort();
         watcher.abort();
+        hangups.abort();
         keys.abort();
         Ok(result?)
     }
@@ -218,17 +227,6 @@ impl Application {
 
 /// The gRPC names the order service's health covers: the whole server and OrderService.
 const HEALTH_NAMES: &[&str] = &["", "idempost.v1.OrderService"];
-
-/// Keeps health NOT_SERVING while the database does not answer, until stopped.
-async fn watch_database(db: DatabaseConnection, health: Health, stopped: watch::Receiver<bool>) {
-    loop {
-        health.update(&[("database", service::database_verdict(&db).await)]).await;
-        tokio::select! {
-            () = tokio::time::sleep(service::HEALTH_INTERVAL) => {}
-            () = until_true(stopped.clone()) => return,
-        }
-    }
-}
 
 /// Completes once the flag turns true (or its sender is gone).
 async fn until_true(mut flag: watch::Receiver<bool>) {

@@ -15,7 +15,8 @@ use tracing::Instrument as _;
 
 use super::accepting::{SubmitError, Submitted};
 use super::change::{Changed, Refusal, Refused};
-use super::store::{OrderStore, Reconciled};
+use super::shards::Shards;
+use super::store::Reconciled;
 use idempost::domain::{
     CancelReason, ChangeKey, ChangeOrder, InvalidInput, RequestId, SubmitOrder, TenantId,
 };
@@ -29,18 +30,15 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// The `OrderService` implementation.
 #[derive(Debug, Clone)]
 pub(crate) struct OrderGrpc {
-    store: OrderStore,
+    /// Each call goes to its tenant's shard.
+    shards: Shards,
     wake: WakeSender,
     auth: Authenticator,
 }
 
 impl OrderGrpc {
-    pub(crate) fn server(
-        store: OrderStore,
-        wake: WakeSender,
-        auth: Authenticator,
-    ) -> OrderServiceServer<Self> {
-        OrderServiceServer::new(Self { store, wake, auth }).max_decoding_message_size(MAX_REQUEST_BYTES)
+    pub(crate) fn server(shards: Shards, wake: WakeSender, auth: Authenticator) -> OrderServiceServer<Self> {
+        OrderServiceServer::new(Self { shards, wake, auth }).max_decoding_message_size(MAX_REQUEST_BYTES)
     }
 }
 
@@ -166,7 +164,7 @@ impl OrderGrpc {
             .map_err(|e| WriteError::Denied(e).into_status(key.clone()))?;
         let submit =
             SubmitOrder::try_from(request).map_err(|e| WriteError::Invalid(e).into_status(key.clone()))?;
-        match self.store.submit(&submit).await {
+        match self.shards.store_for(submit.tenant_id.get()).submit(&submit).await {
             Ok(submitted) => {
                 if !submitted.replayed {
                     self.wake.wake();
@@ -193,7 +191,7 @@ impl OrderGrpc {
             .map_err(|e| WriteError::Denied(e).into_status(key.clone()))?;
         request.set_tenant(tenant_id);
         let change = request.parse().map_err(|e| WriteError::Invalid(e).into_status(key.clone()))?;
-        match self.store.change(&change).await {
+        match self.shards.store_for(tenant_id).change(&change).await {
             Ok(Ok(changed)) => {
                 if !changed.replayed {
                     self.wake.wake();
@@ -218,7 +216,7 @@ impl OrderGrpc {
             .map_err(|e| ReconcileError::Denied(e).into_status(key.clone()))?;
         let (tenant_id, request_id) =
             parse_key(request).map_err(|e| ReconcileError::Invalid(e).into_status(key.clone()))?;
-        match self.store.reconcile(tenant_id, &request_id).await {
+        match self.shards.store_for(tenant_id.get()).reconcile(tenant_id, &request_id).await {
             Ok(Some(order)) => Ok(Response::new(order.into())),
             Ok(None) => Err(ReconcileError::NotFound.into_status(key)),
             Err(e) => {

@@ -11,9 +11,11 @@ mod event;
 mod group;
 mod grpc;
 mod settings;
+mod shards;
 mod store;
 mod transaction;
 
 pub use application::{Application, StartupError};
 pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
+pub use shards::ShardError;

@@ -30,7 +30,13 @@ pub struct Settings {
     #[command(flatten)]
     pub database: DatabaseSettings,
 
-    /// Most database connections the service holds.
+    /// Shard map (JSON): the databases (shards) tenants' orders are split over, and which tenant
+    /// is on which; instead of `--database-url`. SIGHUP rereads it. Format and rules: the
+    /// operations guide's "Shards" section.
+    #[arg(long, env = "IDEMPOST_SHARD_MAP_FILE", conflicts_with_all = ["database_url", "database_url_file"])]
+    pub shard_map_file: Option<std::path::PathBuf>,
+
+    /// Most database connections the service holds (per shard, with a shard map).
     #[arg(long, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub db_max_connections: u32,
 
@@ -94,8 +100,11 @@ fn shared_settings(arg: clap::Arg) -> clap::Arg {
 
 impl Settings {
     /// These settings with the database URL read from its file, when that is how it was given.
+    /// With a shard map, each shard's URL is read when the shard is opened.
     pub(crate) fn with_secrets_read(mut self) -> Result<Self, idempost::secret::SecretError> {
-        self.database.read_url_file()?;
+        if self.shard_map_file.is_none() {
+            self.database.read_url_file()?;
+        }
         Ok(self)
     }
 
@@ -107,6 +116,7 @@ impl Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: None,
             database: DatabaseSettings::new(database_url),
+            shard_map_file: None,
             db_max_connections: 16,
             shutdown_grace: Duration::from_secs(10),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -14,6 +14,7 @@ use super::inspect::{Inspector, OrderEvent, OrderEvents, Timeline};
 use super::listing::{self, Cursor, Page};
 use super::replay;
 use super::retention::{OutboxPurgeReport, OutboxRetention};
+use crate::shards::Shards;
 use idempost::backlog::{self, Redrive, RedriveAudit};
 use idempost::contract::{EVENT_TYPE, ORDER_AMENDED_EVENT_TYPE, ORDER_CANCELLED_EVENT_TYPE};
 use idempost::domain::{FieldViolation, InvalidInput, Operation, OutboxStatus, RequestId, TenantId};
@@ -30,7 +31,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// The `AdminService` implementation.
 #[derive(Debug, Clone)]
 pub(crate) struct AdminGrpc {
-    inspector: Inspector,
+    /// Where an order or event is looked up: see [`AdminGrpc::event_shard`] and its neighbours.
+    shards: Shards,
     retention: OutboxRetention,
     auth: Authenticator,
     /// The bounds of AwaitPublished's waits on this listener.
@@ -39,12 +41,12 @@ pub(crate) struct AdminGrpc {
 
 impl AdminGrpc {
     pub(crate) fn server(
-        db: sea_orm::DatabaseConnection,
+        shards: Shards,
         retention: OutboxRetention,
         auth: Authenticator,
         waits: LongPoll,
     ) -> AdminServiceServer<Self> {
-        AdminServiceServer::new(Self { inspector: Inspector::new(db), retention, auth, waits })
+        AdminServiceServer::new(Self { shards, retention, auth, waits })
             .max_decoding_message_size(MAX_REQUEST_BYTES)
     }
 
@@ -80,8 +82,8 @@ impl AdminService for AdminGrpc {
     ) -> Result<Response<pb::AwaitPublishedResponse>, Status> {
         let ask = request.get_ref().clone();
         self.traced("AwaitPublished", &request, Some(&request.get_ref().event_id), |caller| async move {
-            let (db, waits) = (self.inspector.db(), &self.waits);
-            super::wait::await_published(db, waits, ask, &caller).await.map_err(AdminError::Call)
+            let (shard, waits) = (self.event_shard(&ask.event_id).await?, &self.waits);
+            super::wait::await_published(shard.db(), waits, ask, &caller).await.map_err(AdminError::Call)
         })
         .await
     }
@@ -93,7 +95,7 @@ impl AdminService for AdminGrpc {
         let event_id = request.get_ref().event_id.clone();
         self.traced("GetEventTimeline", &request, Some(&request.get_ref().event_id), |caller| async move {
             let event_id = parse_event_id(&event_id)?;
-            let timeline = self.inspector.timeline(&event_id).await?;
+            let timeline = self.event_shard(&event_id).await?.timeline(&event_id).await?;
             // Another tenant's event is answered exactly like an unknown one.
             let visible =
                 caller.operator || timeline.order.as_ref().is_some_and(|o| caller.may_read(o.tenant_id));
@@ -113,7 +115,8 @@ impl AdminService for AdminGrpc {
         self.traced("FindByBusinessKey", &request, None, |caller| async move {
             let tenant_id = caller.tenant_for_read(key.tenant_id)?;
             let (tenant_id, request_id) = parse_key(tenant_id, key.request_id)?;
-            match self.inspector.find(tenant_id.get(), request_id.as_str()).await? {
+            let shard = Inspector::new(self.shards.tenant_db(tenant_id.get()));
+            match shard.find(tenant_id.get(), request_id.as_str()).await? {
                 Some(timeline) => {
                     tracing::Span::current().record("idempost.event_id", timeline.event_id.as_str());
                     Ok(pb::FindByBusinessKeyResponse { timeline: Some(seen_by(timeline.into(), &caller)) })
@@ -135,11 +138,14 @@ impl AdminService for AdminGrpc {
         self.traced("ListOrderEvents", &request, None, |caller| async move {
             let (order_id, before_version, limit) = parse_order_events(ask)?;
             // Another tenant's order is answered exactly like an unknown one.
-            match self.inspector.order(order_id).await? {
+            let Some(shard) = self.shards.order_db(order_id).map(Inspector::new) else {
+                return Err(AdminError::UnknownOrder(order_id));
+            };
+            match shard.order(order_id).await? {
                 Some(order) if caller.operator || caller.may_read(order.tenant_id) => {}
                 _ => return Err(AdminError::UnknownOrder(order_id)),
             }
-            let page = self.inspector.order_events(order_id, before_version, u64::from(limit)).await?;
+            let page = shard.order_events(order_id, before_version, u64::from(limit)).await?;
             Ok(page.into())
         })
         .await
@@ -156,7 +162,7 @@ impl AdminService for AdminGrpc {
             let ask = parse_backlog(query)?;
             let mut budget = ByteBudget::listing();
             let fits = |row: &idempost::entity::outbox_event::Model| budget.take(&entry(row.clone()));
-            let page = listing::page(self.inspector.db(), &ask, fits).await?;
+            let page = listing::page(&self.shards.default_db(), &ask, fits).await?;
             Ok(page.into())
         })
         .await
@@ -170,7 +176,8 @@ impl AdminService for AdminGrpc {
         self.traced("Redrive", &request, Some(&ask.event_id.clone()), |caller| async move {
             caller.require_operator()?;
             let (event_id, audit) = parse_redrive(ask, &caller)?;
-            match backlog::redrive(self.inspector.db(), &event_id, &audit).await? {
+            let shard = self.event_shard(&event_id).await?;
+            match backlog::redrive(shard.db(), &event_id, &audit).await? {
                 Redrive::Redriven => {
                     tracing::info!(
                         idempost.event_id = %event_id,
@@ -178,7 +185,7 @@ impl AdminService for AdminGrpc {
                         reason = %logged(&audit.reason),
                         "redriven: FAILED -> PENDING"
                     );
-                    let row = self.inspector.timeline(&event_id).await?.outbox;
+                    let row = shard.timeline(&event_id).await?.outbox;
                     Ok(pb::RedriveResponse { outbox: row.map(Into::into) })
                 }
                 Redrive::NotFailed(status) => Err(AdminError::NotFailed { event_id, status }),
@@ -196,12 +203,19 @@ impl AdminService for AdminGrpc {
             caller.require_operator()?;
             let retention = self.retention_for(outbox_older_than, consumed_older_than.is_some(), &reason)?;
             let requested_by = caller.subject.as_deref().unwrap_or(UNAUTHENTICATED);
-            let db = self.inspector.db();
-            let report = if dry_run {
-                retention.purge(db, true).await?
-            } else {
-                retention.purge_audited(db, requested_by, &reason).await?
-            };
+            let mut report: Option<OutboxPurgeReport> = None;
+            // Every shard, each audited on itself; the rows summed, the last shard's cut-off.
+            for db in self.shards.dbs() {
+                let shard = if dry_run {
+                    retention.purge(&db, true).await?
+                } else {
+                    retention.purge_audited(&db, requested_by, &reason).await?
+                };
+                let rows = report.map_or(0, |r| r.outbox_rows);
+                report = Some(OutboxPurgeReport { outbox_rows: rows + shard.outbox_rows, ..shard });
+            }
+            // Never: a map has a shard.
+            let report = report.ok_or_else(|| sea_orm::DbErr::Custom("no shard to purge".to_owned()))?;
             tracing::info!(
                 requested_by = %logged(requested_by),
                 reason = %logged(&reason),
@@ -223,7 +237,7 @@ impl AdminService for AdminGrpc {
             // A replay republishes every tenant's events: operators only.
             caller.require_operator()?;
             let ask = replay::Ask::parse(ask, &caller)?;
-            match replay::replay(self.inspector.db(), &ask).await? {
+            match replay::replay(&self.shards.default_db(), &ask).await? {
                 replay::Replayed::Done(report) => Ok(report.into()),
                 replay::Replayed::TooLarge => Err(AdminError::ReplayTooLarge),
             }
@@ -239,9 +253,28 @@ impl AdminService for AdminGrpc {
         self.traced("ListAudit", &request, None, |caller| async move {
             // Who did what to every tenant's events: operators only.
             caller.require_operator()?;
-            edge::list_audit(self.inspector.db(), ask).await.map_err(AdminError::Call)
+            edge::list_audit(&self.shards.default_db(), ask).await.map_err(AdminError::Call)
         })
         .await
+    }
+}
+
+impl AdminGrpc {
+    /// The shard that holds `event_id`: the first, in the map's order, whose order side knows it
+    /// (event ids are UUIDv7s made by the service, so at most one shard knows one), else the
+    /// default shard, which answers for an unknown event as one database did. Reads every shard
+    /// until one knows it: an admin call, not a hot path.
+    async fn event_shard(&self, event_id: &str) -> Result<Inspector, AdminError> {
+        let dbs = self.shards.dbs();
+        if dbs.len() > 1 {
+            for db in dbs {
+                let shard = Inspector::new(db);
+                if !shard.timeline(event_id).await?.is_empty() {
+                    return Ok(shard);
+                }
+            }
+        }
+        Ok(Inspector::new(self.shards.default_db()))
     }
 }
 

@@ -20,5 +20,6 @@ mod peers;
 mod reconcile;
 mod retention;
 mod service;
+mod shards;
 mod submit_order;
 mod successor;

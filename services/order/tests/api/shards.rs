@@ -1,0 +1,134 @@
+//! The order service over a shard map (`--shard-map-file`): each tenant's calls on its own
+//! shard's database, found again there by Reconcile and the admin service, a shard added by
+//! SIGHUP served without a restart, and `idempost-migrate` migrating every shard of the map.
+//! Two databases on one server make the two shards.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idempost_proto::v1 as pb;
+use idempost_testkit::process::{Signal, send};
+use sea_orm::DatabaseConnection;
+
+use crate::helpers::{
+    Backend, TestDb, TestOrder, amend, assert_eventually, on_every_backend, order, service_binary,
+};
+
+on_every_backend!(
+    calls_of_two_tenants_land_on_their_own_shards_and_are_found_there,
+    a_shard_added_to_the_map_is_served_after_sighup,
+);
+
+/// Tenant 8 is on shard "b"; every other tenant on "a", the default.
+const TENANT_ON_A: i64 = 7;
+const TENANT_ON_B: i64 = 8;
+
+async fn calls_of_two_tenants_land_on_their_own_shards_and_are_found_there(backend: Backend) {
+    let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
+    let dir = tempfile::tempdir().unwrap();
+    let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
+    let report = migrate(&map);
+    assert!(report.contains(r#"shard "a" (1 of 2): migrated; next order id 1"#), "{report}");
+    assert!(report.contains(r#"shard "b" (2 of 2): migrated; next order id 1099511627776"#), "{report}");
+    let app = TestOrder::spawn_on(a, |s| s.shard_map_file = Some(map.clone())).await;
+    let b_conn = b.connect().await;
+
+    let on_a = app.submit(order(TENANT_ON_A, "r-1")).await.unwrap();
+    let on_b = app.submit(order(TENANT_ON_B, "r-1")).await.unwrap();
+
+    assert_eq!(orders_of(&app.conn, TENANT_ON_A).await, 1);
+    assert_eq!(orders_of(&app.conn, TENANT_ON_B).await, 0);
+    assert_eq!(orders_of(&b_conn, TENANT_ON_B).await, 1);
+    assert_eq!(orders_of(&b_conn, TENANT_ON_A).await, 0);
+    assert!(on_a.order_id < 1 << 40, "shard a's ids are its block's: {}", on_a.order_id);
+    assert!((1 << 40..2 << 40).contains(&on_b.order_id), "shard b's ids are its block's: {}", on_b.order_id);
+    assert_eq!(app.reconcile(TENANT_ON_A, "r-1").await.unwrap().order_id, on_a.order_id);
+    assert_eq!(app.reconcile(TENANT_ON_B, "r-1").await.unwrap().order_id, on_b.order_id);
+    let mut change = amend("r-2", on_b.order_id, 1, 3);
+    change.tenant_id = TENANT_ON_B;
+    assert_eq!(app.client.clone().amend_order(change).await.unwrap().into_inner().version, 2);
+    assert_eq!(outbox_rows(&b_conn).await, 2);
+    let asked = pb::GetEventTimelineRequest { event_id: on_b.event_id.clone() };
+    let timeline = app.admin.clone().get_event_timeline(asked).await.unwrap().into_inner().timeline.unwrap();
+    assert_eq!(timeline.order.unwrap().order_id, on_b.order_id);
+    let asked = pb::ListOrderEventsRequest { order_id: on_b.order_id, ..Default::default() };
+    let events = app.admin.clone().list_order_events(asked).await.unwrap().into_inner();
+    assert_eq!(events.total, 2);
+    app.stop().await;
+}
+
+async fn a_shard_added_to_the_map_is_served_after_sighup(backend: Backend) {
+    let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
+    let dir = tempfile::tempdir().unwrap();
+    let map = write_map(dir.path(), &a.url, None);
+    migrate(&map);
+    let app = TestOrder::spawn_on(a, |s| s.shard_map_file = Some(map.clone())).await;
+    app.submit(order(TENANT_ON_A, "before")).await.unwrap();
+    // Shard b gets its first order from a service of its own, so that the main service's
+    // Reconcile can tell when it reads b without writing anything while it does not yet.
+    let only_b = dir.path().join("only-b.json");
+    let text = format!(
+        r#"{{"default": "b", "shards": [{{"name": "b", "number": 1, "database_url": {:?}}}]}}"#,
+        b.url
+    );
+    std::fs::write(&only_b, text).unwrap();
+    migrate(&only_b);
+    let seeder = TestOrder::spawn_on(TestDb::migrated_at(b.url.clone()).await, |s| {
+        s.shard_map_file = Some(only_b.clone());
+    })
+    .await;
+    let seeded = seeder.submit(order(TENANT_ON_B, "seeded")).await.unwrap();
+    seeder.stop().await;
+    assert_eq!(app.reconcile(TENANT_ON_B, "seeded").await.unwrap_err().code(), tonic::Code::NotFound);
+
+    write_map(dir.path(), &app.db.url, Some((&b.url, &[TENANT_ON_B])));
+    assert!(send(std::process::id(), Signal::SIGHUP));
+
+    assert_eventually("the reloaded map sends tenant 8 to shard b", Duration::from_secs(20), || async {
+        app.reconcile(TENANT_ON_B, "seeded").await.is_ok_and(|found| found.order_id == seeded.order_id)
+    })
+    .await;
+    app.submit(order(TENANT_ON_B, "after")).await.unwrap();
+    let b_conn = b.connect().await;
+    assert_eq!(orders_of(&b_conn, TENANT_ON_B).await, 2);
+    assert_eq!(orders_of(&app.conn, TENANT_ON_B).await, 0);
+    assert_eq!(orders_of(&app.conn, TENANT_ON_A).await, 1);
+    app.stop().await;
+}
+
+/// Writes `map.json` in `dir`: shard "a" (number 0, the default, its URL inline) and, when
+/// given, shard "b" (number 1, its URL in a file beside the map) holding `tenants`.
+fn write_map(dir: &Path, a: &str, b: Option<(&str, &[i64])>) -> PathBuf {
+    let mut shards = vec![format!(r#"{{"name": "a", "number": 0, "database_url": {a:?}}}"#)];
+    if let Some((b, tenants)) = b {
+        std::fs::write(dir.join("b.url"), format!("{b}\n")).unwrap();
+        shards.push(format!(
+            r#"{{"name": "b", "number": 1, "database_url_file": "b.url", "tenants": {tenants:?}}}"#
+        ));
+    }
+    let path = dir.join("map.json");
+    std::fs::write(&path, format!(r#"{{"default": "a", "shards": [{}]}}"#, shards.join(", "))).unwrap();
+    path
+}
+
+/// `idempost-migrate --shard-map-file <map> up`, which must succeed; what it printed.
+fn migrate(map: &Path) -> String {
+    let output = std::process::Command::new(service_binary("idempost-migrate"))
+        .arg("--shard-map-file")
+        .arg(map)
+        .arg("up")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{printed}{}", String::from_utf8_lossy(&output.stderr));
+    printed
+}
+
+async fn orders_of(conn: &DatabaseConnection, tenant: i64) -> i64 {
+    idempost_testkit::sql::count(conn, "SELECT COUNT(*) FROM orders WHERE tenant_id = ?", vec![tenant.into()])
+        .await
+}
+
+async fn outbox_rows(conn: &DatabaseConnection) -> i64 {
+    idempost_testkit::sql::count(conn, "SELECT COUNT(*) FROM outbox_event", vec![]).await
+}
