@@ -165,14 +165,15 @@ fn shared_settings(arg: clap::Arg) -> clap::Arg {
 pub enum Command {
     /// Run the relay until SIGTERM (the default).
     Run,
-    /// Return a FAILED event to PENDING with its attempts reset; recorded on the row.
+    /// Return a FAILED event to PENDING with its attempts reset; recorded on the row and in the
+    /// admin audit (`idempostctl audit`).
     Redrive {
         /// The event's id.
         event_id: String,
-        /// Why the event may be published again now: recorded on the row.
+        /// Why the event may be published again now: recorded on the row and in the audit.
         #[arg(long)]
         reason: String,
-        /// Who asks: recorded on the row.
+        /// Who asks: recorded on the row and in the audit.
         #[arg(long, env = "USER", default_value = "operator")]
         requested_by: String,
     },

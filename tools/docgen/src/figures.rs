@@ -229,11 +229,10 @@ pub fn block(results: &Results) -> String {
     if let Some(soak) = &results.soak {
         let _ = write!(
             caption,
-            " The soak row: {} builds of {}, measured {} {} with `{}` on {}, each database a private \
-             server with stock settings (autovacuum on), a snapshot held open through the second of \
-             three stages; in brackets, each p99 over the raw pipeline floor's at the same rate in the \
-             same run.",
-            results.build, soak.commit, soak.date, soak.time, soak.command, soak.setting
+            " The soak row: {} builds of {}, {}, a snapshot held through the second of three stages \
+             on private servers with stock settings; in brackets, p99 over the raw pipeline floor's \
+             in the same run. How, where and the charts: `docs/benchmarks/{}`.",
+            results.build, soak.commit, soak.date, soak.report
         );
     }
     let mut out = format!("{BEGIN}\n{}", wrapped(&caption, WIDTH));
@@ -343,7 +342,8 @@ fn soak_cell(soak: &SoakFigures) -> String {
         )
         .collect::<Vec<_>>()
         .join(" / ");
-    format!("{} ({over}) at {}/s", millis(&soak.publish_p99), rate(soak.rate))
+    let p99: Vec<String> = soak.publish_p99.iter().map(|v| format!("{v:.0}")).collect();
+    format!("{} ({over}) at {}/s", p99.join(" / "), rate(soak.rate))
 }
 
 fn millis(values: &[f64]) -> String {

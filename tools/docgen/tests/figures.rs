@@ -175,7 +175,7 @@ fn a_soak_adds_its_row_and_names_its_own_run_in_the_caption() {
     let block = figures::block(&figures::parse(&with).unwrap());
     assert!(
         block.contains(
-            "| soak: publish p99, baseline / snapshot held / released (ms) | 71.0 / 382.0 / 80.0 \
+            "| soak: publish p99, baseline / snapshot held / released (ms) | 71 / 382 / 80 \
              (1.8x / 9.5x / 2.0x) at 300/s |"
         ),
         "{block}"
@@ -183,11 +183,12 @@ fn a_soak_adds_its_row_and_names_its_own_run_in_the_caption() {
     let caption = block.lines().take_while(|line| !line.is_empty()).collect::<Vec<_>>().join(" ");
     assert!(
         caption.contains(
-            "The soak row: release builds of abcdef1, measured 2026-12-06 13:10-13:40 UTC with \
-         `scripts/bench --only soak` on a busy 2-vCPU VM, each database"
+            "The soak row: release builds of abcdef1, 2026-12-06, a snapshot held through the second \
+             of three stages"
         ),
         "{caption}"
     );
+    assert!(caption.contains("`docs/benchmarks/history/2026-12-06-soak.md`"), "{caption}");
     let broken = with.replace(r#""stage": "released""#, r#""stage": "later""#);
     assert!(figures::parse(&broken).unwrap_err().contains("soak, released"));
 }
