@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use idempost_relay::CloudEventsMode;
-use idempost_testkit::cloudevents::{published_in, published_with};
+use idempost_testkit::cloudevents::{PublishedTopic, published_in, published_with};
 use idempost_testkit::consumer::{TestConsumer, consumer_settings};
 use idempost_testkit::ordering::{Expected, read_model};
 use idempost_testkit::wait::WAIT;
@@ -27,27 +27,7 @@ async fn a_structured_mode_relays_records_are_unwrapped_and_applied_by_the_consu
             && r.header("ce_id").is_empty()),
         "every record is an envelope, its attributes inside it"
     );
-    let mut settings = consumer_settings(&topic.app.db.url, &broker.address(), &topic.name, "ce-structured");
-    settings.consumer_name = "ce-structured".to_owned();
-    let consumer = TestConsumer::spawn(settings).await;
-    let app = &topic.app;
-    let (first, second) = (topic.events[0].order_id, topic.events[1].order_id);
-    let amended_total = app.scalar_i64(&format!("SELECT total FROM orders WHERE id = {first}")).await;
-    let cancelled_total = app.scalar_i64(&format!("SELECT total FROM orders WHERE id = {second}")).await;
-    let want = BTreeMap::from([
-        (first, Expected { version: 2, status: "ACCEPTED".to_owned(), total: amended_total }),
-        (second, Expected { version: 2, status: "CANCELLED".to_owned(), total: cancelled_total }),
-    ]);
-    assert_eventually("the read model shows both orders as the envelopes left them", WAIT, || async {
-        read_model(&app.conn, "ce-structured").await == want
-    })
-    .await;
-    for event in &topic.events {
-        assert_eq!(app.rows_for_event("consumed_event", &event.event_id).await, 1, "{event:?}");
-    }
-    assert_eq!(app.count("dead_letter").await, 0, "no envelope was poison");
-    consumer.stop().await;
-    topic.app.stop().await;
+    applied_as_the_orders_left_them(&broker, topic, "ce-structured").await;
 }
 
 /// `--legacy-headers false`: the records carry `ce_id`, `ce_type`, `ce_subject` and no
@@ -72,8 +52,15 @@ async fn a_binary_mode_relays_records_without_the_legacy_headers_are_applied_by_
         }
         assert_eq!(record.header("event_version"), event.version.to_string());
     }
-    let mut settings = consumer_settings(&topic.app.db.url, &broker.address(), &topic.name, "ce-lean");
-    settings.consumer_name = "ce-lean".to_owned();
+    applied_as_the_orders_left_them(&broker, topic, "ce-lean").await;
+}
+
+/// Runs a consumer named `name` over `topic` until its read model shows both orders as the order
+/// service left them (the first amended, the second cancelled), each event consumed once and none
+/// dead-lettered; then stops everything.
+async fn applied_as_the_orders_left_them(broker: &TestBroker, topic: PublishedTopic, name: &str) {
+    let mut settings = consumer_settings(&topic.app.db.url, &broker.address(), &topic.name, name);
+    settings.consumer_name = name.to_owned();
     let consumer = TestConsumer::spawn(settings).await;
     let app = &topic.app;
     let (first, second) = (topic.events[0].order_id, topic.events[1].order_id);
@@ -83,8 +70,8 @@ async fn a_binary_mode_relays_records_without_the_legacy_headers_are_applied_by_
         (first, Expected { version: 2, status: "ACCEPTED".to_owned(), total: amended_total }),
         (second, Expected { version: 2, status: "CANCELLED".to_owned(), total: cancelled_total }),
     ]);
-    assert_eventually("the read model shows both orders as the records left them", WAIT, || async {
-        read_model(&app.conn, "ce-lean").await == want
+    assert_eventually("the read model shows both orders as the order service left them", WAIT, || async {
+        read_model(&app.conn, name).await == want
     })
     .await;
     for event in &topic.events {

@@ -603,10 +603,7 @@ async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_an
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let broker = crate::broker::TestBroker::start().await;
-    let mut settings = idempost_consumer::Settings::new(&db.url, broker.address());
-    settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
-    settings.shutdown_grace = Duration::from_secs(5);
-    settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+    let settings = jwt_consumer_settings(&db, &broker, &pki);
     let consumer = idempost_consumer::Application::build(settings).await.unwrap();
     let port = consumer.port();
     let consumer = InProcess::spawn(|shutdown| consumer.run_until_stopped(shutdown));
@@ -634,6 +631,19 @@ async fn the_consumers_admin_service_checks_tokens_like_the_order_service_and_an
     // Health on the same listener stays open to probes without a token.
     assert!(idempost_testkit::health::health(port, "").await.is_some(), "health answers without a token");
     consumer.stop().await;
+}
+
+/// A consumer on `db` and `broker` in a group of its own that accepts the tokens `pki` signs.
+fn jwt_consumer_settings(
+    db: &TestDb,
+    broker: &crate::broker::TestBroker,
+    pki: &Pki,
+) -> idempost_consumer::Settings {
+    let mut settings = idempost_consumer::Settings::new(&db.url, broker.address());
+    settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
+    settings.shutdown_grace = Duration::from_secs(5);
+    settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+    settings
 }
 
 /// A call to the consumer's ConsumerAdminService `method` on `port` with `token`, whose request
@@ -669,10 +679,7 @@ async fn the_consumers_admin_service_refuses_tenants_and_oversized_requests_befo
     let pki = Pki::make(dir.path()).unwrap();
     let db = TestDb::migrated(Backend::Sqlite).await;
     let broker = crate::broker::TestBroker::start().await;
-    let mut settings = idempost_consumer::Settings::new(&db.url, broker.address());
-    settings.group_id = Some(format!("security-{}", uuid::Uuid::new_v4().simple()));
-    settings.shutdown_grace = Duration::from_secs(5);
-    settings.auth = AuthSettings::jwt(pki.jwks.clone(), ISSUER, AUDIENCE);
+    let mut settings = jwt_consumer_settings(&db, &broker, &pki);
     // Far longer than the test waits: only the admission or the message limit can answer.
     settings.security.body_timeout = Duration::from_secs(600);
     settings.security.call_timeout = Duration::from_secs(600);
