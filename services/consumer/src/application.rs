@@ -15,6 +15,7 @@ use super::admin::ConsumerAdminGrpc;
 use super::gauges::{self, GroupLag, group_lag};
 use super::inbox::Inbox;
 use super::instance::{Identity, InstanceError, InstanceLock};
+use super::rejoin;
 use super::retention::{DedupRetention, RetentionError};
 use super::settings::{Membership, Settings};
 use super::worker::{CommitOnRevoke, ConsumerStats, Fatal, Worker, commit_stored};
@@ -176,7 +177,9 @@ impl Application {
             };
             service::purge_periodically("consumed_event", every, stopped, purge).await;
         });
-        let (current_tx, current) = watch::channel(Arc::clone(&self.consumer));
+        // Moved out, not cloned: a client replaced at run time must be closed by its last holder.
+        let consumer = self.consumer;
+        let (current_tx, current) = watch::channel(Arc::clone(&consumer));
         let watcher = tokio::spawn(watch_health(
             current.clone(),
             self.health_db.clone(),
@@ -206,7 +209,7 @@ impl Application {
             identity: identity.as_ref(),
             current: &current_tx,
         }
-        .consume(Arc::clone(&self.consumer), stop_rx.clone());
+        .consume(consumer, stop_rx.clone());
         tokio::pin!(run);
         let duplicate = guard_instance(lock.as_mut());
         tokio::pin!(duplicate);
@@ -275,39 +278,116 @@ impl Rebuilding<'_> {
     /// Runs workers over `consumer` until `stop` says stop (`Ok`). After a fatal client error
     /// it subscribes a new client, publishes it on `current` and runs again; stored offsets not
     /// yet committed are lost with the old client, so their records come again and are
-    /// deduplicated. `Err` when a new client cannot be subscribed, or when the broker fenced
-    /// this static instance for another with its id: rejoining would fence that one in turn.
+    /// deduplicated. A dynamic member whose group strands partitions on a member that is gone
+    /// leaves and joins again as a new member ([`crate::rejoin`]). `Err` when a new client cannot be
+    /// subscribed, or when the broker fenced this static instance for another with its id:
+    /// rejoining would fence that one in turn.
     async fn consume(
         self,
         mut consumer: Arc<StreamConsumer<CommitOnRevoke>>,
         stop: watch::Receiver<bool>,
     ) -> Result<(), StartupError> {
         loop {
-            let worker = Worker {
-                consumer: &consumer,
-                inbox: self.inbox,
-                stats: self.stats,
-                backoff_max: self.settings.backoff_max,
-                group: self.settings.group(),
-                batch_size: usize::from(self.settings.batch_size),
-            };
-            let Some(Fatal { reason, fenced }) = worker.run(stop.clone()).await else {
-                return Ok(());
-            };
-            // Fenced by a member with the same instance id: rejoining would fence it in turn.
-            if let (true, Some(identity)) = (fenced, self.identity) {
-                return Err(identity.duplicate().into());
+            match self.run(&consumer, stop.clone()).await {
+                Ended::Stopped => return Ok(()),
+                Ended::Fatal(Fatal { reason, fenced }) => {
+                    // Fenced by a member with the same instance id: rejoining would fence it in
+                    // turn.
+                    if let (true, Some(identity)) = (fenced, self.identity) {
+                        return Err(identity.duplicate().into());
+                    }
+                    // Offsets stored but not yet committed are lost with the old client: their
+                    // records are delivered again and deduplicated.
+                    consumer = subscribed(self.settings, self.stats)?;
+                    let old = self.current.send_replace(Arc::clone(&consumer));
+                    old.context().closing();
+                    tokio::task::spawn_blocking(move || drop(old));
+                    metrics().client_rebuilds.add(1, &[]);
+                    tracing::warn!(%reason, "Kafka consumer rebuilt after a fatal error; it rejoins the group");
+                }
+                Ended::Stranded(partitions) => {
+                    tracing::warn!(
+                        ?partitions,
+                        stalled_for = ?self.settings.session_timeout() + rejoin::MARGIN,
+                        "partitions stranded on a group member that is gone; leaving the group and \
+                         joining it again as a new member"
+                    );
+                    consumer = self.rejoin(consumer).await?;
+                    metrics().client_rebuilds.add(1, &[]);
+                }
             }
-            // Offsets stored but not yet committed are lost with the old client: their
-            // records are delivered again and deduplicated.
-            consumer = subscribed(self.settings, self.stats)?;
-            let old = self.current.send_replace(Arc::clone(&consumer));
-            old.context().closing();
-            tokio::task::spawn_blocking(move || drop(old));
-            metrics().client_rebuilds.add(1, &[]);
-            tracing::warn!(%reason, "Kafka consumer rebuilt after a fatal error; it rejoins the group");
         }
     }
+
+    /// Runs one worker over `consumer` until `stop`, a fatal client error, or, for a dynamic
+    /// member, partitions stranded on a member that is gone.
+    async fn run(
+        &self,
+        consumer: &Arc<StreamConsumer<CommitOnRevoke>>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Ended {
+        let worker = Worker {
+            consumer,
+            inbox: self.inbox,
+            stats: self.stats,
+            backoff_max: self.settings.backoff_max,
+            group: self.settings.group(),
+            batch_size: usize::from(self.settings.batch_size),
+        };
+        let (retire, retired) = watch::channel(false);
+        let run = worker.run(retired);
+        tokio::pin!(run);
+        let stranded = async {
+            if self.settings.membership != Membership::Dynamic {
+                return std::future::pending().await;
+            }
+            let topic = self.settings.kafka.topic.clone();
+            rejoin::stranded(Arc::clone(consumer), topic, self.settings.session_timeout()).await
+        };
+        tokio::pin!(stranded);
+        let stranded = tokio::select! {
+            fatal = &mut run => return fatal.map_or(Ended::Stopped, Ended::Fatal),
+            _ = stop.wait_for(|stopped| *stopped) => None,
+            partitions = &mut stranded => Some(partitions),
+        };
+        // The record in hand is finished first (or left for redelivery when it keeps failing).
+        let _ = retire.send(true);
+        match (run.await, stranded) {
+            (Some(fatal), _) => Ended::Fatal(fatal),
+            (None, Some(partitions)) => Ended::Stranded(partitions),
+            (None, None) => Ended::Stopped,
+        }
+    }
+
+    /// Leaves the group with `old` and joins it with a new client, in that order: the old
+    /// client's offsets are committed and it is closed (its `LeaveGroup` answered) before the
+    /// new one subscribes (see [`crate::rejoin`] for why the order matters on Tansu 0.6).
+    async fn rejoin(
+        &self,
+        old: Arc<StreamConsumer<CommitOnRevoke>>,
+    ) -> Result<Arc<StreamConsumer<CommitOnRevoke>>, StartupError> {
+        commit_stored(old.as_ref(), "rejoin");
+        old.context().closing();
+        let fresh = Arc::new(kafka_consumer(self.settings, Arc::clone(self.stats))?);
+        drop(self.current.send_replace(Arc::clone(&fresh)));
+        if !rejoin::close_alone(old).await {
+            tracing::warn!(
+                "the old Kafka consumer was still in use; joining before its LeaveGroup was answered"
+            );
+        }
+        fresh.subscribe(&[&self.settings.kafka.topic])?;
+        Ok(fresh)
+    }
+}
+
+/// Why a worker ended.
+enum Ended {
+    /// `stop` said stop.
+    Stopped,
+    /// The Kafka client can never consume again.
+    Fatal(Fatal),
+    /// These partitions stood still on a member that is gone (a dynamic member only).
+    Stranded(Vec<i32>),
 }
 
 /// Hands the client in use back on shutdown: commits the offsets of committed work, leaves the

@@ -29,6 +29,50 @@ pub(crate) struct GroupLag {
     pub(crate) committed: i64,
 }
 
+/// One partition of the topic as the group sees it: where it ends, and the group's committed
+/// position in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartitionPosition {
+    pub(crate) partition: i32,
+    /// The committed offset, or the partition's low watermark when nothing is committed yet (the
+    /// group starts at the beginning).
+    pub(crate) committed: i64,
+    /// The high watermark.
+    pub(crate) end: i64,
+}
+
+impl PartitionPosition {
+    /// Records not yet committed.
+    pub(crate) fn lag(&self) -> i64 {
+        (self.end - self.committed).max(0)
+    }
+}
+
+/// Every partition of `topic` as the group sees it. Blocks on the broker: call it off the
+/// runtime's workers.
+pub(crate) fn partition_positions(
+    consumer: &StreamConsumer<CommitOnRevoke>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<PartitionPosition>, KafkaError> {
+    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+    let mut list = TopicPartitionList::new();
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        list.add_partition(topic, partition.id());
+    }
+    let committed = consumer.committed_offsets(list, timeout)?;
+    let mut positions = Vec::with_capacity(committed.count());
+    for element in committed.elements() {
+        let (low, high) = consumer.fetch_watermarks(topic, element.partition(), timeout)?;
+        let committed = match element.offset() {
+            Offset::Offset(offset) => offset,
+            _ => low,
+        };
+        positions.push(PartitionPosition { partition: element.partition(), committed, end: high });
+    }
+    Ok(positions)
+}
+
 /// The group's lag over every partition of `topic`: each partition's high watermark less the
 /// group's committed offset (its low watermark when nothing is committed yet). Blocks on the
 /// broker: call it off the runtime's workers.
@@ -37,24 +81,11 @@ pub(crate) fn group_lag(
     topic: &str,
     timeout: Duration,
 ) -> Result<GroupLag, KafkaError> {
-    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
-    let mut list = TopicPartitionList::new();
-    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-        list.add_partition(topic, partition.id());
-    }
-    let committed = consumer.committed_offsets(list, timeout)?;
-    let mut lag = GroupLag { records: 0, committed: 0 };
-    for element in committed.elements() {
-        let (low, high) = consumer.fetch_watermarks(topic, element.partition(), timeout)?;
-        let position = match element.offset() {
-            Offset::Offset(offset) => offset,
-            // Nothing committed yet: the group starts at the beginning.
-            _ => low,
-        };
-        lag.records += (high - position).max(0);
-        lag.committed += position;
-    }
-    Ok(lag)
+    let positions = partition_positions(consumer, topic, timeout)?;
+    Ok(GroupLag {
+        records: positions.iter().map(PartitionPosition::lag).sum(),
+        committed: positions.iter().map(|p| p.committed).sum(),
+    })
 }
 
 /// What the gauges read.

@@ -24,6 +24,7 @@ mod gap;
 mod gauges;
 mod inbox;
 mod instance;
+mod rejoin;
 mod retention;
 mod settings;
 mod worker;

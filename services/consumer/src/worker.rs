@@ -97,11 +97,20 @@ impl ConsumerStats {
 pub(crate) struct CommitOnRevoke {
     pub(crate) stats: std::sync::Arc<ConsumerStats>,
     closing: AtomicBool,
+    /// Between an assignment and the next revocation: this client's group was formed when it
+    /// last heard (see [`crate::rejoin`]).
+    assigned: AtomicBool,
 }
 
 impl CommitOnRevoke {
     pub(crate) fn new(stats: std::sync::Arc<ConsumerStats>) -> Self {
-        Self { stats, closing: AtomicBool::new(false) }
+        Self { stats, closing: AtomicBool::new(false), assigned: AtomicBool::new(false) }
+    }
+
+    /// Whether this client holds an assignment (possibly empty) that no revocation has ended:
+    /// its group was formed when it last synced.
+    pub(crate) fn assigned(&self) -> bool {
+        self.assigned.load(Ordering::Relaxed)
     }
 
     /// Call once the stored offsets are committed and right before the client is closed: a
@@ -125,6 +134,7 @@ impl ConsumerContext for CommitOnRevoke {
                 commit_stored(consumer, "revoke");
             }
             self.stats.assigned_partitions.store(0, Ordering::Relaxed);
+            self.assigned.store(false, Ordering::Relaxed);
             tracing::info!(partitions = ?partition_list(partitions), "partitions revoked");
         }
     }
@@ -132,6 +142,7 @@ impl ConsumerContext for CommitOnRevoke {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
             self.stats.assigned_partitions.store(partitions.count() as u64, Ordering::Relaxed);
+            self.assigned.store(true, Ordering::Relaxed);
             tracing::info!(partitions = ?partition_list(partitions), "partitions assigned");
         }
     }
