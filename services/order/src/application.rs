@@ -11,7 +11,7 @@ use super::admin::{AdminGrpc, OutboxRetention};
 use super::group::BatchStats;
 use super::grpc::OrderGrpc;
 use super::settings::Settings;
-use super::shards::{self, ShardError, Shards};
+use super::shards::{self, ShardError, ShardMapReload, Shards};
 use idempost::db::purge;
 use idempost::edge::LongPoll;
 use idempost::security::{AuthConfigError, Authenticator, Listener};
@@ -131,6 +131,11 @@ impl Application {
     /// The port the AdminService listens on.
     pub fn admin_port(&self) -> u16 {
         self.admin_port
+    }
+
+    /// Rereads the shard map when asked, as SIGHUP does.
+    pub fn shard_map_reload(&self) -> ShardMapReload {
+        ShardMapReload(self.shards.clone())
     }
 
     /// The sizes of the group-commit batches written so far (none with group commit off).

@@ -18,4 +18,4 @@ mod transaction;
 pub use application::{Application, StartupError};
 pub use group::{BatchSizes, BatchStats, GroupCommitMode, GroupCommitSettings};
 pub use settings::Settings;
-pub use shards::ShardError;
+pub use shards::{ReloadError, ShardError, ShardMapReload};

@@ -29,6 +29,7 @@ use super::settings::Settings;
 use super::store::OrderStore;
 
 pub(crate) use health::watch as watch_health;
+pub use reload::ReloadError;
 pub(crate) use reload::watch_hangup;
 
 /// The shards the service can not start on.
@@ -145,6 +146,18 @@ impl Shards {
 
     fn routing(&self) -> Arc<Routing> {
         Arc::clone(&self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+/// Reloads the shard map on demand, as SIGHUP does: for a program that embeds the service.
+#[derive(Debug, Clone)]
+pub struct ShardMapReload(pub(crate) Shards);
+
+impl ShardMapReload {
+    /// Rereads `--shard-map-file` and serves it, or keeps the running map and says why. `false`
+    /// without a map file: there is nothing to reread.
+    pub async fn reload(&self) -> Result<bool, ReloadError> {
+        self.0.reload().await
     }
 }
 

@@ -15,7 +15,7 @@ use idempost_shard_map::ShardMap;
 
 /// Why a reload was refused; the running map stays.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ReloadError {
+pub enum ReloadError {
     /// The new map, or one of its new shards, cannot be used.
     #[error(transparent)]
     Shard(#[from] ShardError),

@@ -6,17 +6,22 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use idempost_order::{Application, ReloadError, Settings, ShardError, StartupError};
 use idempost_proto::v1 as pb;
+use idempost_testkit::in_process::InProcess;
 use idempost_testkit::process::{Signal, send};
 use sea_orm::DatabaseConnection;
 
 use crate::helpers::{
-    Backend, TestDb, TestOrder, amend, assert_eventually, on_every_backend, order, service_binary,
+    Backend, TestDb, TestOrder, amend, assert_eventually, connect_order_service, on_every_backend, order,
+    service_binary,
 };
 
 on_every_backend!(
     calls_of_two_tenants_land_on_their_own_shards_and_are_found_there,
     a_shard_added_to_the_map_is_served_after_sighup,
+    a_reload_that_would_leave_a_tenants_orders_behind_keeps_the_running_map,
+    a_shard_whose_order_ids_are_outside_its_block_is_refused_at_start,
 );
 
 /// Tenant 8 is on shard "b"; every other tenant on "a", the default.
@@ -94,6 +99,57 @@ async fn a_shard_added_to_the_map_is_served_after_sighup(backend: Backend) {
     assert_eq!(orders_of(&app.conn, TENANT_ON_B).await, 0);
     assert_eq!(orders_of(&app.conn, TENANT_ON_A).await, 1);
     app.stop().await;
+}
+
+async fn a_reload_that_would_leave_a_tenants_orders_behind_keeps_the_running_map(backend: Backend) {
+    let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
+    let dir = tempfile::tempdir().unwrap();
+    migrate(&write_map(dir.path(), &a.url, Some((&b.url, &[]))));
+    // The service starts on shard a alone.
+    let map = write_map(dir.path(), &a.url, None);
+    let mut settings = Settings::for_database(&a.url);
+    settings.shard_map_file = Some(map.clone());
+    let app = Application::build(settings).await.unwrap();
+    let (reload, port) = (app.shard_map_reload(), app.port());
+    let server = InProcess::spawn(|shutdown| app.run_until_stopped(shutdown));
+    let client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;
+    client.clone().submit_order(order(TENANT_ON_A, "before")).await.unwrap();
+    let a_conn = a.connect().await;
+
+    write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_A, TENANT_ON_B])));
+    let refused = reload.reload().await.unwrap_err();
+
+    assert!(
+        matches!(&refused, ReloadError::TenantLeavesOrders { tenant: TENANT_ON_A, from, to } if from == "a" && to == "b"),
+        "{refused}"
+    );
+    client.clone().submit_order(order(TENANT_ON_B, "still-on-a")).await.unwrap();
+    assert_eq!(orders_of(&a_conn, TENANT_ON_B).await, 1, "the running map stays: tenant 8 is still on a");
+    let renumbered = map_text_renumbered(&std::fs::read_to_string(&map).unwrap());
+    std::fs::write(&map, renumbered).unwrap();
+    assert!(matches!(reload.reload().await.unwrap_err(), ReloadError::Redefined(name) if name == "a"));
+    server.stop().await;
+}
+
+async fn a_shard_whose_order_ids_are_outside_its_block_is_refused_at_start(backend: Backend) {
+    // Migrated as lone databases, not through the map: b's ids start at 1, inside shard 0's block.
+    let (a, b) = (TestDb::migrated(backend).await, TestDb::migrated(backend).await);
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings::for_database(&a.url);
+    settings.shard_map_file = Some(write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B]))));
+
+    let error = Application::build(settings).await.unwrap_err();
+
+    assert!(
+        matches!(&error, StartupError::Shard(ShardError::OrderIds { shard, .. }) if shard == "b"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("idempost-migrate --shard-map-file"), "{error}");
+}
+
+/// The map with shard "a" numbered 5: the same name for another block of order ids.
+fn map_text_renumbered(text: &str) -> String {
+    text.replace(r#""name": "a", "number": 0"#, r#""name": "a", "number": 5"#)
 }
 
 /// Writes `map.json` in `dir`: shard "a" (number 0, the default, its URL inline) and, when
