@@ -284,6 +284,11 @@ impl<P: Publisher> Relay<P> {
             .collect();
         match record(record_by, || self.outbox.mark_all_published(&marks)).await {
             Ok(outcomes) => {
+                let marked =
+                    confirmed.iter().zip(&outcomes).filter(|(_, outcome)| **outcome == Fenced::Done(()));
+                if let Some(oldest) = marked.map(|((event, _, _), _)| event.created_at).min() {
+                    self.outbox.marked_through(oldest);
+                }
                 for ((event, delivery, span), outcome) in confirmed.iter().zip(outcomes) {
                     span.in_scope(|| self.marked(event, delivery, outcome, report));
                 }

@@ -69,6 +69,15 @@ impl Outbox {
         self.position.claimed(read, took);
         Ok(claimed)
     }
+
+    /// This process marked events as old as `oldest` PUBLISHED, and their marks released their
+    /// orders' held-back next versions, which the order service wrote after them, so no older:
+    /// the due read starts at `oldest` again if it started later, or a chain of versions written
+    /// long ago would wait for a sweep at every version. A no-op while the marked events are
+    /// inside the lookback, as they are unless they waited (a retry, a redrive, a backlog).
+    pub(crate) fn marked_through(&self, oldest: DateTime<Utc>) {
+        self.position.due_behind(oldest);
+    }
 }
 
 /// What a claim that leased `rows`, of which `due` came from the due read, tells its position;

@@ -108,8 +108,9 @@ impl ClaimPosition {
         }
     }
 
-    /// The sweep found a due event with this `created_at` behind the due start: claims read from
-    /// it again until they have taken it. Returns whether the start moved.
+    /// A due event with this `created_at` may be behind the due start (the sweep found one, or
+    /// this process's marks released the next versions of events this old): claims read from it
+    /// again until they have taken what follows. Returns whether the start moved.
     pub(crate) fn due_behind(&self, created_at: DateTime<Utc>) -> bool {
         let mut starts = self.lock();
         if starts.due_from.is_none_or(|from| created_at >= from) {

@@ -12,7 +12,7 @@ use sea_orm::{ConnectionTrait as _, DatabaseConnection};
 
 use crate::broker::TestBroker;
 use crate::helpers::{Backend, OutboxProbe, TestOrder, TestService, assert_eventually, on_every_backend};
-use idempost_testkit::relay::{relay_args, relay_settings};
+use idempost_testkit::relay::{TestRelay, relay_args, relay_settings};
 use idempost_testkit::wait::WAIT;
 
 on_every_backend!(
@@ -21,6 +21,7 @@ on_every_backend!(
     a_lease_that_expired_while_no_claim_looked_is_found_by_the_sweep_and_claimed_next,
     a_relay_restarted_mid_backlog_reads_both_ranges_from_their_head,
     a_relay_publishes_an_event_committed_behind_its_claims_and_counts_the_sweep_that_found_it,
+    versions_written_long_ago_follow_their_predecessors_marks_without_waiting_for_a_sweep,
 );
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -33,12 +34,31 @@ fn window() -> ClaimWindow {
 /// A PENDING event of an order of its own, created at `created_at` (as the order service's clock
 /// says when its transaction began); its id.
 async fn insert_event(conn: &DatabaseConnection, created_at: DateTime<Utc>) -> String {
+    let order = uuid::Uuid::now_v7().to_string();
+    insert_version(conn, &order, 1, false, created_at).await
+}
+
+/// Version `version` of order `order`, PENDING, held back or not, created at `created_at`; its id.
+async fn insert_version(
+    conn: &DatabaseConnection,
+    order: &str,
+    version: i64,
+    held_back: bool,
+    created_at: DateTime<Utc>,
+) -> String {
     let backend = conn.get_database_backend();
     let id = uuid::Uuid::now_v7().to_string();
     let sql = "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
-               payload, status, attempts, created_at) \
-               VALUES (?, 'order', ?, 'idempost.v1.OrderAccepted', 1, ?, 'PENDING', 0, ?)";
-    let values = vec![id.clone().into(), id.clone().into(), b"payload".to_vec().into(), created_at.into()];
+               payload, status, attempts, held_back, created_at) \
+               VALUES (?, 'order', ?, 'idempost.v1.OrderAccepted', ?, ?, 'PENDING', 0, ?, ?)";
+    let values = vec![
+        id.clone().into(),
+        order.into(),
+        version.into(),
+        b"payload".to_vec().into(),
+        held_back.into(),
+        created_at.into(),
+    ];
     conn.execute_raw(idempost_testkit::sql::statement(backend, sql, values)).await.unwrap();
     id
 }
@@ -197,4 +217,39 @@ async fn a_relay_publishes_an_event_committed_behind_its_claims_and_counts_the_s
     } else {
         assert!(found >= 1.0, "the sweep found the late event and counted it: {}", relay.log());
     }
+}
+
+/// An order's versions written a minute ago, the later ones held back, while the relay's claims
+/// have moved on to newer events: each mark releases the next version behind the claims' start,
+/// and the relay reads from there again at once, not at its next sweep (an hour away here).
+async fn versions_written_long_ago_follow_their_predecessors_marks_without_waiting_for_a_sweep(
+    backend: Backend,
+) {
+    let app = TestOrder::spawn(backend).await;
+    let probe = OutboxProbe { conn: &app.conn };
+    let broker = TestBroker::start().await;
+    let topic = idempost_testkit::topic::unique("idempost-test");
+    broker.create_topic(&topic, 1).await;
+    let written = a_minute_before(&app.conn).await;
+    let order = uuid::Uuid::now_v7().to_string();
+    let mut versions = vec![insert_version(&app.conn, &order, 1, false, written).await];
+    for version in 2..=4 {
+        let created_at = written + chrono::Duration::milliseconds(version);
+        versions.push(insert_version(&app.conn, &order, version, true, created_at).await);
+    }
+    insert_event(&app.conn, idempost::db::now(&app.conn).await.unwrap()).await;
+    let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
+    settings.claim_sweep_interval = Duration::from_secs(3600);
+    let relay = TestRelay::spawn(settings).await;
+    assert_eventually("every version and the newer event are published", WAIT, || async {
+        probe.count_with_status("PUBLISHED").await == 5
+    })
+    .await;
+    relay.stop().await;
+    let offsets: Vec<Option<i64>> = futures::future::join_all(versions.iter().map(|id| probe.state(id)))
+        .await
+        .into_iter()
+        .map(|s| s.offset)
+        .collect();
+    assert!(offsets.windows(2).all(|pair| pair[0] < pair[1]), "the versions in order: {offsets:?}");
 }
