@@ -164,7 +164,8 @@ impl OrderGrpc {
             .map_err(|e| WriteError::Denied(e).into_status(key.clone()))?;
         let submit =
             SubmitOrder::try_from(request).map_err(|e| WriteError::Invalid(e).into_status(key.clone()))?;
-        match self.shards.store_for(submit.tenant_id.get()).submit(&submit).await {
+        let shard = self.shards.route_write(submit.tenant_id.get()).await;
+        match shard.store.submit(&submit).await {
             Ok(submitted) => {
                 if !submitted.replayed {
                     self.wake.wake();
@@ -191,7 +192,8 @@ impl OrderGrpc {
             .map_err(|e| WriteError::Denied(e).into_status(key.clone()))?;
         request.set_tenant(tenant_id);
         let change = request.parse().map_err(|e| WriteError::Invalid(e).into_status(key.clone()))?;
-        match self.shards.store_for(tenant_id).change(&change).await {
+        let shard = self.shards.route_write(tenant_id).await;
+        match shard.store.change(&change).await {
             Ok(Ok(changed)) => {
                 if !changed.replayed {
                     self.wake.wake();

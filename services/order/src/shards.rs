@@ -61,7 +61,18 @@ pub enum ShardError {
 #[derive(Debug, Clone)]
 pub(crate) struct Shards {
     current: Arc<RwLock<Arc<Routing>>>,
+    /// Held shared by every write from routing to answer, and exclusively by a reload while it
+    /// checks that no tenant leaves orders behind and swaps the map: no write routed by the old
+    /// map can commit after that check.
+    writes: Arc<tokio::sync::RwLock<()>>,
     opener: Arc<Opener>,
+}
+
+/// A write's shard, and its share of [`Shards::writes`] until it is dropped.
+#[derive(Debug)]
+pub(crate) struct Routed {
+    pub(crate) store: OrderStore,
+    _write: tokio::sync::OwnedRwLockReadGuard<()>,
 }
 
 /// One map and a pool for each of its shards.
@@ -106,10 +117,18 @@ impl Shards {
             open.insert(shard.name().to_owned(), opener.open(shard).await?);
         }
         let routing = Arc::new(Routing { map, open });
-        Ok(Self { current: Arc::new(RwLock::new(routing)), opener: Arc::new(opener) })
+        let writes = Arc::new(tokio::sync::RwLock::new(()));
+        Ok(Self { current: Arc::new(RwLock::new(routing)), writes, opener: Arc::new(opener) })
     }
 
-    /// The store of `tenant`'s shard.
+    /// The store of `tenant`'s shard for a write (SubmitOrder, AmendOrder, CancelOrder): keep
+    /// it until the write is answered.
+    pub(crate) async fn route_write(&self, tenant: i64) -> Routed {
+        let write = Arc::clone(&self.writes).read_owned().await;
+        Routed { store: self.store_for(tenant), _write: write }
+    }
+
+    /// The store of `tenant`'s shard, for a read.
     pub(crate) fn store_for(&self, tenant: i64) -> OrderStore {
         let routing = self.routing();
         routing.open[routing.map.shard_for(tenant).name()].store.clone()

@@ -57,7 +57,7 @@ impl Shards {
         if let Some(name) = running.map.redefined_in(&newer).first() {
             return Err(ReloadError::Redefined((*name).to_owned()));
         }
-        no_orders_left_behind(&running, &newer).await?;
+        // New shards are opened before writes are held back, so that only the check waits.
         let mut open = HashMap::new();
         for shard in newer.shards() {
             let pools = match running.open.get(shard.name()) {
@@ -66,6 +66,14 @@ impl Shards {
             };
             open.insert(shard.name().to_owned(), pools);
         }
+        // Waits for the writes in flight to be answered and holds new ones back until the new
+        // map is in place (or refused): the tenants checked are all the tenants there will be.
+        let _writes = self.writes.write().await;
+        let running = self.routing();
+        if let Some(name) = running.map.redefined_in(&newer).first() {
+            return Err(ReloadError::Redefined((*name).to_owned()));
+        }
+        no_orders_left_behind(&running, &newer).await?;
         let routing = Arc::new(Routing { map: newer, open });
         *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = routing;
         Ok(true)
