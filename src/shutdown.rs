@@ -6,9 +6,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal as unix_signal};
 
 /// SIGTERM and SIGINT (Ctrl-C), caught from the moment [`Signals::install`] returns: from then on
 /// neither kills the process, whether it is still starting or already serving. SIGHUP is caught
-/// too, and never stops anything: operators send it to have certificates and the JWKS re-read,
-/// and its default action (terminate) would otherwise kill every process that has neither a TLS
-/// listener nor a JWKS, the only parts that listen for it themselves.
+/// too, and never stops anything: operators send it to have certificates, the JWKS and the order
+/// service's shard map re-read, and its default action (terminate) would otherwise kill every
+/// process that has none of a TLS listener, a JWKS or a shard map, the only parts that listen for
+/// it themselves.
 #[derive(Debug)]
 pub struct Signals {
     terminate: Signal,
@@ -53,7 +54,7 @@ impl Signals {
                 _ = self.terminate.recv() => return,
                 _ = self.interrupt.recv() => return,
                 _ = self.hangup.recv() => tracing::info!(
-                    "SIGHUP received: certificates and the JWKS are re-read where configured; nothing stops"
+                    "SIGHUP received: certificates, the JWKS and the order service's shard map are re-read where configured; nothing stops"
                 ),
             }
         }
