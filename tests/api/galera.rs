@@ -176,9 +176,6 @@ async fn a_consumer_instance_name_is_held_across_the_nodes_of_a_galera_cluster()
 /// relay is back or the other relay took its leases over, each order's versions reach the topic
 /// in order, and the consumer's read model equals the orders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "finds a Galera bug not fixed yet: an amendment committed on the order service's node \
-            while a relay on another node marks its previous version is left held_back (the row \
-            lock between them is node-local), so its event is never published"]
 async fn the_journey_across_three_nodes_keeps_every_order_through_a_node_killed_and_rejoined_under_load() {
     use std::collections::BTreeMap;
     use std::time::Duration;
