@@ -73,6 +73,9 @@ pub struct Metrics {
     /// 1 while a health check fails, 0 while it passes (attributes `idempost.service`,
     /// `idempost.health.check`).
     pub health_failing: Gauge<u64>,
+    /// 1 while a shard's database does not answer the order service's health ping, 0 while it
+    /// does (attribute `idempost.shard`): health stays SERVING while any shard answers.
+    pub shard_down: Gauge<u64>,
     /// Kafka producers the relay replaced after a fatal error or a run of rejected batches.
     pub producer_rebuilds: Counter<u64>,
     /// Kafka consumers the consumer replaced after a fatal error.
@@ -223,6 +226,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         health_failing: meter
             .u64_gauge("idempost.health.failing")
             .with_description("1 while the named health check fails, else 0")
+            .build(),
+        shard_down: meter
+            .u64_gauge("idempost.order.shard.down")
+            .with_description("1 while the shard's database does not answer the order service, else 0")
             .build(),
         producer_rebuilds: meter
             .u64_counter("idempost.relay.producer_rebuilds")

@@ -5,7 +5,8 @@
 //! for all of them, so taking instances out of service would serve that shard's tenants no
 //! better and would cut off every other tenant too. The tenants of a shard that is down get
 //! DATABASE_UNAVAILABLE (nothing written, retry), as every caller did when the one database was
-//! down; the shard is named in a warning when it goes down and when it comes back. With one
+//! down; the shard is named in a warning when it goes down and when it comes back, and
+//! `idempost.order.shard.down` is 1 for it meanwhile. With one
 //! shard (no map) this is today's health exactly.
 
 use std::collections::BTreeSet;
@@ -14,6 +15,8 @@ use tokio::sync::watch;
 
 use super::Shards;
 use idempost::service::{self, Health};
+use idempost::telemetry;
+use opentelemetry::KeyValue;
 
 /// Keeps `health` as above, checking every shard each [`service::HEALTH_INTERVAL`], until
 /// `stopped` turns true.
@@ -23,7 +26,10 @@ pub(crate) async fn watch(shards: Shards, health: Health, mut stopped: watch::Re
         let all = shards.all();
         let mut why = Vec::new();
         for (name, shard) in &all {
-            match service::database_verdict(&shard.health_db).await {
+            let verdict = service::database_verdict(&shard.health_db).await;
+            let attribute = [KeyValue::new("idempost.shard", name.clone())];
+            telemetry::metrics().shard_down.record(u64::from(verdict.is_some()), &attribute);
+            match verdict {
                 Some(verdict) => {
                     if down.insert(name.clone()) {
                         tracing::warn!(shard = %name, reason = %verdict, "shard's database is down; its tenants' calls fail");

@@ -10,7 +10,12 @@ use idempost_order::{Application, ReloadError, Settings, ShardError, StartupErro
 use idempost_proto::v1 as pb;
 use idempost_testkit::in_process::InProcess;
 use idempost_testkit::process::{Signal, send};
-use sea_orm::DatabaseConnection;
+use idempost_testkit::service::{Output, ServiceProcess};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tonic::transport::Channel;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 use crate::helpers::{
     Backend, TestDb, TestOrder, amend, assert_eventually, connect_order_service, on_every_backend, order,
@@ -145,6 +150,64 @@ async fn a_shard_whose_order_ids_are_outside_its_block_is_refused_at_start(backe
         "{error}"
     );
     assert!(error.to_string().contains("idempost-migrate --shard-map-file"), "{error}");
+}
+
+/// Only PostgreSQL drops a database under its open connections (`WITH (FORCE)`): one shard's
+/// database gone while the other's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_shards_database_down_fails_its_tenants_only_and_health_stays_serving() {
+    let (a, b) = (TestDb::empty(Backend::Postgres).await, TestDb::empty(Backend::Postgres).await);
+    let dir = tempfile::tempdir().unwrap();
+    let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
+    migrate(&map);
+    let (endpoint, received, _receiver) = crate::otlp::start_receiver().await;
+    let (_service, port) = order_process_on_map(&map, endpoint, dir.path()).await;
+    let url = format!("http://127.0.0.1:{port}");
+    let client = connect_order_service(&url).await;
+    client.clone().submit_order(order(TENANT_ON_B, "before")).await.unwrap();
+
+    let (server, name) = b.url.rsplit_once('/').unwrap();
+    let admin = idempost::db::connect(&format!("{server}/postgres"), 1).await.unwrap();
+    admin.execute_unprepared(&format!("DROP DATABASE {name} WITH (FORCE)")).await.unwrap();
+
+    assert_eventually("shard b is reported down", Duration::from_secs(30), || async {
+        received.points().iter().any(|p| {
+            p.name == "idempost.order.shard.down"
+                && p.attribute("idempost.shard") == Some("b")
+                && p.value == 1.0
+        })
+    })
+    .await;
+    let mut health = HealthClient::new(Channel::from_shared(url).unwrap().connect().await.unwrap());
+    let status =
+        health.check(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner().status();
+    assert_eq!(status, ServingStatus::Serving);
+    client.clone().submit_order(order(TENANT_ON_A, "a-answers")).await.unwrap();
+    let refused = client.clone().submit_order(order(TENANT_ON_B, "b-is-gone")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+}
+
+/// An order-service process on the map at `map`, exporting metrics to `endpoint`; its public port.
+async fn order_process_on_map(map: &Path, endpoint: String, dir: &Path) -> (ServiceProcess, u16) {
+    let args = [
+        format!("--shard-map-file={}", map.display()),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--admin-listen=127.0.0.1:0".to_owned(),
+    ];
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
+    let output = if std::env::var_os("TEST_LOG").is_some() { Output::Inherit } else { Output::Discard };
+    let binary = service_binary("idempost-order");
+    let mut process = ServiceProcess::start_with_port_file(
+        &binary,
+        "idempost-order",
+        &args,
+        &env,
+        output,
+        &dir.join("ports"),
+    )
+    .unwrap();
+    let bound = process.listening(Duration::from_secs(60)).await.unwrap();
+    (process, bound.port("listen"))
 }
 
 /// The map with shard "a" numbered 5: the same name for another block of order ids.
