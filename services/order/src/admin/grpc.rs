@@ -236,8 +236,9 @@ impl AdminService for AdminGrpc {
         self.traced("Replay", &request, None, |caller| async move {
             // A replay republishes every tenant's events: operators only.
             caller.require_operator()?;
+            let db = self.order_shard_or_default(ask.order_id);
             let ask = replay::Ask::parse(ask, &caller)?;
-            match replay::replay(&self.shards.default_db(), &ask).await? {
+            match replay::replay(&db, &ask).await? {
                 replay::Replayed::Done(report) => Ok(report.into()),
                 replay::Replayed::TooLarge => Err(AdminError::ReplayTooLarge),
             }
@@ -253,13 +254,25 @@ impl AdminService for AdminGrpc {
         self.traced("ListAudit", &request, None, |caller| async move {
             // Who did what to every tenant's events: operators only.
             caller.require_operator()?;
-            edge::list_audit(&self.shards.default_db(), ask).await.map_err(AdminError::Call)
+            let db = if ask.order_id <= 0 && !ask.event_id.is_empty() {
+                self.event_shard(&ask.event_id).await?.db().clone()
+            } else {
+                self.order_shard_or_default(ask.order_id)
+            };
+            edge::list_audit(&db, ask).await.map_err(AdminError::Call)
         })
         .await
     }
 }
 
 impl AdminGrpc {
+    /// The database of the shard whose block holds `order_id`; the default shard's for none
+    /// (0: the request names no order) or an id no shard's block holds (which then answers as
+    /// one database did for an unknown order).
+    fn order_shard_or_default(&self, order_id: i64) -> sea_orm::DatabaseConnection {
+        self.shards.order_db(order_id).unwrap_or_else(|| self.shards.default_db())
+    }
+
     /// The shard that holds `event_id`: the first, in the map's order, whose order side knows it
     /// (event ids are UUIDv7s made by the service, so at most one shard knows one), else the
     /// default shard, which answers for an unknown event as one database did. Reads every shard

@@ -64,6 +64,15 @@ async fn calls_of_two_tenants_land_on_their_own_shards_and_are_found_there(backe
     let asked = pb::ListOrderEventsRequest { order_id: on_b.order_id, ..Default::default() };
     let events = app.admin.clone().list_order_events(asked).await.unwrap().into_inner();
     assert_eq!(events.total, 2);
+    let asked = pb::ReplayRequest {
+        order_id: on_b.order_id,
+        dry_run: true,
+        reason: "shard test".to_owned(),
+        requested_by: "test".to_owned(),
+        ..Default::default()
+    };
+    let replay = app.admin.clone().replay(asked).await.unwrap().into_inner();
+    assert_eq!(replay.replayed + replay.not_published, 2, "{replay:?}");
     app.stop().await;
 }
 
