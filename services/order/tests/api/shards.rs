@@ -196,6 +196,36 @@ async fn one_shards_database_down_fails_its_tenants_only_and_health_stays_servin
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
 }
 
+#[test]
+fn idempost_migrate_stops_at_the_first_shard_that_fails_and_names_the_shards_not_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = |name: &str| format!("sqlite://{}?mode=rwc", dir.path().join(name).display());
+    let map = dir.path().join("map.json");
+    let text = format!(
+        r#"{{"default": "a", "shards": [
+            {{"name": "a", "number": 0, "database_url": {:?}}},
+            {{"name": "b", "number": 1, "database_url_file": "missing.url"}},
+            {{"name": "c", "number": 2, "database_url": {:?}}}]}}"#,
+        sqlite("a.db"),
+        sqlite("c.db"),
+    );
+    std::fs::write(&map, text).unwrap();
+
+    let output = std::process::Command::new(service_binary("idempost-migrate"))
+        .arg("--shard-map-file")
+        .arg(&map)
+        .arg("up")
+        .output()
+        .unwrap();
+
+    let (printed, said) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "{printed}{said}");
+    assert!(printed.contains(r#"shard "a" (1 of 3): migrated"#), "{printed}");
+    assert!(said.contains(r#"shard "b": "#) && said.contains("missing.url"), "{said}");
+    assert!(said.contains(r#"not run on the shards after it: ["c"]"#), "{said}");
+    assert!(!dir.path().join("c.db").exists(), "shard c was not touched");
+}
+
 /// An order-service process on the map at `map`, exporting metrics to `endpoint`; its public port.
 async fn order_process_on_map(map: &Path, endpoint: String, dir: &Path) -> (ServiceProcess, u16) {
     let args = [
