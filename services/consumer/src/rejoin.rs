@@ -14,9 +14,10 @@
 //! offset does not move, and that this consumer did not hold, all for a session timeout and a
 //! margin, is held by no live member (a live holder commits every second while it consumes), and
 //! every member dead before that stretch began has expired by then. The consumer then closes its
-//! client, which leaves the group, and only once that is answered joins with a new client: a
-//! `LeaveGroup` that reaches a forming group keeps its leader even when the leader left, and such
-//! a group never forms again.
+//! client, which leaves the group (an old client left open is a member that no longer polls, and
+//! the group waits behind it), and only once that is answered joins with a new client: by the
+//! coordinator's code, a `LeaveGroup` that reaches a forming group keeps its leader even when the
+//! leader left, and such a group never forms again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
