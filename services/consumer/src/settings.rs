@@ -46,13 +46,15 @@ pub struct Settings {
     /// `group.instance.id` (the consumer name and the instance name), so an instance that
     /// restarts under its name, even after SIGKILL, takes its own partitions back at once.
     /// `dynamic`: every start is a new member, and a dead one holds its partitions until the
-    /// broker drops it (on Tansu 0.6, only when another dynamic member joins after the dead
-    /// one's session timeout). `auto`: static under the instance's stable name
-    /// (`--instance-name`, or a fixed `--listen` port), or else under the lowest numbered slot
-    /// of the group that no live instance holds (`slot-0`, `slot-1`, ...; taken through the
-    /// instance lock in the database, so a restart takes its dead predecessor's slot); dynamic
-    /// on an in-memory SQLite database, which nothing can share a lock through, or with a
-    /// `session.timeout.ms` under 10 s, too short for a static join on Tansu 0.6.
+    /// broker drops it after its session timeout; Tansu 0.6 can keep them assigned to it even
+    /// then, so a dynamic consumer that sees partitions it does not hold stand still for its
+    /// session timeout and 10 s leaves the group and joins it again. `auto`: static under the
+    /// instance's stable name (`--instance-name`, or a fixed `--listen` port), or else under
+    /// the lowest numbered slot of the group that no live instance holds (`slot-0`, `slot-1`,
+    /// ...; taken through the instance lock in the database, so a restart takes its dead
+    /// predecessor's slot); dynamic on an in-memory SQLite database, which nothing can share a
+    /// lock through, or with a `session.timeout.ms` under 10 s, too short for a static join on
+    /// Tansu 0.6.
     #[arg(long, env = "IDEMPOST_CONSUMER_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
     pub membership: Membership,
 
