@@ -83,6 +83,10 @@ enum Command {
         /// At most this many rows (1 to 1000).
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// The shard to list (its name in the order service's shard map); the default shard when
+        /// unset.
+        #[arg(long, default_value = "")]
+        shard: String,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -421,7 +425,7 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
             let order = reply.timeline.unwrap_or_default();
             joined(cli, &order.event_id.clone(), Some(order), None).await?
         }
-        Command::Backlog { status, older_than, limit, page } => {
+        Command::Backlog { status, older_than, limit, shard, page } => {
             let mut client = cli.admin().await?;
             let request = pb::ListBacklogRequest {
                 status: status.clone(),
@@ -429,6 +433,7 @@ pub(crate) async fn run(cli: &Cli) -> Result<String, CtlError> {
                 limit: *limit,
                 include_payloads: page.payloads,
                 page_token: page.page_token.clone(),
+                shard: shard.clone(),
             };
             let reply = client.list_backlog(request).await?.into_inner();
             render::backlog(reply, json)

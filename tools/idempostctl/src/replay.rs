@@ -35,6 +35,10 @@ pub(crate) struct ReplayArgs {
     /// note in the reason.
     #[arg(long, env = "USER", default_value = "operator")]
     by: String,
+    /// The shard to replay on (its name in the order service's shard map); unset: the shard of
+    /// --order, else the default shard.
+    #[arg(long, default_value = "")]
+    shard: String,
     /// List at most this many of the events (1 to 1000).
     #[arg(long, default_value_t = 20)]
     limit: u32,
@@ -62,6 +66,7 @@ impl ReplayArgs {
             reason: self.reason.clone(),
             requested_by: self.by.clone(),
             list_limit: self.limit,
+            shard: self.shard.clone(),
         }
     }
 }
