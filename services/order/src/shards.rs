@@ -158,6 +158,11 @@ impl Shards {
         Some(routing.open[shard.name()].store.db().clone())
     }
 
+    /// The database of the shard named `name`.
+    pub(crate) fn named_db(&self, name: &str) -> Option<DatabaseConnection> {
+        self.routing().open.get(name).map(|shard| shard.store.db().clone())
+    }
+
     /// Every shard's database, in the map's order.
     pub(crate) fn dbs(&self) -> Vec<DatabaseConnection> {
         self.all().into_iter().map(|(_, shard)| shard.store.db().clone()).collect()

@@ -159,10 +159,11 @@ impl AdminService for AdminGrpc {
         self.traced("ListBacklog", &request, None, |caller| async move {
             // The backlog spans every tenant: operators only.
             caller.require_operator()?;
+            let db = self.named_shard(&query.shard)?.unwrap_or_else(|| self.shards.default_db());
             let ask = parse_backlog(query)?;
             let mut budget = ByteBudget::listing();
             let fits = |row: &idempost::entity::outbox_event::Model| budget.take(&entry(row.clone()));
-            let page = listing::page(&self.shards.default_db(), &ask, fits).await?;
+            let page = listing::page(&db, &ask, fits).await?;
             Ok(page.into())
         })
         .await
@@ -236,7 +237,8 @@ impl AdminService for AdminGrpc {
         self.traced("Replay", &request, None, |caller| async move {
             // A replay republishes every tenant's events: operators only.
             caller.require_operator()?;
-            let db = self.order_shard_or_default(ask.order_id);
+            let named = self.named_shard(&ask.shard)?;
+            let db = named.unwrap_or_else(|| self.order_shard_or_default(ask.order_id));
             let ask = replay::Ask::parse(ask, &caller)?;
             match replay::replay(&db, &ask).await? {
                 replay::Replayed::Done(report) => Ok(report.into()),
@@ -266,6 +268,17 @@ impl AdminService for AdminGrpc {
 }
 
 impl AdminGrpc {
+    /// The database of the shard a request's `shard` field names; `None` when it names none.
+    fn named_shard(&self, name: &str) -> Result<Option<sea_orm::DatabaseConnection>, AdminError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let db = self.shards.named_db(name).ok_or_else(|| InvalidInput {
+            violations: vec![FieldViolation::new("shard", "names no shard of the order service's shard map")],
+        })?;
+        Ok(Some(db))
+    }
+
     /// The database of the shard whose block holds `order_id`; the default shard's for none
     /// (0: the request names no order) or an id no shard's block holds (which then answers as
     /// one database did for an unknown order).

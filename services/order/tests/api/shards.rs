@@ -19,7 +19,7 @@ use tonic_health::pb::{
 
 use crate::helpers::{
     Backend, TestDb, TestOrder, amend, assert_eventually, connect_order_service, on_every_backend, order,
-    service_binary,
+    service_binary, violated_fields,
 };
 
 on_every_backend!(
@@ -73,6 +73,17 @@ async fn calls_of_two_tenants_land_on_their_own_shards_and_are_found_there(backe
     };
     let replay = app.admin.clone().replay(asked).await.unwrap().into_inner();
     assert_eq!(replay.replayed + replay.not_published, 2, "{replay:?}");
+    let backlog = |shard: &str| pb::ListBacklogRequest { shard: shard.to_owned(), ..Default::default() };
+    let on_b_listed = app.admin.clone().list_backlog(backlog("b")).await.unwrap().into_inner();
+    let default_listed = app.admin.clone().list_backlog(backlog("")).await.unwrap().into_inner();
+    assert_eq!(on_b_listed.entries.len(), 2);
+    assert_eq!(
+        default_listed.entries.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(),
+        [on_a.event_id.as_str()]
+    );
+    let unknown = app.admin.clone().list_backlog(backlog("nope")).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::InvalidArgument);
+    assert_eq!(violated_fields(&unknown), ["shard"]);
     app.stop().await;
 }
 
