@@ -83,6 +83,11 @@ impl GaleraCluster {
         format!("mysql://root@127.0.0.1:{}/{database}", self.nodes[node].sql)
     }
 
+    /// Node `node`'s SQL address (for a proxy in front of it).
+    pub fn address(&self, node: usize) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.nodes[node].sql))
+    }
+
     /// The URLs of `database` on every node, node 0 first.
     pub fn urls(&self, database: &str) -> Vec<String> {
         (0..NODES).map(|n| self.url(n, database)).collect()

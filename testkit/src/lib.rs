@@ -34,6 +34,7 @@ pub mod pki;
 pub mod ports;
 pub mod private_db;
 pub mod process;
+pub mod proxy;
 pub mod python;
 pub mod relay;
 pub mod service;
