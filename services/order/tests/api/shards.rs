@@ -27,6 +27,7 @@ on_every_backend!(
     a_shard_added_to_the_map_is_served_after_sighup,
     a_reload_that_would_leave_a_tenants_orders_behind_keeps_the_running_map,
     a_shard_whose_order_ids_are_outside_its_block_is_refused_at_start,
+    a_burst_of_two_tenants_orders_lands_each_on_its_own_shard_with_group_commit_on,
 );
 
 /// Tenant 8 is on shard "b"; every other tenant on "a", the default.
@@ -258,6 +259,37 @@ async fn order_process_on_map(map: &Path, endpoint: String, dir: &Path) -> (Serv
     .unwrap();
     let bound = process.listening(Duration::from_secs(60)).await.unwrap();
     (process, bound.port("listen"))
+}
+
+async fn a_burst_of_two_tenants_orders_lands_each_on_its_own_shard_with_group_commit_on(backend: Backend) {
+    let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
+    let dir = tempfile::tempdir().unwrap();
+    let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
+    migrate(&map);
+    // One writer per shard: orders that arrive while it is busy share its next transaction.
+    let app = TestOrder::spawn_on(a, |s| {
+        s.shard_map_file = Some(map.clone());
+        s.group_commit.writers = 1;
+    })
+    .await;
+    let b_conn = b.connect().await;
+
+    let calls = (0..40).map(|i| {
+        let tenant = if i % 2 == 0 { TENANT_ON_A } else { TENANT_ON_B };
+        app.submit(order(tenant, &format!("burst-{i}")))
+    });
+    let answers = futures::future::join_all(calls).await;
+
+    for (i, answer) in answers.into_iter().enumerate() {
+        let order_id = answer.unwrap().order_id;
+        let block = if i % 2 == 0 { 1..1 << 40 } else { 1 << 40..2 << 40 };
+        assert!(block.contains(&order_id), "order {i} got id {order_id}, outside its shard's block");
+    }
+    assert_eq!(orders_of(&app.conn, TENANT_ON_A).await, 20);
+    assert_eq!(orders_of(&app.conn, TENANT_ON_B).await, 0);
+    assert_eq!(orders_of(&b_conn, TENANT_ON_B).await, 20);
+    assert_eq!(outbox_rows(&b_conn).await, 20);
+    app.stop().await;
 }
 
 /// The map with shard "a" numbered 5: the same name for another block of order ids.
