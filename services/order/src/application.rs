@@ -47,6 +47,17 @@ pub enum StartupError {
     Shard(ShardError),
 }
 
+// Here rather than beside the shards: the shards know nothing of the application that starts them.
+impl From<ShardError> for StartupError {
+    /// Without a map, the one database's errors are the ones it always had.
+    fn from(error: ShardError) -> Self {
+        match error {
+            ShardError::Ready { shard: None, source } => Self::Ready(source),
+            error => Self::Shard(error),
+        }
+    }
+}
+
 /// A built, listening order service.
 #[derive(Debug)]
 pub struct Application {

@@ -23,7 +23,6 @@ use idempost_migration::order_ids::OrderIds;
 use idempost_shard_map::{Database, Shard, ShardMap, ShardMapError};
 use sea_orm::DatabaseConnection;
 
-use super::application::StartupError;
 use super::group::{BatchStats, GroupCommitSettings};
 use super::settings::Settings;
 use super::store::OrderStore;
@@ -182,16 +181,6 @@ impl ShardMapReload {
     /// without a map file: there is nothing to reread.
     pub async fn reload(&self) -> Result<bool, ReloadError> {
         self.0.reload().await
-    }
-}
-
-impl From<ShardError> for StartupError {
-    /// Without a map, the one database's errors are the ones it always had.
-    fn from(error: ShardError) -> Self {
-        match error {
-            ShardError::Ready { shard: None, source } => Self::Ready(source),
-            error => Self::Shard(error),
-        }
     }
 }
 
