@@ -14,10 +14,12 @@ async fn main() -> ExitCode {
         telemetry.shutdown();
         return startup::fail("idempost-order", refused);
     }
-    let outcome = match signals.unless_stopped(Application::build(settings)).await {
+    // Both futures are boxed: nested inline, their state machines (every shard's pools, the
+    // listeners, the reload task) are deeper than a release build computes a layout through.
+    let outcome = match signals.unless_stopped(Box::pin(Application::build(settings))).await {
         // Stopped while starting: nothing was taken, so there is nothing to drain.
         None => Ok(()),
-        Some(built) => async { built?.run_until_stopped(signals.recv()).await }.await,
+        Some(built) => async { Box::pin(built?.run_until_stopped(signals.recv())).await }.await,
     };
     telemetry.shutdown();
     startup::exit("idempost-order", outcome)
