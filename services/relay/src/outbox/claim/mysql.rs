@@ -20,35 +20,34 @@ use idempost::failpoint;
 
 impl Outbox {
     /// MariaDB/MySQL's claim: one transaction of the claim gate, a plain read of the expired
-    /// leases, one locking read, one lease update and the gate's release, so seven round trips
-    /// (a clock read and a locking query per kind of candidate made two more); under a loaded
-    /// two-core machine each round trip waits for the server thread to be scheduled.
+    /// leases, a plain read of the due events, one locking read by key, one lease update and the
+    /// gate's release; under a loaded two-core machine each round trip waits for the server
+    /// thread to be scheduled.
     ///
-    /// The locking read is a `UNION ALL` of the expired leases found (locked by primary key, the
-    /// expiry checked again) and the due events not held back (`idx_outbox_ready` in its order,
-    /// forced, up to `batch_size`), both `FOR UPDATE SKIP LOCKED`, and returns the server's clock
-    /// (`UTC_TIMESTAMP(6)`, one value per statement) with every row; the leases end `lease`
-    /// after it. Expired leases come first (each row says its part, since a union's order is not
-    /// promised), and due events beyond the batch stay locked only until the commit, unleased.
+    /// The locking read is a `UNION ALL` of the expired leases found and the due events found,
+    /// each locked by primary key `FOR UPDATE SKIP LOCKED` with its conditions checked again,
+    /// and returns the server's clock (`UTC_TIMESTAMP(6)`, one value per statement) with every
+    /// row; the leases end `lease` after it. Expired leases come first (each row says its part,
+    /// since a union's order is not promised).
     ///
-    /// Why the expired leases are found by a plain read first: a locking read of
-    /// `idx_outbox_claim (status, lease_until, created_at)` stops at the first lease still
-    /// running, and InnoDB keeps that row's entry locked until the claim commits, even at READ
-    /// COMMITTED. That row is another loop's event in flight, so its mark waited for this claim
-    /// (every lock wait the bench saw under load was one of these: see
-    /// `docs/design/relay-lease.md`). A plain read locks nothing; only the rows it found expired
-    /// are then locked, by key.
+    /// Why both kinds are found by a plain read first and only then locked, by key:
+    /// - A locking read of `idx_outbox_claim (status, lease_until, created_at)` stops at the
+    ///   first lease still running, and InnoDB keeps that row's entry locked until the claim
+    ///   commits, even at READ COMMITTED. That row is another loop's event in flight, so its mark
+    ///   waited for this claim (every lock wait the bench saw under load was one of these: see
+    ///   `docs/design/relay-lease.md`).
+    /// - A locking read of `idx_outbox_ready` locks every entry it passes, also those it then
+    ///   skips, until the transaction ends, and checks each passed entry for an implicit lock by
+    ///   looking up its row's versions. While purge stalls behind a held snapshot, the entries it
+    ///   passes are mostly delete-marked ones of events already claimed, and the soak measured
+    ///   that locking read growing with the held snapshot's age where a plain read of the same
+    ///   range did not (`docs/design/relay-lease.md`, "Claims under a held snapshot"). By key it
+    ///   locks only the rows it takes; it also cannot take the index locks by which two claims
+    ///   once deadlocked (`1213`, see Deadlocks there).
     ///
-    /// Why the due part is pinned to its index (`FORCE INDEX`): InnoDB locks the index entries a
-    /// locking read scans, also those of rows it then skips as locked, and keeps them until the
-    /// transaction ends. Left to itself, MariaDB sometimes read the due events through
-    /// `idx_outbox_claim` and sorted them: that claim locked every due event's
-    /// `idx_outbox_claim` entry, while a concurrent claim through the due index (then
-    /// `idx_outbox_due`) held that index's entries of its own rows, and their lease updates,
-    /// which rewrite both indexes' entries, waited on each other: `1213 Deadlock found` between
-    /// two claims, each holding far more row locks than rows it took (see
-    /// `docs/design/relay-lease.md`, Deadlocks). On its own index, in the index's order, it stops
-    /// at its `LIMIT` and locks only what it takes and what it skips.
+    /// The plain reads are pinned to their index (`FORCE INDEX`), in the index's order, so that
+    /// `LIMIT` stops them (left to itself MariaDB sometimes read the due events through
+    /// `idx_outbox_claim` and sorted them).
     ///
     /// Both reads start where this process's claims left off (`read`): a range condition on
     /// `lease_until` and on `created_at` that InnoDB's range optimizer turns into the start of
@@ -100,46 +99,74 @@ async fn lock_candidates(
         ExpiredFrom::From(lease_until) => ("AND lease_until >= ? ", vec![lease_until.naive_utc().into()]),
     };
     values.push(limit.into());
-    let expired: Vec<Value> = txn
-        .query_all_raw(Statement::from_sql_and_values(
-            DbBackend::MySql,
-            format!(
-                "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
-                     WHERE status = '{publishing}' {expired_from}AND lease_until < UTC_TIMESTAMP(6) \
-                     ORDER BY lease_until, created_at LIMIT ?"
-            ),
-            values,
-        ))
-        .await?
-        .iter()
-        .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
-        .collect::<Result<_, _>>()?;
+    let expired = event_ids(
+        txn,
+        format!(
+            "SELECT event_id FROM outbox_event FORCE INDEX ({CLAIM_INDEX}) \
+                 WHERE status = '{publishing}' {expired_from}AND lease_until < UTC_TIMESTAMP(6) \
+                 ORDER BY lease_until, created_at LIMIT ?"
+        ),
+        values,
+    )
+    .await?;
     let expired_found = expired.len();
-    let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
     let first = first_unpublished(DbBackend::MySql, "o");
     let (due_from, due_values): (&str, Vec<Value>) = match read.due_from {
         None => ("", vec![limit.into()]),
         Some(from) => ("AND o.created_at >= ? ", vec![from.naive_utc().into(), limit.into()]),
     };
-    let due = format!(
-        "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
-              WHERE o.status = '{pending}' AND o.held_back = FALSE {due_from}\
-              AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
-              AND {first} ORDER BY o.created_at, o.event_id LIMIT ? FOR UPDATE SKIP LOCKED)"
-    );
-    let statement = if expired.is_empty() {
-        Statement::from_sql_and_values(DbBackend::MySql, due, due_values)
-    } else {
-        let keys = vec!["?"; expired.len()].join(", ");
-        let sql = format!(
+    let due = event_ids(
+        txn,
+        format!(
+            "SELECT o.event_id FROM outbox_event AS o FORCE INDEX ({READY_INDEX}) \
+                 WHERE o.status = '{pending}' AND o.held_back = FALSE {due_from}\
+                 AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) \
+                 AND {first} ORDER BY o.created_at, o.event_id LIMIT ?"
+        ),
+        due_values,
+    )
+    .await?;
+    let columns = "o.*, UTC_TIMESTAMP(6) AS claim_now";
+    let mut parts = Vec::new();
+    let mut values = Vec::new();
+    if !expired.is_empty() {
+        parts.push(format!(
             "(SELECT {columns}, 0 AS claim_part FROM outbox_event AS o \
-                  WHERE o.event_id IN ({keys}) AND o.status = '{publishing}' AND o.lease_until < UTC_TIMESTAMP(6) \
-                  FOR UPDATE SKIP LOCKED) UNION ALL {due}"
-        );
-        let values = expired.into_iter().chain(due_values);
-        Statement::from_sql_and_values(DbBackend::MySql, sql, values)
-    };
+                  WHERE o.event_id IN ({}) AND o.status = '{publishing}' AND o.lease_until < UTC_TIMESTAMP(6) \
+                  FOR UPDATE SKIP LOCKED)",
+            placeholders(expired.len())
+        ));
+        values.extend(expired);
+    }
+    if !due.is_empty() {
+        parts.push(format!(
+            "(SELECT {columns}, 1 AS claim_part FROM outbox_event AS o \
+                  WHERE o.event_id IN ({}) AND o.status = '{pending}' AND o.held_back = FALSE \
+                  AND (o.lease_until IS NULL OR o.lease_until <= UTC_TIMESTAMP(6)) AND {first} \
+                  FOR UPDATE SKIP LOCKED)",
+            placeholders(due.len())
+        ));
+        values.extend(due);
+    }
+    if parts.is_empty() {
+        return Ok((Vec::new(), expired_found));
+    }
+    let statement = Statement::from_sql_and_values(DbBackend::MySql, parts.join(" UNION ALL "), values);
     Ok((txn.query_all_raw(statement).await?, expired_found))
+}
+
+/// The event ids a plain read `sql` with `values` finds in `txn`, as values to bind.
+async fn event_ids(txn: &DatabaseTransaction, sql: String, values: Vec<Value>) -> Result<Vec<Value>, DbErr> {
+    txn.query_all_raw(Statement::from_sql_and_values(DbBackend::MySql, sql, values))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0).map(Value::from))
+        .collect()
+}
+
+/// `n` placeholders for an `IN (…)` list.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
 }
 
 /// Leases what `lock_candidates` found in `txn` (not committed): up to `batch_size`, those not
