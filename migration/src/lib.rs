@@ -7,7 +7,6 @@
 pub use sea_orm_migration::prelude::*;
 
 mod column;
-pub mod order_ids;
 mod m20261202_000001_create_outbox_schema;
 mod m20261202_000002_operations;
 mod m20261203_000001_claim_fence;
@@ -23,6 +22,7 @@ mod m20261206_000003_consumer_names_exact;
 mod m20261206_000004_admin_audit;
 mod m20261206_000005_instance_lease;
 mod m20261206_000006_successor_version;
+pub mod order_ids;
 
 /// Every migration Idempost knows, oldest first.
 #[derive(Debug)]
