@@ -206,7 +206,18 @@ fn find<'a>(value: &'a Value, array: &str, key: &str, wanted: &Value) -> Result<
         .ok_or_else(|| format!("`{array}` has no element with `{key}` {wanted}"))
 }
 
-/// The generated block, both marker lines included, as every page shows it.
+/// The README's caption: its figures section is the table and where to read about it; the
+/// runs' setting, cleanup and the soak's lab notes stay on the benchmarks page.
+const README_CAPTION: &str = "Ratios within a column compare; rates across machines do not. Which \
+                              builds, where and how: [the benchmarks page](docs/benchmarks/README.md#the-current-figures).";
+
+/// The generated block for `page` (one of [`PAGES`]), both marker lines included: the README's
+/// with its one-line caption, every other page's as [`block`] renders it.
+pub fn block_for(page: &str, results: &Results) -> String {
+    if page == "README.md" { framed(README_CAPTION, results) } else { block(results) }
+}
+
+/// The generated block, both marker lines included, with the whole caption.
 pub fn block(results: &Results) -> String {
     let mut caption = format!(
         "{} builds of {}, measured {} {} with `{}`, one run per database on {}. Compare ratios \
@@ -235,7 +246,12 @@ pub fn block(results: &Results) -> String {
             results.build, soak.commit, soak.date, soak.report
         );
     }
-    let mut out = format!("{BEGIN}\n{}", wrapped(&caption, WIDTH));
+    framed(&caption, results)
+}
+
+/// `caption` and the table of `results` between the marker lines.
+fn framed(caption: &str, results: &Results) -> String {
+    let mut out = format!("{BEGIN}\n{}", wrapped(caption, WIDTH));
     out.push_str("\n\n| measure |");
     for run in &results.runs {
         let _ = write!(out, " {} |", run.name);
@@ -385,10 +401,11 @@ pub fn committed(root: &Path) -> Result<Results, String> {
 /// Each page of [`PAGES`] under `root` as it should read: its text with the block rendered
 /// from the results file; `(path, text)`.
 pub fn pages(root: &Path) -> Result<Vec<(PathBuf, String)>, String> {
-    let rendered = block(&committed(root)?);
+    let results = committed(root)?;
     PAGES
         .iter()
         .map(|page| {
+            let rendered = block_for(page, &results);
             let path = root.join(page);
             let text =
                 std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;

@@ -8,8 +8,9 @@ use idempost_docgen::{REGENERATE, workspace_root};
 #[test]
 fn the_readme_and_the_benchmarks_page_show_the_table_rendered_from_the_results_file() {
     let root = workspace_root();
-    let rendered = figures::block(&figures::committed(&root).unwrap());
+    let results = figures::committed(&root).unwrap();
     for page in PAGES {
+        let rendered = figures::block_for(page, &results);
         let text = std::fs::read_to_string(root.join(page)).unwrap();
         let shown = figures::current_block(&text).unwrap_or_else(|e| panic!("{page}: {e}"));
         assert!(
