@@ -5,6 +5,10 @@ use std::path::PathBuf;
 use crate::contract::DEFAULT_TOPIC;
 use crate::secret::{self, SecretError};
 
+pub use self::stalls::{Look, STRANDED_MARGIN, Stalls};
+
+mod stalls;
+
 /// The brokers, the topic and the pass-through client options of a service that talks to Kafka
 /// (the relay produces, the consumer consumes; the order service has no Kafka).
 ///

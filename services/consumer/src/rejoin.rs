@@ -19,10 +19,11 @@
 //! coordinator's code, a `LeaveGroup` that reaches a forming group keeps its leader even when the
 //! leader left, and such a group never forms again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempost::kafka::{Look, STRANDED_MARGIN, Stalls};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use tokio::time::Instant;
 
@@ -36,55 +37,21 @@ const EVERY: Duration = Duration::from_secs(5);
 /// How long one broker query may take.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Added to the session timeout: a member that died while it consumed last committed up to a
-/// second (the auto-commit interval) and last heartbeat up to three (librdkafka's heartbeat
-/// interval) before its death, so its session may end a few seconds after its partitions stood
-/// still.
-pub(crate) const MARGIN: Duration = Duration::from_secs(10);
+/// Added to the session timeout (see [`STRANDED_MARGIN`]): a member that died while it consumed
+/// last committed up to a second (the auto-commit interval) before its death.
+pub(crate) const MARGIN: Duration = STRANDED_MARGIN;
 
 /// How long the old client may still be in use elsewhere (a health or gauge probe, each bounded
 /// by its own timeouts) before it is closed anyway.
 const CLOSE_WAIT: Duration = Duration::from_secs(15);
 
-/// Since when each partition has been stalled: lagging, its committed offset the same, and not
-/// held by this consumer.
-#[derive(Debug)]
-pub(crate) struct Stalls {
-    after: Duration,
-    since: HashMap<i32, (i64, Instant)>,
-}
-
-impl Stalls {
-    /// Partitions count as stranded once stalled for `after`.
-    pub(crate) fn new(after: Duration) -> Self {
-        Self { after, since: HashMap::new() }
-    }
-
-    /// Takes one look at the topic at `now`, this consumer holding `held`; answers the
-    /// partitions stalled for `after` or longer.
-    pub(crate) fn observe(
-        &mut self,
-        now: Instant,
-        held: &HashSet<i32>,
-        positions: &[PartitionPosition],
-    ) -> Vec<i32> {
-        let mut stranded = Vec::new();
-        for position in positions {
-            if held.contains(&position.partition) || position.lag() == 0 {
-                self.since.remove(&position.partition);
-                continue;
-            }
-            let (committed, since) =
-                self.since.entry(position.partition).or_insert((position.committed, now));
-            if *committed != position.committed {
-                (*committed, *since) = (position.committed, now);
-            }
-            if now.duration_since(*since) >= self.after {
-                stranded.push(position.partition);
-            }
-        }
-        stranded
-    }
+/// One look at each partition of the topic: a live holder moves its committed offset while it
+/// lags.
+fn looks(positions: &[PartitionPosition]) -> Vec<Look> {
+    positions
+        .iter()
+        .map(|p| Look { partition: p.partition, progress: p.committed, expected: p.lag() > 0 })
+        .collect()
 }
 
 /// Returns the partitions of `topic` stranded on members that are gone (see the module's
@@ -107,7 +74,7 @@ pub(crate) async fn stranded(
         .await;
         match looked {
             Ok(Ok((held, positions))) => {
-                let stranded = stalls.observe(Instant::now(), &held, &positions);
+                let stranded = stalls.observe(Instant::now(), &held, &looks(&positions));
                 // Only from a formed group: leaving one that is forming again (a new member
                 // joined, a rebalance is under way) while leading it would leave it leaderless
                 // for good.
@@ -153,13 +120,12 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_nobody_moves_for_the_whole_stretch_is_stranded() {
+    fn a_lagging_partition_whose_committed_offset_stands_still_is_stranded() {
         let start = Instant::now();
         let mut stalls = Stalls::new(Duration::from_secs(55));
         let held = HashSet::from([2]);
-        let topic = [at(0, 10, 50), at(1, 7, 7), at(2, 3, 90)];
+        let topic = looks(&[at(0, 10, 50), at(1, 7, 7), at(2, 3, 90)]);
         assert!(stalls.observe(start, &held, &topic).is_empty());
-        assert!(stalls.observe(start + Duration::from_secs(54), &held, &topic).is_empty());
         assert_eq!(
             stalls.observe(start + Duration::from_secs(55), &held, &topic),
             vec![0],
@@ -168,20 +134,20 @@ mod tests {
     }
 
     #[test]
-    fn progress_no_lag_or_holding_it_starts_the_stretch_again() {
+    fn a_commit_or_catching_up_starts_the_stretch_again() {
         let start = Instant::now();
         let later = |seconds| start + Duration::from_secs(seconds);
         let mut stalls = Stalls::new(Duration::from_secs(55));
         let none = HashSet::new();
-        stalls.observe(start, &none, &[at(0, 10, 50)]);
-        stalls.observe(later(30), &none, &[at(0, 11, 60)]);
-        assert!(stalls.observe(later(80), &none, &[at(0, 11, 60)]).is_empty(), "it moved at 30 s");
-        stalls.observe(later(81), &none, &[at(0, 60, 60)]);
-        stalls.observe(later(82), &none, &[at(0, 60, 61)]);
-        assert!(stalls.observe(later(130), &none, &[at(0, 60, 61)]).is_empty(), "it lagged from 82 s");
-        stalls.observe(later(131), &HashSet::from([0]), &[at(0, 60, 61)]);
-        stalls.observe(later(132), &none, &[at(0, 60, 61)]);
-        assert!(stalls.observe(later(186), &none, &[at(0, 60, 61)]).is_empty(), "it was held at 131 s");
-        assert_eq!(stalls.observe(later(187), &none, &[at(0, 60, 61)]), vec![0]);
+        stalls.observe(start, &none, &looks(&[at(0, 10, 50)]));
+        stalls.observe(later(30), &none, &looks(&[at(0, 11, 60)]));
+        assert!(stalls.observe(later(80), &none, &looks(&[at(0, 11, 60)])).is_empty(), "committed at 30 s");
+        stalls.observe(later(81), &none, &looks(&[at(0, 60, 60)]));
+        stalls.observe(later(82), &none, &looks(&[at(0, 60, 61)]));
+        assert!(
+            stalls.observe(later(136), &none, &looks(&[at(0, 60, 61)])).is_empty(),
+            "it lagged from 82 s"
+        );
+        assert_eq!(stalls.observe(later(137), &none, &looks(&[at(0, 60, 61)])), vec![0]);
     }
 }
