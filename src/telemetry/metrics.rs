@@ -76,6 +76,13 @@ pub struct Metrics {
     /// 1 while a shard's database does not answer the order service's health ping, 0 while it
     /// does (attribute `idempost.shard`): health stays SERVING while any shard answers.
     pub shard_down: Gauge<u64>,
+    /// 1 while a relay fleet's shard has no live owner by its control partition (its end has not
+    /// moved for three ticks), else 0 (attribute `idempost.shard`); every relay reports every
+    /// shard of its map.
+    pub relay_shard_unowned: Gauge<u64>,
+    /// Ticks the broker confirmed in the control partitions of the shards this relay owns
+    /// (attribute `idempost.shard`): the owner's sign of life.
+    pub relay_control_ticks: Counter<u64>,
     /// Kafka producers the relay replaced after a fatal error or a run of rejected batches.
     pub producer_rebuilds: Counter<u64>,
     /// Kafka consumers the consumer replaced after a fatal error.
@@ -230,6 +237,14 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         shard_down: meter
             .u64_gauge("idempost.order.shard.down")
             .with_description("1 while the shard's database does not answer the order service, else 0")
+            .build(),
+        relay_shard_unowned: meter
+            .u64_gauge("idempost.relay.shard.unowned")
+            .with_description("1 while the shard's control partition has had no tick for three ticks, else 0")
+            .build(),
+        relay_control_ticks: meter
+            .u64_counter("idempost.relay.control_ticks")
+            .with_description("Ticks confirmed in the control partitions of the shards this relay owns")
             .build(),
         producer_rebuilds: meter
             .u64_counter("idempost.relay.producer_rebuilds")
