@@ -20,7 +20,7 @@ mod convert;
 mod long_poll;
 mod page;
 
-pub use audit::list_audit;
+pub use audit::{list_audit, parse_list_audit};
 pub use long_poll::{LongPoll, MAX_WAIT, Polled};
 pub use page::{ByteBudget, LISTING_BYTES, PAYLOAD_BATCH};
 

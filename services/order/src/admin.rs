@@ -4,6 +4,7 @@
 //! serves its own records (`idempost-consumer`'s `admin`).
 
 mod audit;
+mod audit_pages;
 mod grpc;
 mod inspect;
 mod listing;

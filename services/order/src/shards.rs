@@ -162,6 +162,13 @@ impl Shards {
         self.routing().open.get(name).map(|shard| shard.store.db().clone())
     }
 
+    /// Every shard's number and database, in the map's order.
+    pub(crate) fn numbered_dbs(&self) -> Vec<(u32, DatabaseConnection)> {
+        let routing = self.routing();
+        let db = |shard: &Shard| routing.open[shard.name()].store.db().clone();
+        routing.map.shards().iter().map(|shard| (shard.number(), db(shard))).collect()
+    }
+
     /// Every shard's database, in the map's order.
     pub(crate) fn dbs(&self) -> Vec<DatabaseConnection> {
         self.all().into_iter().map(|(_, shard)| shard.store.db().clone()).collect()

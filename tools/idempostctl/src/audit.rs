@@ -27,8 +27,12 @@ pub(crate) struct AuditArgs {
     #[arg(long, default_value_t = 20)]
     limit: u32,
     /// Rows older than this id: the value an earlier page printed.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "page_token")]
     before_id: Option<i64>,
+    /// Where the next page starts, as an earlier page printed it: the order service's listing
+    /// over several shards goes on with this instead of `--before-id`.
+    #[arg(long, conflicts_with = "consumer")]
+    page_token: Option<String>,
 }
 
 impl AuditArgs {
@@ -45,6 +49,7 @@ impl AuditArgs {
             action: self.action.clone(),
             order_id: self.order_id.unwrap_or(0),
             event_id: self.event_id.clone(),
+            page_token: self.page_token.clone().unwrap_or_default(),
         }
     }
 }
@@ -70,7 +75,11 @@ pub(crate) fn render(reply: &pb::ListAuditResponse, as_json: bool) -> String {
                 })
             })
             .collect();
-        return pretty(&json!({ "records": records, "nextBeforeId": reply.next_before_id }));
+        return pretty(&json!({
+            "records": records,
+            "nextBeforeId": reply.next_before_id,
+            "nextPageToken": reply.next_page_token,
+        }));
     }
     let mut out = table(&["id", "when", "who", "what", "about", "reason", "outcome"]);
     for r in &reply.records {
@@ -93,5 +102,11 @@ pub(crate) fn render(reply: &pb::ListAuditResponse, as_json: bool) -> String {
     if reply.next_before_id == 0 {
         return out.to_string();
     }
-    format!("{out}\nolder rows: --before-id {}", reply.next_before_id)
+    // One database's token is its `before_id`; a listing over several shards has only the token.
+    let before_id = reply.next_before_id.to_string();
+    match reply.next_page_token.as_str() {
+        "" => format!("{out}\nolder rows: --before-id {before_id}"),
+        token if token == before_id => format!("{out}\nolder rows: --before-id {before_id}"),
+        token => format!("{out}\nolder rows: --page-token {token}"),
+    }
 }

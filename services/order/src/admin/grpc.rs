@@ -10,6 +10,7 @@ use idempost_proto::v1::{
 use tonic::{Code, Request, Response, Status};
 
 use super::audit::audit_of;
+use super::audit_pages;
 use super::inspect::{Inspector, OrderEvent, OrderEvents, Timeline};
 use super::listing::{self, Cursor, Page};
 use super::replay;
@@ -256,12 +257,16 @@ impl AdminService for AdminGrpc {
         self.traced("ListAudit", &request, None, |caller| async move {
             // Who did what to every tenant's events: operators only.
             caller.require_operator()?;
-            let db = if ask.order_id <= 0 && !ask.event_id.is_empty() {
-                self.event_shard(&ask.event_id).await?.db().clone()
+            // An order or an event is on one shard; without either, every shard's audit is read
+            // and merged. A listing of one database needs no shard number in its token.
+            let shards = if ask.order_id <= 0 && !ask.event_id.is_empty() {
+                vec![(0, self.event_shard(&ask.event_id).await?.db().clone())]
+            } else if ask.order_id != 0 {
+                vec![(0, self.order_shard_or_default(ask.order_id))]
             } else {
-                self.order_shard_or_default(ask.order_id)
+                self.shards.numbered_dbs()
             };
-            edge::list_audit(&db, ask).await.map_err(AdminError::Call)
+            audit_pages::list(shards, ask).await.map_err(AdminError::Call)
         })
         .await
     }

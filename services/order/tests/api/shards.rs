@@ -17,6 +17,8 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
+mod audit;
+
 use crate::helpers::{
     Backend, TestDb, TestOrder, amend, assert_eventually, connect_order_service, on_every_backend, order,
     service_binary, violated_fields,
