@@ -185,9 +185,9 @@ impl Application {
             metrics.serve(stopped.clone());
         }
         telemetry::start_at_zero(&[&telemetry::metrics().calls_refused]);
-        // The order service's own claimable gauges read the default shard; the relays report
-        // the shards they serve.
-        tokio::spawn(service::report_claimable(self.shards.default_db(), stopped.clone()));
+        // The order service's own claimable gauges, one per shard; the relays report the shards
+        // they serve.
+        tokio::spawn(shards::report_claimable(self.shards.clone(), stopped.clone()));
         let orders = self
             .listener
             .server(&self.auth)

@@ -11,6 +11,7 @@
 //! same name), or a tenant whose orders would be left behind on a shard the new map no longer
 //! sends it to, and the running map stays as it was, with the reason logged.
 
+mod claimable;
 mod health;
 mod reload;
 
@@ -27,6 +28,7 @@ use super::group::{BatchStats, GroupCommitSettings};
 use super::settings::Settings;
 use super::store::OrderStore;
 
+pub(crate) use claimable::watch as report_claimable;
 pub(crate) use health::watch as watch_health;
 pub use reload::ReloadError;
 pub(crate) use reload::watch_hangup;
@@ -172,6 +174,13 @@ impl Shards {
     /// Every shard's database, in the map's order.
     pub(crate) fn dbs(&self) -> Vec<DatabaseConnection> {
         self.all().into_iter().map(|(_, shard)| shard.store.db().clone()).collect()
+    }
+
+    /// The attributes of shard `name`'s values in a metric: `idempost.shard` with a map, none
+    /// without one (a single database's series stay as they were).
+    pub(crate) fn attributes_of(&self, name: &str) -> Vec<opentelemetry::KeyValue> {
+        let mapped = self.opener.map_file.is_some();
+        mapped.then(|| opentelemetry::KeyValue::new("idempost.shard", name.to_owned())).into_iter().collect()
     }
 
     fn routing(&self) -> Arc<Routing> {

@@ -18,6 +18,7 @@ use tonic_health::pb::{
 };
 
 mod audit;
+mod claimable;
 
 use crate::helpers::{
     Backend, TestDb, TestOrder, amend, assert_eventually, connect_order_service, on_every_backend, order,
