@@ -11,6 +11,7 @@ mod chart;
 mod hold;
 mod pipeline;
 mod report;
+mod retention;
 mod sample;
 mod server;
 
@@ -115,6 +116,8 @@ pub(crate) struct Soak {
     pub(crate) rate_source: String,
     pub(crate) stage_seconds: f64,
     pub(crate) retention: String,
+    /// Every retention run of both services during the load, from their logs.
+    pub(crate) purges: Vec<retention::Purge>,
     /// The raw pipeline floor at the same rate on the same server: publish and consume lag.
     pub(crate) floor: (Percentiles, Percentiles),
     pub(crate) windows: Vec<Window>,

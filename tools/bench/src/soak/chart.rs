@@ -6,6 +6,7 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use super::retention::Purge;
 use super::{Soak, Window};
 use crate::error::BenchError;
 
@@ -29,15 +30,15 @@ fn line(name: &str, value: fn(&Window) -> f64) -> Line<'_> {
     (name, value)
 }
 
-/// Draws `soak` to `path` as a 1200×1500 PNG.
+/// Draws `soak` to `path` as a 1200×2100 PNG.
 pub(crate) fn draw(soak: &Soak, path: &Path) -> Result<(), BenchError> {
     // Without a font the panels would have no captions or legends: the run fails instead.
     if !crate::chart::register_font() {
         return Err(BenchError::Chart("no DejaVu Sans font for the soak chart's labels".into()));
     }
-    let root = BitMapBackend::new(path, (1200, 1500)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1200, 2100)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_error)?;
-    let panels = root.split_evenly((5, 1));
+    let panels = root.split_evenly((7, 1));
     let floor = soak.floor.0.p99;
     let cleanup = if soak.windows.iter().any(|w| w.cleanup.history_length > 0) {
         line("InnoDB history list length", |w| w.cleanup.history_length as f64)
@@ -95,21 +96,51 @@ pub(crate) fn draw(soak: &Soak, path: &Path) -> Result<(), BenchError> {
     ];
     for (i, (area, (caption, lines))) in panels.iter().zip(specs).enumerate() {
         let x: fn(&Window) -> f64 = if i == 0 { |w| w.at } else { |w| w.sampled_at };
-        panel(area, soak, &caption, &lines, x)?;
+        let series = lines
+            .iter()
+            .map(|(name, f)| ((*name).to_owned(), soak.windows.iter().map(|w| (x(w), f(w))).collect()))
+            .collect();
+        panel(area, soak, &caption, series)?;
+    }
+    for (area, (caption, value)) in panels[5..].iter().zip(retention_specs()) {
+        panel(area, soak, caption, retention_series(soak, value))?;
     }
     root.present().map_err(chart_error)
+}
+
+/// A retention panel: its caption and the value of each run it draws.
+type RetentionPanel = (&'static str, fn(&Purge) -> f64);
+
+/// The retention panels: a value of each run, drawn when the run ended.
+fn retention_specs() -> [RetentionPanel; 2] {
+    [
+        ("retention: rows removed per run", |p| p.rows as f64),
+        ("retention: time per run (ms)", |p| p.elapsed_ms),
+    ]
+}
+
+/// One line per table of `value` of each of its runs.
+fn retention_series(soak: &Soak, value: fn(&Purge) -> f64) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for purge in &soak.purges {
+        let point = (purge.at, value(purge));
+        match series.iter_mut().find(|(table, _)| *table == purge.table) {
+            Some((_, points)) => points.push(point),
+            None => series.push((purge.table.clone(), vec![point])),
+        }
+    }
+    series
 }
 
 fn panel(
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
     soak: &Soak,
     caption: &str,
-    lines: &[Line<'_>],
-    x: fn(&Window) -> f64,
+    series: Vec<(String, Vec<(f64, f64)>)>,
 ) -> Result<(), BenchError> {
     let x_max = soak.windows.iter().map(|w| w.sampled_at).fold(1.0, f64::max);
     let y_max =
-        lines.iter().flat_map(|(_, f)| soak.windows.iter().map(f)).fold(0.0, f64::max).max(1e-3) * 1.1;
+        series.iter().flat_map(|(_, points)| points.iter().map(|p| p.1)).fold(0.0, f64::max).max(1e-3) * 1.1;
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 16))
         .margin(8)
@@ -126,13 +157,12 @@ fn panel(
             ))
             .map_err(chart_error)?;
     }
-    for (i, (name, f)) in lines.iter().enumerate() {
+    for (i, (name, points)) in series.into_iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let points: Vec<(f64, f64)> = soak.windows.iter().map(|w| (x(w), f(w))).collect();
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
             .map_err(chart_error)?
-            .label(*name)
+            .label(name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
     chart

@@ -8,6 +8,7 @@ use idempost_testkit::private_db::PrivateServer;
 use sea_orm::DatabaseConnection;
 
 use super::hold;
+use super::retention::{self, PURGE_LOG};
 use super::sample::{self, Sampler};
 use super::{Soak, Stage, StageLatency, WINDOW, server, stage_at};
 use crate::child::Service;
@@ -164,8 +165,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Order service, relay (its batches logged) and consumer, with retention on; one warm-up
-    /// order through the whole path.
+    /// Order service and consumer (their retention runs logged), relay (its batches logged),
+    /// with retention on; one warm-up order through the whole path.
     async fn start_pipeline(&self, topic: &str) -> Result<(OrderClients, Vec<Service>), BenchError> {
         let free = || Ok::<_, BenchError>(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
         let (port, wake) = (free()?, free()?);
@@ -192,9 +193,9 @@ impl<'a> Session<'a> {
         consumer.extend(self.plan.consumer_args.iter().cloned());
         let (bin, out) = (&self.plan.bin_dir, &self.plan.out_dir);
         let mut services = vec![
-            Service::start(bin, "idempost-order", "soak-order", &order, out)?,
+            Service::start_with_env(bin, "idempost-order", "soak-order", &order, out, &PURGE_LOG)?,
             Service::start_with_env(bin, "idempost-relay", "soak-relay", &relay, out, &RELAY_STEP_LOG)?,
-            Service::start(bin, "idempost-consumer", "soak-consumer", &consumer, out)?,
+            Service::start_with_env(bin, "idempost-consumer", "soak-consumer", &consumer, out, &PURGE_LOG)?,
         ];
         let clients = OrderClients::connect(&format!("http://127.0.0.1:{port}"), 4).await?;
         step("soak: warm-up order (consumer group join)");
@@ -232,6 +233,9 @@ impl<'a> Session<'a> {
         cpu[3] = self.server_pid.map_or(0.0, server::cpu_seconds) - server_before;
         let per_1000 = 1000.0 / (soak.accepted.max(1) as f64);
         soak.cpu_per_1000 = cpu.map(|seconds| seconds * per_1000);
+        let logs = ["soak-order.log", "soak-consumer.log"].map(|log| self.plan.out_dir.join(log));
+        let end = soak.windows.last().map_or(0.0, |w| w.sampled_at);
+        soak.purges = retention::read(&logs.each_ref().map(|p| p.as_path()), started.0, end);
         soak.stages = summarise(&soak.windows, pooled);
         soak.recovered_after = recovered_after(soak);
         Ok(())

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
+use super::retention::{self, Growth};
 use super::{Soak, Stage, StageLatency};
 use crate::measure::Percentiles;
 
@@ -23,7 +24,7 @@ pub(crate) fn targets(soak: &Soak) -> Vec<(String, String, String, bool)> {
     let consume = ratio(held.consume.p99, base.consume.p99);
     let claim = ratio(released.claim_p50, base.claim_p50);
     let mark = ratio(released.mark_p50, base.mark_p50);
-    vec![
+    let mut targets = vec![
         (
             "soak: publish p99, snapshot held / baseline".into(),
             format!("{publish:.2}"),
@@ -54,7 +55,86 @@ pub(crate) fn targets(soak: &Soak) -> Vec<(String, String, String, bool)> {
             "<= 1.50".into(),
             mark <= 1.5,
         ),
-    ]
+    ];
+    targets.extend(retention::growth(&soak.purges).iter().filter_map(|g| {
+        let ratio = g.ratio()?;
+        Some((
+            format!("soak: retention of {} per 1,000 rows, late / early runs", g.table),
+            format!("{ratio:.2}"),
+            "<= 1.50".into(),
+            ratio <= 1.5,
+        ))
+    }));
+    targets
+}
+
+/// The tables' retention, as the printed table's lines.
+fn retention_lines(t: &mut String, soak: &Soak) {
+    let _ = writeln!(
+        t,
+        "  retention per run (the services' `retention purge` lines): early / late = the first / last third of \
+         the runs that removed rows"
+    );
+    let growth = retention::growth(&soak.purges);
+    if growth.is_empty() {
+        let _ = writeln!(t, "    no retention run logged");
+    }
+    for g in &growth {
+        let cost = |c: Option<retention::Cost>| {
+            c.map_or("-".into(), |c| format!("{:.2} ms ({} runs, {} rows)", c.ms_per_1000, c.runs, c.rows))
+        };
+        let _ = writeln!(
+            t,
+            "    {:<15} {} runs, {} rows, p50 {:.1} ms per run; per 1,000 rows early {}, late {}; late / early {}",
+            g.table,
+            g.all.runs,
+            g.all.rows,
+            g.all.p50_ms,
+            cost(g.early),
+            cost(g.late),
+            g.ratio().map_or("-".into(), |r| format!("{r:.2}"))
+        );
+    }
+}
+
+/// The window's retention runs, outbox and dedup, as `rows@ms`.
+fn purged(soak: &Soak, w: &super::Window) -> String {
+    let from = w.sampled_at - super::WINDOW.as_secs_f64();
+    let [outbox, dedup] = [OUTBOX, DEDUP].map(|table| {
+        let (rows, ms) = retention::within(&soak.purges, table, from, w.sampled_at);
+        format!("{rows}@{ms:.0}")
+    });
+    format!("{outbox}/{dedup}")
+}
+
+/// The tables the two services' retention purges.
+const OUTBOX: &str = "outbox_event";
+const DEDUP: &str = "consumed_event";
+
+fn window_json(w: &super::Window) -> Value {
+    json!({
+            "atSeconds": w.at, "sampledAtSeconds": w.sampled_at, "stage": w.stage.map(Stage::name), "events": w.events, "unpublished": w.unpublished,
+        "publish": percentiles(&w.publish), "consume": percentiles(&w.consume),
+        "claim": percentiles(&w.claim), "mark": percentiles(&w.mark), "batches": w.batches,
+        "backlog": w.backlog, "outboxDeadRows": w.cleanup.outbox_dead, "dedupDeadRows": w.cleanup.dedup_dead,
+        "outboxAutovacuums": w.cleanup.outbox_autovacuums, "historyListLength": w.cleanup.history_length,
+        "outboxTableBytes": w.sizes.outbox_table, "outboxIndexBytes": w.sizes.outbox_indexes,
+        "dedupTableBytes": w.sizes.dedup_table, "dedupIndexBytes": w.sizes.dedup_indexes,
+        "oldestTransactionSeconds": w.oldest_transaction,
+        "cpuCores": {"order": w.cpu[0], "relay": w.cpu[1], "consumer": w.cpu[2], "databaseServer": w.cpu[3], "machine": w.cpu[4]},
+        "loadAverage": w.load,
+    })
+}
+
+fn growth_json(g: &Growth) -> Value {
+    let cost = |c: Option<retention::Cost>| {
+        c.map(|c| json!({"runs": c.runs, "rows": c.rows, "msPer1000Rows": c.ms_per_1000, "p50Ms": c.p50_ms}))
+    };
+    json!({
+        "table": g.table, "runs": g.all.runs, "rows": g.all.rows, "p50Ms": g.all.p50_ms,
+        "msPer1000Rows": g.all.ms_per_1000, "early": cost(g.early), "late": cost(g.late),
+        "lateOverEarly": g.ratio(),
+    })
 }
 
 /// One window as the soak prints it while it runs.
@@ -135,15 +215,17 @@ pub(crate) fn table(soak: &Soak) -> String {
         soak.cpu_per_1000[2],
         soak.cpu_per_1000[3]
     );
+    retention_lines(&mut t, soak);
     let _ = writeln!(
         t,
         "  every {0} s: the lags of the events created in the {0} s up to `s`; the relay's statements, the \
-         backlog, cleanup, sizes, the oldest transaction and CPU as of (over the {0} s up to) {0} s later:",
+         backlog, cleanup, sizes, the oldest transaction and CPU as of (over the {0} s up to) {0} s later; the \
+         retention runs (outbox/dedup rows@ms) that ended in those {0} s:",
         super::WINDOW.as_secs()
     );
     let _ = writeln!(
         t,
-        "  {:>5} {:<13} {:>6} {:>15} {:>15} {:>11} {:>7} {:>8} {:>8} {:>7} {:>9} {:>9} {:>6} {:>24} {:>5}",
+        "  {:>5} {:<13} {:>6} {:>15} {:>15} {:>11} {:>7} {:>8} {:>8} {:>7} {:>9} {:>9} {:>6} {:>24} {:>5} {:>17}",
         "s",
         "stage",
         "events",
@@ -158,13 +240,14 @@ pub(crate) fn table(soak: &Soak) -> String {
         "dedup MB",
         "old tx",
         "CPU order/relay/cons/db",
-        "all"
+        "all",
+        "retention"
     );
     for w in &soak.windows {
         let mb = |a: i64, b: i64| format!("{:.1}+{:.1}", a as f64 / 1048576.0, b as f64 / 1048576.0);
         let _ = writeln!(
             t,
-            "  {:>5.0} {:<13} {:>6} {:>7.1}/{:>7.1} {:>7.1}/{:>7.1} {:>5.1}/{:>5.1} {:>7} {:>8} {:>8} {:>7} {:>9} {:>9} {:>6.0} {:>24} {:>5.2}",
+            "  {:>5.0} {:<13} {:>6} {:>7.1}/{:>7.1} {:>7.1}/{:>7.1} {:>5.1}/{:>5.1} {:>7} {:>8} {:>8} {:>7} {:>9} {:>9} {:>6.0} {:>24} {:>5.2} {:>17}",
             w.at,
             w.stage.map_or("", Stage::name),
             w.events,
@@ -182,7 +265,8 @@ pub(crate) fn table(soak: &Soak) -> String {
             mb(w.sizes.dedup_table, w.sizes.dedup_indexes),
             w.oldest_transaction,
             format!("{:.2}/{:.2}/{:.2}/{:.2}", w.cpu[0], w.cpu[1], w.cpu[2], w.cpu[3]),
-            w.cpu[4]
+            w.cpu[4],
+            purged(soak, w)
         );
     }
     for note in &soak.notes {
@@ -198,12 +282,21 @@ fn percentiles(p: &Percentiles) -> Value {
 /// `bench.json`'s `soak` object.
 pub(crate) fn json(soak: &Soak) -> Value {
     let (fp, fc) = soak.floor;
+    // Built apart: one json! of everything would pass serde_json's macro recursion limit.
+    let runs: Vec<Value> = soak
+        .purges
+        .iter()
+        .map(|p| json!({"atSeconds": p.at, "table": p.table, "rows": p.rows, "elapsedMs": p.elapsed_ms}))
+        .collect();
+    let growth: Vec<Value> = retention::growth(&soak.purges).iter().map(growth_json).collect();
     json!({
         "ratePerSecond": soak.rate,
         "rateSource": soak.rate_source,
         "stageSeconds": soak.stage_seconds,
         "windowSeconds": super::WINDOW.as_secs(),
         "retention": soak.retention,
+        "retentionRuns": runs,
+        "retentionGrowth": growth,
         "server": soak.settings.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
         "floor": {"publish": percentiles(&fp), "consume": percentiles(&fc)},
         "stages": soak.stages.iter().map(|(which, l)| json!({
@@ -218,18 +311,7 @@ pub(crate) fn json(soak: &Soak) -> Value {
         "failed": soak.failed,
         "cpuSecondsPer1000": {"order": soak.cpu_per_1000[0], "relay": soak.cpu_per_1000[1],
                               "consumer": soak.cpu_per_1000[2], "databaseServer": soak.cpu_per_1000[3]},
-        "windows": soak.windows.iter().map(|w| json!({
-            "atSeconds": w.at, "sampledAtSeconds": w.sampled_at, "stage": w.stage.map(Stage::name), "events": w.events, "unpublished": w.unpublished,
-            "publish": percentiles(&w.publish), "consume": percentiles(&w.consume),
-            "claim": percentiles(&w.claim), "mark": percentiles(&w.mark), "batches": w.batches,
-            "backlog": w.backlog, "outboxDeadRows": w.cleanup.outbox_dead, "dedupDeadRows": w.cleanup.dedup_dead,
-            "outboxAutovacuums": w.cleanup.outbox_autovacuums, "historyListLength": w.cleanup.history_length,
-            "outboxTableBytes": w.sizes.outbox_table, "outboxIndexBytes": w.sizes.outbox_indexes,
-            "dedupTableBytes": w.sizes.dedup_table, "dedupIndexBytes": w.sizes.dedup_indexes,
-            "oldestTransactionSeconds": w.oldest_transaction,
-            "cpuCores": {"order": w.cpu[0], "relay": w.cpu[1], "consumer": w.cpu[2], "databaseServer": w.cpu[3], "machine": w.cpu[4]},
-            "loadAverage": w.load,
-        })).collect::<Vec<_>>(),
+        "windows": soak.windows.iter().map(window_json).collect::<Vec<_>>(),
         "targets": targets(soak).into_iter().map(|(name, value, target, met)| json!({
             "name": name, "value": value, "target": target, "met": met})).collect::<Vec<_>>(),
         "notes": soak.notes,
