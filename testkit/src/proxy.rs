@@ -8,11 +8,16 @@
 //! stays open and only refuses queries (it even answers a ping), so a pool would otherwise keep
 //! using it. It returns once every old connection is closed, so the test's next call cannot
 //! race a session still open to the old server.
+//!
+//! A test can also hold the server's replies back ([`TcpProxy::hold_replies`]): a statement the
+//! server ran and answered whose answer never reaches the client before the cut, as when a node
+//! is cut off between its COMMIT and the acknowledgement.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::copy_bidirectional;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -27,20 +32,28 @@ pub struct TcpProxy {
     accepting: JoinHandle<()>,
 }
 
-/// Where connections go, and a token every connection to the current target holds (so a
-/// re-point can tell when the last one to the old target has closed).
+/// Where connections go, a token every connection to the current target holds (so a re-point
+/// can tell when the last one to the old target has closed), and whether replies are held.
 #[derive(Debug)]
 struct Route {
     target: watch::Sender<SocketAddr>,
     open: Mutex<Arc<()>>,
+    replies_held: watch::Sender<bool>,
+}
+
+/// What one connection follows: the target, and whether the server's replies are held.
+struct Follow {
+    target: watch::Receiver<SocketAddr>,
+    replies_held: watch::Receiver<bool>,
 }
 
 impl Route {
-    /// What a new connection needs: the target to follow and the token of its generation, taken
+    /// What a new connection needs: what to follow and the token of its generation, taken
     /// together so that a re-point falls before or after both.
-    fn join(&self) -> (watch::Receiver<SocketAddr>, Arc<()>) {
+    fn join(&self) -> (Follow, Arc<()>) {
         let open = self.open.lock().unwrap();
-        (self.target.subscribe(), Arc::clone(&open))
+        let follow = Follow { target: self.target.subscribe(), replies_held: self.replies_held.subscribe() };
+        (follow, Arc::clone(&open))
     }
 }
 
@@ -49,13 +62,17 @@ impl TcpProxy {
     pub async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let route = Arc::new(Route { target: watch::channel(target).0, open: Mutex::new(Arc::new(())) });
+        let route = Arc::new(Route {
+            target: watch::channel(target).0,
+            open: Mutex::new(Arc::new(())),
+            replies_held: watch::channel(false).0,
+        });
         let accepting = tokio::spawn({
             let route = Arc::clone(&route);
             async move {
                 while let Ok((client, _)) = listener.accept().await {
-                    let (target, token) = route.join();
-                    tokio::spawn(forward(client, target, token));
+                    let (follow, token) = route.join();
+                    tokio::spawn(forward(client, follow, token));
                 }
             }
         });
@@ -81,6 +98,17 @@ impl TcpProxy {
         .await;
         assert!(closed, "the proxy's connections to the old target did not close within {WAIT:?}");
     }
+
+    /// From now on, no byte a server sends reaches its client (on every connection, new ones
+    /// too) until [`TcpProxy::release_replies`]; the client's bytes still reach the server.
+    pub fn hold_replies(&self) {
+        self.route.replies_held.send_replace(true);
+    }
+
+    /// Ends [`TcpProxy::hold_replies`]: the held replies go on to their clients.
+    pub fn release_replies(&self) {
+        self.route.replies_held.send_replace(false);
+    }
 }
 
 impl Drop for TcpProxy {
@@ -94,13 +122,31 @@ impl Drop for TcpProxy {
 /// Copies both ways between `client` and the current target until either side closes, the
 /// proxy is re-pointed, or it is gone.
 /// `_open` is held until the connection is closed.
-async fn forward(mut client: TcpStream, mut target: watch::Receiver<SocketAddr>, _open: Arc<()>) {
+async fn forward(client: TcpStream, follow: Follow, _open: Arc<()>) {
+    let Follow { mut target, replies_held } = follow;
     let to = *target.borrow_and_update();
-    let Ok(mut server) = TcpStream::connect(to).await else {
+    let Ok(server) = TcpStream::connect(to).await else {
         return;
     };
+    let (mut from_client, mut to_client) = client.into_split();
+    let (from_server, mut to_server) = server.into_split();
     tokio::select! {
-        _ = copy_bidirectional(&mut client, &mut server) => {}
+        _ = tokio::io::copy(&mut from_client, &mut to_server) => {}
+        _ = replies(from_server, &mut to_client, replies_held) => {}
         _ = target.changed() => {}
+    }
+}
+
+/// Copies the server's bytes to the client, except while replies are held: bytes read then wait
+/// here until they are released (or the connection is cut, and they are lost).
+async fn replies(mut server: OwnedReadHalf, client: &mut OwnedWriteHalf, mut held: watch::Receiver<bool>) {
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let Ok(read @ 1..) = server.read(&mut buffer).await else {
+            return;
+        };
+        if held.wait_for(|held| !*held).await.is_err() || client.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
     }
 }

@@ -367,3 +367,149 @@ async fn services_on_a_node_cut_off_from_the_others_reconnect_to_another_node_an
     }
     app.stop().await;
 }
+
+/// The order service reaching node 2 through a proxy (as in the test above), over a fresh
+/// database: the proxy, so that the test can cut the node's sessions, and the service.
+#[cfg(feature = "failpoints")]
+async fn order_service_behind_a_proxy_on_node_two(
+    cluster: &GaleraCluster,
+    database: &str,
+) -> (idempost_testkit::proxy::TcpProxy, idempost_testkit::order::TestOrder) {
+    use idempost_testkit::db::TestDb;
+    use idempost_testkit::order::TestOrder;
+    use idempost_testkit::proxy::TcpProxy;
+
+    let proxy = TcpProxy::start(cluster.address(2)).await;
+    let behind_proxy = format!("mysql://root@127.0.0.1:{}/{database}", proxy.port());
+    let app = TestOrder::spawn_on(TestDb::migrated_at(behind_proxy).await, |_| {}).await;
+    (proxy, app)
+}
+
+/// How many operations node `node` holds under `(tenant 7, request_id)` (an order's every
+/// version names the key of the operation that made it), read directly and causally there.
+#[cfg(feature = "failpoints")]
+async fn operations_under(cluster: &GaleraCluster, node: usize, database: &str, request_id: &str) -> String {
+    let sql =
+        format!("SELECT COUNT(*) FROM order_version WHERE tenant_id = 7 AND request_id = '{request_id}'");
+    scalar(&cluster.url(node, database), &sql).await
+}
+
+/// An order whose COMMIT reaches its node after the node was cut off from the others: the node
+/// refuses the COMMIT (error 1047, like every statement outside the primary component) without
+/// running it, and the service cannot tell that from a commit whose answer was lost, so it
+/// answers UNKNOWN, never ROLLED_BACK. Reconciled through the service moved to another node, the
+/// order is not found, as on the primary component; the retry with the same ids commits it once,
+/// and the cut-off node, back in the cluster, holds exactly that order.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_order_whose_commit_reaches_its_node_after_the_cut_is_unknown_and_reconciled_as_never_written() {
+    use idempost_proto::v1 as pb;
+    use idempost_testkit::failpoint::hold;
+    use idempost_testkit::order::order;
+    use idempost_testkit::wait::WAIT;
+    use tonic::Code;
+
+    use crate::helpers::{metadata, reason};
+
+    let cluster = GaleraCluster::start().await;
+    let database = cluster.create_database().await;
+    let (proxy, app) = order_service_behind_a_proxy_on_node_two(&cluster, &database).await;
+
+    let mut held = hold(idempost::failpoint::BEFORE_ORDER_TRANSACTION_COMMIT);
+    let event_id = uuid::Uuid::now_v7().to_string();
+    let request = pb::SubmitOrderRequest { event_id: event_id.clone(), ..order(7, "cut-before-commit") };
+    let call = tokio::spawn({
+        let client = app.client.clone();
+        let request = request.clone();
+        async move { client.clone().submit_order(request).await.map(tonic::Response::into_inner) }
+    });
+    held.reached("the order's rows are written on node 2, uncommitted", WAIT).await;
+    cluster.isolate(2).await;
+    held.release();
+
+    let status = call.await.unwrap().expect_err("a COMMIT on a node cut off cannot be acknowledged");
+    assert_eq!((status.code(), reason(&status).as_str()), (Code::Unknown, "OUTCOME_UNKNOWN"), "{status:?}");
+    assert_eq!(metadata(&status, "event_id").as_deref(), Some(event_id.as_str()));
+
+    proxy.repoint(cluster.address(0)).await;
+    assert_eq!(operations_under(&cluster, 0, &database, "cut-before-commit").await, "0");
+    let reconciled = app.reconcile(7, "cut-before-commit").await.expect_err("nothing was committed");
+    assert_eq!(reconciled.code(), Code::NotFound, "{reconciled:?}");
+
+    let retried = app.submit(request).await.expect("the retry commits the order");
+    assert!(!retried.replayed, "{retried:?}");
+    assert_eq!(retried.event_id, event_id);
+    cluster.rejoin(2).await;
+    for node in 0..NODES {
+        assert_eq!(
+            operations_under(&cluster, node, &database, "cut-before-commit").await,
+            "1",
+            "node {node}"
+        );
+    }
+    app.stop().await;
+}
+
+/// An amendment whose COMMIT its node ran, the node then cut off before the acknowledgement
+/// reached the service (the proxy holds the node's replies, then cuts its sessions): the commit
+/// fails on a lost connection, so the answer is UNKNOWN. Reconciled through the service moved to
+/// another node, which reads causally, the amendment is found under its event id; the retry with
+/// the same ids is answered as its replay, and the order has exactly its two versions.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_its_node_committed_before_the_cut_is_unknown_and_reconciled_as_committed() {
+    use idempost_proto::v1 as pb;
+    use idempost_testkit::failpoint::hold;
+    use idempost_testkit::order::{amend, order};
+    use idempost_testkit::wait::WAIT;
+    use tonic::Code;
+
+    use crate::helpers::{eventually, metadata, reason};
+
+    let cluster = GaleraCluster::start().await;
+    let database = cluster.create_database().await;
+    let (proxy, app) = order_service_behind_a_proxy_on_node_two(&cluster, &database).await;
+    let submitted = app.submit(order(7, "cut-after-commit")).await.expect("an exact answer");
+
+    let mut held = hold(idempost::failpoint::BEFORE_ORDER_TRANSACTION_COMMIT);
+    let event_id = uuid::Uuid::now_v7().to_string();
+    let request = pb::AmendOrderRequest {
+        event_id: event_id.clone(),
+        ..amend("cut-after-commit-2", submitted.order_id, 1, 3)
+    };
+    let call = tokio::spawn({
+        let client = app.client.clone();
+        let request = request.clone();
+        async move { client.clone().amend_order(request).await.map(tonic::Response::into_inner) }
+    });
+    held.reached("the amendment's rows are written on node 2, uncommitted", WAIT).await;
+    proxy.hold_replies();
+    held.release();
+    let version = format!("SELECT version FROM orders WHERE id = {}", submitted.order_id);
+    let committed =
+        eventually(WAIT, || async { scalar(&cluster.url(0, &database), &version).await == "2" }).await;
+    assert!(committed, "node 2 committed the amendment and the cluster has it");
+    cluster.isolate(2).await;
+    proxy.repoint(cluster.address(0)).await;
+    // The held acknowledgement went with node 2's sessions; node 0's answers flow.
+    proxy.release_replies();
+
+    let status = call.await.unwrap().expect_err("the acknowledgement was lost with the node");
+    assert_eq!((status.code(), reason(&status).as_str()), (Code::Unknown, "OUTCOME_UNKNOWN"), "{status:?}");
+    assert_eq!(metadata(&status, "event_id").as_deref(), Some(event_id.as_str()));
+
+    let reconciled = app.reconcile(7, "cut-after-commit-2").await.expect("the amendment committed");
+    assert_eq!(
+        (reconciled.operation(), reconciled.event_id.as_str(), reconciled.version),
+        (pb::OrderOperation::Amend, event_id.as_str(), 2)
+    );
+    let retried = app.amend(request).await.expect("the retry is answered exactly");
+    assert_eq!((retried.replayed, retried.event_id.as_str(), retried.version), (true, event_id.as_str(), 2));
+    cluster.rejoin(2).await;
+    let events = format!("SELECT COUNT(*) FROM outbox_event WHERE aggregate_id = {}", submitted.order_id);
+    for node in 0..NODES {
+        assert_eq!(scalar(&cluster.url(node, &database), &version).await, "2", "node {node}");
+        assert_eq!(scalar(&cluster.url(node, &database), &events).await, "2", "node {node}");
+    }
+    app.stop().await;
+}
