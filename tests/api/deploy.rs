@@ -128,7 +128,10 @@ fn promtool(args: &[&str]) -> String {
 #[test]
 fn the_alert_rules_pass_promtool_check_rules_and_their_promtool_test_fixtures() {
     let checked = promtool(&["check", "rules", "alerts.yaml"]);
-    assert!(checked.contains("SUCCESS: 7 rules found"), "{checked}");
+    // Every rule of the file is read: as many as it has `alert:` entries.
+    let rules = std::fs::read_to_string(deploy_dir().join("prometheus/alerts.yaml")).unwrap();
+    let alerts = rules.lines().filter(|line| line.trim_start().starts_with("- alert:")).count();
+    assert!(checked.contains(&format!("SUCCESS: {alerts} rules found")), "{checked}");
     let tested = promtool(&["test", "rules", "alerts.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }

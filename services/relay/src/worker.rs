@@ -513,6 +513,11 @@ impl<P: Publisher> Relay<P> {
 /// counted: a row found often means a lookback shorter than the order service's transactions.
 async fn sweep(outbox: Outbox, mut stop: watch::Receiver<bool>) {
     let every = outbox.claim_window().sweep_interval;
+    // Both reads at 0 from the start: a counter never added to is not exported, and the alert on
+    // steady finds (IdempostRelaySweepFindsSteadily) would read nothing to compare with.
+    for read in ["due", "expired"] {
+        metrics().claim_sweep_finds.add(0, &[KeyValue::new("idempost.relay.claim_read", read)]);
+    }
     while !*stop.borrow() {
         tokio::select! {
             () = tokio::time::sleep(every) => {}
