@@ -1343,9 +1343,9 @@ export type ListAuditRequest = Message<"idempost.v1.ListAuditRequest"> & {
   /**
    * Where the next page starts: the previous answer's `next_page_token`, unchanged, with the
    * same filters; empty starts at the newest. Not with `before_id` (INVALID_REQUEST with both).
-   * With a shard map and neither an order nor an event, the listing merges every shard's audit,
-   * and only this token continues it: `before_id` is an id of one database, so it is refused
-   * there.
+   * On an order service with several shards and neither an order nor an event, the listing
+   * merges every shard's audit, and only this token continues it: `before_id` is an id of one
+   * database, so it is refused there.
    *
    * @generated from field: string page_token = 6;
    */
@@ -1643,7 +1643,8 @@ export const AdminService: GenService<{
    * rows; `next_page_token` continues, and `next_before_id` too with one database). Operators
    * only. With a shard map, a listing given an order or an event reads that order's or event's
    * shard; without either it reads every shard and merges them, newest first by `recorded_at`
-   * (each shard's own rows in their id order), and its pages never repeat or skip a row.
+   * (each shard's own rows in their id order, a tie to the shard first in the map), and its
+   * pages never repeat or skip a row.
    *
    * @generated from rpc idempost.v1.AdminService.ListAudit
    */
