@@ -114,6 +114,13 @@ impl Service {
         }
     }
 
+    /// Reads the usage, then SIGKILL and reaps it: no handler runs, as in a crash.
+    pub(crate) async fn kill(mut self) -> Usage {
+        let usage = self.usage();
+        self.process.kill().await;
+        usage
+    }
+
     /// Reads the usage, then SIGTERM and waits for the drain (SIGKILL after 20 s).
     pub(crate) async fn stop(mut self) -> Usage {
         let usage = self.usage();

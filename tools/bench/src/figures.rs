@@ -95,6 +95,8 @@ pub(crate) struct Figures {
     pub(crate) ordered: Option<Ordered>,
     /// The soak (none when it did not run).
     pub(crate) soak: Option<crate::soak::Soak>,
+    /// The relay over shards (none when it did not run).
+    pub(crate) shards: Option<crate::shards::Shards>,
     pub(crate) services: Vec<ServiceUse>,
     pub(crate) waits: Vec<Waits>,
     pub(crate) notes: Vec<String>,

@@ -17,6 +17,7 @@ mod plan;
 mod raw;
 mod report;
 mod run;
+mod shards;
 mod soak;
 mod sql;
 mod steady;

@@ -74,14 +74,23 @@ pub(crate) enum Phase {
     /// The whole pipeline for minutes on a private server with stock settings: a baseline,
     /// another session holding a snapshot open, the snapshot released (issue 42).
     Soak,
+    /// One relay fleet over 1, 2 and 4 shard databases against one database of the same
+    /// backlog, and the time to full assignment after a fleet relay dies (issue 44).
+    Shards,
 }
 
 impl Plan {
     /// Whether `phase` runs: every phase when `--only` names none, except the soak, which takes
-    /// a quarter of an hour and a server of its own and runs only when named.
+    /// a quarter of an hour and a server of its own, and the shards phase, which makes databases
+    /// of its own and needs a control topic per fleet: they run only when named.
     pub(crate) fn runs(&self, phase: Phase) -> bool {
-        self.only.contains(&phase) || (self.only.is_empty() && phase != Phase::Soak)
+        runs(&self.only, phase)
     }
+}
+
+/// Whether `phase` runs when `--only` names `only` (see [`Plan::runs`]).
+fn runs(only: &[Phase], phase: Phase) -> bool {
+    only.contains(&phase) || (only.is_empty() && !matches!(phase, Phase::Soak | Phase::Shards))
 }
 
 /// Where the services are: `--bin-dir`, or beside this binary.
@@ -102,6 +111,16 @@ mod tests {
             Phase::Ordered.to_possible_value().map(|v| v.get_name().to_owned()),
             Some("ordered".into())
         );
+    }
+
+    #[test]
+    fn the_shards_phase_runs_only_when_named() {
+        assert!(!super::runs(&[], Phase::Shards));
+        assert!(!super::runs(&[], Phase::Soak));
+        assert!(super::runs(&[], Phase::Relay));
+        assert!(super::runs(&[Phase::Shards], Phase::Shards));
+        assert!(!super::runs(&[Phase::Shards], Phase::Relay));
+        assert_eq!(Phase::from_str("shards", false), Ok(Phase::Shards));
     }
 
     #[test]

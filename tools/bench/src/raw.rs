@@ -287,8 +287,15 @@ pub(crate) async fn consume(
     Ok((read, first.map(|t| t.elapsed()).unwrap_or_default()))
 }
 
-/// Fills the outbox with `count` PENDING events, oldest first, in multi-row inserts.
+/// Fills the outbox with `count` PENDING events, oldest first, in multi-row inserts, for orders
+/// 1 to `count`.
 pub(crate) async fn prefill(db: &DatabaseConnection, count: u64) -> Result<(), DbErr> {
+    prefill_orders(db, count, 1).await
+}
+
+/// [`prefill`] for orders `first` to `first + count - 1`: a shard's backlog in its block of
+/// order ids, so that no two shards publish under one key.
+pub(crate) async fn prefill_orders(db: &DatabaseConnection, count: u64, first: i64) -> Result<(), DbErr> {
     let backend = db.get_database_backend();
     let chunk = 500u64;
     let base = now_micros() - chrono::Duration::hours(1);
@@ -307,7 +314,7 @@ pub(crate) async fn prefill(db: &DatabaseConnection, count: u64) -> Result<(), D
             sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?)");
             let event_id = uuid::Uuid::now_v7().to_string();
             let at = base + chrono::Duration::microseconds(i64::try_from(i).unwrap_or(0) * 10);
-            let order_id = i64::try_from(i).unwrap_or(i64::MAX);
+            let order_id = first + i64::try_from(i - 1).unwrap_or(i64::MAX - first);
             let payload = payload::order_accepted(&event_id, order_id, &format!("bench-{event_id}"), at);
             values.extend([
                 event_id.into(),

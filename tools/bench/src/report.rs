@@ -316,6 +316,9 @@ impl Figures {
         if let Some(soak) = &self.soak {
             t.push_str(&crate::soak::table(soak));
         }
+        if let Some(shards) = &self.shards {
+            t.push_str(&crate::shards::table(shards));
+        }
         let _ = writeln!(t, "\nservices (real processes; /proc/PID/stat and VmHWM)");
         for s in &self.services {
             let _ = writeln!(
@@ -409,6 +412,7 @@ impl Figures {
             "capacity": capacity::json(self),
             "ordered": ordered::json(self),
             "soak": self.soak.as_ref().map(crate::soak::json),
+            "shards": self.shards.as_ref().map(crate::shards::json),
             "services": self.services.iter().map(|s| json!({
                 "service": s.service, "phase": s.phase, "events": s.events, "cpuSeconds": s.cpu_seconds,
                 "cpuSecondsPer1000": s.cpu_per_1000(), "peakRssMiB": s.peak_rss_mib})).collect::<Vec<_>>(),

@@ -174,6 +174,9 @@ impl Run<'_> {
             };
             self.figures.soak = Some(crate::soak::run(plan, &plan.soak, sustained).await?);
         }
+        if plan.runs(Phase::Shards) {
+            self.figures.shards = Some(crate::shards::run(plan).await?);
+        }
         Ok(())
     }
 
