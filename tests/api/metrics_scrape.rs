@@ -203,6 +203,15 @@ async fn every_service_serves_the_metrics_its_dashboard_and_alerts_read(backend:
         },
     )
     .await;
+    // Without a shard map the order service's claimable gauges carry no shard label, as one
+    // database's always did: dashboards and alerts written for it read the same series.
+    let order_text = scrape(order_metrics).await;
+    let claimable: Vec<_> =
+        series(&order_text).filter(|(series, _)| series.starts_with("idempost_outbox_")).collect();
+    assert!(
+        claimable.len() >= 2 && claimable.iter().all(|(s, _)| !s.contains("idempost_shard")),
+        "{order_text}"
+    );
     assert_eventually("the consumer's group has no lag left", WAIT, || async {
         let text = scrape(consumer_metrics).await;
         samples(&text).iter().any(|(n, v)| n == "idempost_consumer_lag" && *v == 0.0)
