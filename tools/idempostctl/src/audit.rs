@@ -110,3 +110,21 @@ pub(crate) fn render(reply: &pb::ListAuditResponse, as_json: bool) -> String {
         token => format!("{out}\nolder rows: --page-token {token}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_page_is_named_by_before_id_on_one_database_and_by_the_token_over_several_shards() {
+        let page = |next_before_id: i64, token: &str| pb::ListAuditResponse {
+            records: Vec::new(),
+            next_before_id,
+            next_page_token: token.to_owned(),
+        };
+        assert!(render(&page(41, "41"), false).ends_with("older rows: --before-id 41"));
+        assert!(render(&page(41, ""), false).ends_with("older rows: --before-id 41"));
+        assert!(render(&page(41, "0:41,1:7"), false).ends_with("older rows: --page-token 0:41,1:7"));
+        assert!(!render(&page(0, ""), false).contains("older rows"));
+    }
+}
