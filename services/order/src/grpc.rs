@@ -375,7 +375,8 @@ impl WriteError {
             | SubmitError::OutcomeUnknown { cause, .. },
         ) = &self
         {
-            metadata.insert(CORRELATION_ID.to_owned(), incident("SubmitOrder failed on the database", cause));
+            metadata
+                .insert(CORRELATION_ID.to_owned(), incident("an order write failed on the database", cause));
         }
         let mut details = ErrorDetails::new();
         if let Self::Refused(Refused {
