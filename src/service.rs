@@ -252,15 +252,24 @@ pub const CLAIMABLE_INTERVAL: Duration = Duration::from_secs(5);
 /// not only the relays: with every relay down, the alert "events are due and no relay claims"
 /// still has a gauge to read. A failed read keeps the last values (the health checks speak of
 /// the database).
-pub async fn report_claimable(db: DatabaseConnection, mut stopped: watch::Receiver<bool>) {
+pub async fn report_claimable(db: DatabaseConnection, stopped: watch::Receiver<bool>) {
+    report_claimable_as(db, Vec::new(), stopped).await;
+}
+
+/// [`report_claimable`] with `attributes` on every value (a relay fleet's `idempost.shard`).
+pub async fn report_claimable_as(
+    db: DatabaseConnection,
+    attributes: Vec<KeyValue>,
+    mut stopped: watch::Receiver<bool>,
+) {
     while !*stopped.borrow() {
         match crate::backlog::claimable(&db).await {
             Ok(claimable) => {
                 let age = claimable
                     .oldest
                     .map_or(0.0, |at| (chrono::Utc::now() - at).to_std().unwrap_or_default().as_secs_f64());
-                metrics().outbox_claimable.record(claimable.count, &[]);
-                metrics().outbox_oldest_claimable_age.record(age, &[]);
+                metrics().outbox_claimable.record(claimable.count, &attributes);
+                metrics().outbox_oldest_claimable_age.record(age, &attributes);
             }
             Err(e) => tracing::debug!(error = %e, "claimable query failed"),
         }

@@ -54,7 +54,7 @@ impl Signals {
                 _ = self.terminate.recv() => return,
                 _ = self.interrupt.recv() => return,
                 _ = self.hangup.recv() => tracing::info!(
-                    "SIGHUP received: certificates, the JWKS and the order service's shard map are re-read where configured; nothing stops"
+                    "SIGHUP received: certificates, the JWKS and the shard map (order service, relay fleet) are re-read where configured; nothing stops"
                 ),
             }
         }

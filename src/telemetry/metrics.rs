@@ -76,6 +76,9 @@ pub struct Metrics {
     /// 1 while a shard's database does not answer the order service's health ping, 0 while it
     /// does (attribute `idempost.shard`): health stays SERVING while any shard answers.
     pub shard_down: Gauge<u64>,
+    /// 1 for every shard of a relay fleet's map that this relay serves, 0 for the others
+    /// (attribute `idempost.shard`).
+    pub relay_shard_owned: Gauge<u64>,
     /// 1 while a relay fleet's shard has no live owner by its control partition (its end has not
     /// moved for three ticks), else 0 (attribute `idempost.shard`); every relay reports every
     /// shard of its map.
@@ -237,6 +240,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         shard_down: meter
             .u64_gauge("idempost.order.shard.down")
             .with_description("1 while the shard's database does not answer the order service, else 0")
+            .build(),
+        relay_shard_owned: meter
+            .u64_gauge("idempost.relay.shard.owned")
+            .with_description("1 for every shard of the map this relay serves, 0 for the others")
             .build(),
         relay_shard_unowned: meter
             .u64_gauge("idempost.relay.shard.unowned")
