@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::budget::StepBudget;
+use super::fleet::{Fleet, FleetError};
 use super::health::{Vitals, publish_verdict};
 use super::outbox::{ClaimWindow, Outbox, RetryPolicy};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
@@ -37,12 +38,24 @@ pub enum StartupError {
     /// The producer failed for good while relaying.
     #[error(transparent)]
     Publisher(#[from] PublisherFailed),
+    /// The relay fleet cannot start (`--shard-map-file`).
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+}
+
+/// What a relay serves: one database, or a fleet's shards.
+#[derive(Debug)]
+enum Serving {
+    /// `--database-url`: today's relay.
+    One(Relay<KafkaPublisher>),
+    /// `--shard-map-file`: the shards its partitions of the control topic stand for.
+    Fleet(Fleet),
 }
 
 /// A built relay with its health endpoint bound.
 #[derive(Debug)]
 pub struct Application {
-    relay: Relay<KafkaPublisher>,
+    serving: Serving,
     listener: Listener,
     port: u16,
     wake: Option<WakeListener>,
@@ -61,12 +74,19 @@ impl Application {
         for addr in std::iter::once(settings.listen).chain(settings.metrics_listen) {
             Listener::check_plaintext(addr, &settings.security).map_err(ReadyError::from)?;
         }
-        let outbox = open_outbox(&settings.database.url, settings.db_max_connections)
-            .await?
-            .with_claim_window(ClaimWindow {
-                lookback: settings.claim_lookback,
-                sweep_interval: settings.claim_sweep_interval,
-            });
+        // Without a map, the database is checked first, as it always was; a fleet opens a
+        // shard's database only once it owns the shard.
+        let outbox = match settings.shard_map_file {
+            Some(_) => None,
+            None => Some(
+                open_outbox(&settings.database.url, settings.db_max_connections).await?.with_claim_window(
+                    ClaimWindow {
+                        lookback: settings.claim_lookback,
+                        sweep_interval: settings.claim_sweep_interval,
+                    },
+                ),
+            ),
+        };
         let publisher = KafkaPublisher::new(
             &settings.kafka.brokers,
             settings.kafka.topic.clone(),
@@ -76,6 +96,10 @@ impl Application {
         .with_cloudevents_mode(settings.cloudevents_mode)
         .with_legacy_headers(settings.legacy_headers)
         .with_producers(usize::from(settings.producers.min(settings.workers.max(1))))?;
+        let serving = match outbox {
+            Some(outbox) => Serving::One(Relay::new(outbox, publisher, tuning(&settings))),
+            None => Serving::Fleet(Fleet::prepare(&settings, publisher, tuning(&settings)).await?),
+        };
         let listener = Listener::bind(settings.listen, &settings.security).await.map_err(ReadyError::from)?;
         let port = listener.port();
         let wake = match settings.wake_listen {
@@ -91,8 +115,7 @@ impl Application {
         }
         bound.extend(metrics.as_ref().map(MetricsListener::port_file_line));
         service::write_port_file(settings.port_file.as_deref(), &bound)?;
-        let relay = Relay::new(outbox, publisher, tuning(&settings));
-        Ok(Self { relay, listener, port, wake, metrics, settings })
+        Ok(Self { serving, listener, port, wake, metrics, settings })
     }
 
     /// The health endpoint's port.
@@ -108,54 +131,101 @@ impl Application {
     ) -> Result<(), StartupError> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let health = HealthEndpoint::serve(self.listener, "idempost-relay", stop_rx.clone()).await;
-        let backlog = tokio::spawn(report_backlog(self.relay.outbox().clone(), stop_rx.clone()));
-        let claimable = self.relay.outbox().connection().clone();
-        tokio::spawn(service::report_claimable(claimable, stop_rx.clone()));
-        tokio::spawn(super::cleanup::report(self.relay.outbox().connection().clone(), stop_rx.clone()));
-        let watcher = tokio::spawn(watch_health(
-            self.relay.vitals(),
-            self.relay.outbox().clone(),
-            health.health(),
-            self.settings.publish_stall,
-            stop_rx.clone(),
-        ));
         if let Some(metrics) = self.metrics {
             metrics.serve(stop_rx.clone());
         }
         let m = metrics();
         telemetry::start_at_zero(&[&m.claimed, &m.published, &m.lease_losses, &m.releases, &m.failed]);
-        if let Some(wake) = self.wake {
-            tokio::spawn(wake.run(self.relay.wake_handle(), stop_rx.clone()));
-        }
-
-        // Several step loops over one worker: their claims are disjoint, and every mark or
-        // release is fenced by its own claim's lease token, so they need nothing from each other
-        // and a late loop cannot touch a row another loop claimed again.
-        let loops = (0..self.settings.workers.max(1)).map(|_| self.relay.run(stop_rx.clone()));
-        let relay = futures::future::try_join_all(loops);
-        tokio::pin!(relay);
-        let outcome = tokio::select! {
-            outcome = &mut relay => outcome.map(|_| ()),
-            () = shutdown => {
-                tracing::info!("shutdown requested; finishing the batch in flight");
-                health.draining().await;
-                let _ = stop_tx.send(true);
-                tokio::time::timeout(self.settings.lease, &mut relay).await.map_or_else(
-                    |_| {
-                        tracing::warn!("drain took longer than the lease; its events will be claimed again");
-                        Ok(())
-                    },
-                    |outcome| outcome.map(|_| ()),
-                )
+        let mut drain = self.settings.lease;
+        let mut tasks = Vec::new();
+        let run = match self.serving {
+            Serving::One(relay) => {
+                tasks = one_relay_reports(&relay, &health, &self.settings, &stop_rx);
+                if let Some(wake) = self.wake {
+                    tokio::spawn(wake.run(relay.wake_handle(), stop_rx.clone()));
+                }
+                let workers = self.settings.workers;
+                futures::future::Either::Left(run_loops(relay, workers, stop_rx))
+            }
+            Serving::Fleet(fleet) => {
+                if let Some(wake) = self.wake {
+                    tokio::spawn(wake.run(fleet.wake_handle(), stop_rx.clone()));
+                }
+                // The shards drain (each within its lease) while the group client leaves.
+                drain += FLEET_LEAVE;
+                futures::future::Either::Right(fleet.run(stop_rx))
             }
         };
+        let outcome = until_stopped(run, shutdown, &health, &stop_tx, drain).await;
         let _ = stop_tx.send(true);
-        let _ = backlog.await;
-        let _ = watcher.await;
+        for task in tasks {
+            let _ = task.await;
+        }
         health.stopped().await?;
         outcome?;
         tracing::info!("relay stopped");
         Ok(())
+    }
+}
+
+/// What a fleet's shutdown may take beyond the lease: its group client's leave and the shards'
+/// pools closing.
+const FLEET_LEAVE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The one relay's gauges and health watch, until `stop`; the tasks to await at the end.
+fn one_relay_reports(
+    relay: &Relay<KafkaPublisher>,
+    health: &HealthEndpoint,
+    settings: &Settings,
+    stop: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let backlog = tokio::spawn(report_backlog(relay.outbox().clone(), Vec::new(), stop.clone()));
+    let claimable = relay.outbox().connection().clone();
+    tokio::spawn(service::report_claimable(claimable, stop.clone()));
+    tokio::spawn(super::cleanup::report(relay.outbox().connection().clone(), stop.clone()));
+    let watcher = tokio::spawn(watch_health(
+        relay.vitals(),
+        relay.outbox().clone(),
+        health.health(),
+        settings.publish_stall,
+        stop.clone(),
+    ));
+    vec![backlog, watcher]
+}
+
+/// Several step loops over one worker: their claims are disjoint, and every mark or release is
+/// fenced by its own claim's lease token, so they need nothing from each other and a late loop
+/// cannot touch a row another loop claimed again.
+async fn run_loops(
+    relay: Relay<KafkaPublisher>,
+    workers: u16,
+    stop: watch::Receiver<bool>,
+) -> Result<(), PublisherFailed> {
+    let loops = (0..workers.max(1)).map(|_| relay.run(stop.clone()));
+    futures::future::try_join_all(loops).await.map(|_| ())
+}
+
+/// Runs `run` until it ends or `shutdown` completes; then drains: health says so, `stop` tells
+/// the loops to claim no more, and the batches in flight get at most the lease to finish.
+async fn until_stopped(
+    run: impl Future<Output = Result<(), PublisherFailed>>,
+    shutdown: impl Future<Output = ()>,
+    health: &HealthEndpoint,
+    stop: &watch::Sender<bool>,
+    drain: std::time::Duration,
+) -> Result<(), PublisherFailed> {
+    tokio::pin!(run);
+    tokio::select! {
+        outcome = &mut run => outcome,
+        () = shutdown => {
+            tracing::info!("shutdown requested; finishing the batch in flight");
+            health.draining().await;
+            let _ = stop.send(true);
+            tokio::time::timeout(drain, &mut run).await.unwrap_or_else(|_| {
+                tracing::warn!("drain took longer than the lease; its events will be claimed again");
+                Ok(())
+            })
+        }
     }
 }
 
@@ -211,18 +281,23 @@ async fn watch_health(
 const BACKLOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records the backlog size per status and the oldest waiting event's age until `stop`.
-async fn report_backlog(outbox: Outbox, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn report_backlog(
+    outbox: Outbox,
+    attributes: Vec<opentelemetry::KeyValue>,
+    mut stop: watch::Receiver<bool>,
+) {
     while !*stop.borrow() {
         match outbox.backlog().await {
             Ok(backlog) => {
                 for (status, count) in &backlog.by_status {
-                    let status = opentelemetry::KeyValue::new("idempost.outbox.status", status.as_str());
-                    metrics().outbox_backlog.record(*count, &[status]);
+                    let mut labels = attributes.clone();
+                    labels.push(opentelemetry::KeyValue::new("idempost.outbox.status", status.as_str()));
+                    metrics().outbox_backlog.record(*count, &labels);
                 }
                 let age = backlog.oldest_pending.map_or(0.0, |oldest| {
                     (chrono::Utc::now() - oldest).to_std().unwrap_or_default().as_secs_f64()
                 });
-                metrics().outbox_oldest_pending_age.record(age, &[]);
+                metrics().outbox_oldest_pending_age.record(age, &attributes);
             }
             Err(e) => tracing::debug!(error = %e, "backlog query failed"),
         }

@@ -7,6 +7,7 @@
 mod application;
 mod budget;
 mod cleanup;
+mod fleet;
 mod health;
 mod lease;
 mod outbox;
@@ -16,6 +17,7 @@ mod step;
 mod worker;
 
 pub use application::{Application, StartupError, open_outbox, redrive};
+pub use fleet::FleetError;
 pub use lease::{LeaseToken, WorkerId};
 pub use outbox::{Blame, ClaimWindow, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy, Swept};
 pub use publisher::{CloudEventsMode, KafkaPublisher, ProducerConfigError, PublishError, Publisher};

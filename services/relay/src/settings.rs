@@ -23,7 +23,24 @@ pub struct Settings {
     #[command(flatten)]
     pub database: DatabaseSettings,
 
-    /// Most database connections the relay holds.
+    /// Shard map (JSON, the order service's): one relay fleet serves every shard of it, each
+    /// shard relayed by the one relay its partition of `--control-topic` is assigned to; instead
+    /// of `--database-url`. SIGHUP rereads it. Format and rules: the operations guide's "Shards"
+    /// section.
+    #[arg(long, global = true, env = "IDEMPOST_SHARD_MAP_FILE", conflicts_with_all = ["database_url", "database_url_file"], requires = "control_topic")]
+    pub shard_map_file: Option<std::path::PathBuf>,
+
+    /// With `--shard-map-file`: the fleet's control topic, created by the operator with one
+    /// partition per shard number (partition n is the shard numbered n), so more partitions than
+    /// the highest number; shards are handed to relays by assigning its partitions.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_CONTROL_TOPIC", requires = "shard_map_file")]
+    pub control_topic: Option<String>,
+
+    /// With `--shard-map-file`: the consumer group the fleet's relays join on the control topic.
+    #[arg(long, global = true, env = "IDEMPOST_RELAY_FLEET_GROUP", default_value = "idempost-relay-fleet")]
+    pub fleet_group: String,
+
+    /// Most database connections the relay holds (per shard it serves, in a fleet).
     #[arg(long, global = true, env = "IDEMPOST_DB_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) db_max_connections: u32,
 
@@ -183,7 +200,10 @@ impl Settings {
     /// These settings with the database URL and the Kafka options file read, when they were
     /// given as files.
     pub(crate) fn with_secrets_read(mut self) -> Result<Self, idempost::secret::SecretError> {
-        self.database.read_url_file()?;
+        // With a shard map, each shard's URL is read when the shard is opened.
+        if self.shard_map_file.is_none() {
+            self.database.read_url_file()?;
+        }
         self.kafka.read_option_file()?;
         Ok(self)
     }
@@ -194,6 +214,9 @@ impl Settings {
         Self {
             command: None,
             database: DatabaseSettings::new(database_url),
+            shard_map_file: None,
+            control_topic: None,
+            fleet_group: "idempost-relay-fleet".to_owned(),
             db_max_connections: 4,
             kafka: KafkaSettings::new(brokers),
             workers: 2,

@@ -43,15 +43,17 @@ pub struct Tuning {
 #[derive(Debug)]
 pub struct Relay<P> {
     outbox: Outbox,
-    publisher: P,
+    publisher: Arc<P>,
     owner: WorkerId,
     tuning: Tuning,
     wake: Arc<Notify>,
     vitals: Arc<Vitals>,
     /// One turn per producer of the publisher (its lanes): each producer holds one batch at a
     /// time. The loops of this worker claim and mark in parallel, but hand a producer a batch
-    /// only once its previous one is confirmed (see [`BATCHES_IN_THE_PRODUCER`]).
-    producer_turns: Vec<Semaphore>,
+    /// only once its previous one is confirmed (see [`BATCHES_IN_THE_PRODUCER`]). Shared by
+    /// the relays of a fleet's shards ([`Producers`]): the semaphores are fair, so the
+    /// shards' batches take turns at each producer and a hot shard cannot starve the others.
+    producer_turns: Arc<[Semaphore]>,
     /// The lane the next loop started by [`Relay::run`] publishes through.
     next_lane: AtomicUsize,
     /// Whether a loop started the claims' sweep ([`sweep`]): one per worker, whatever its loops.
@@ -74,11 +76,34 @@ const BATCHES_IN_THE_PRODUCER: usize = 1;
 /// of a producer whose epoch a timed-out send bumped).
 const REBUILD_AFTER_FAILED_BATCHES: u32 = 3;
 
+/// A publisher and its producers' turns, shared by the workers of a fleet's shards.
+#[derive(Debug)]
+pub(crate) struct Producers<P> {
+    publisher: Arc<P>,
+    turns: Arc<[Semaphore]>,
+}
+
+impl<P: Publisher> Producers<P> {
+    pub(crate) fn new(publisher: P) -> Self {
+        let turns = (0..publisher.lanes().max(1)).map(|_| Semaphore::new(BATCHES_IN_THE_PRODUCER)).collect();
+        Self { publisher: Arc::new(publisher), turns }
+    }
+}
+
 impl<P: Publisher> Relay<P> {
     /// A worker with a fresh worker id.
     pub fn new(outbox: Outbox, publisher: P, tuning: Tuning) -> Self {
-        let producer_turns =
-            (0..publisher.lanes().max(1)).map(|_| Semaphore::new(BATCHES_IN_THE_PRODUCER)).collect();
+        Self::on(outbox, &Producers::new(publisher), tuning)
+    }
+
+    /// A worker over `outbox` with a fresh worker id that publishes through `producers`,
+    /// taking turns at them with every other worker made on them (a fleet's shards).
+    pub(crate) fn on(outbox: Outbox, producers: &Producers<P>, tuning: Tuning) -> Self {
+        let (publisher, turns) = (Arc::clone(&producers.publisher), Arc::clone(&producers.turns));
+        Self::sharing(outbox, publisher, turns, tuning)
+    }
+
+    fn sharing(outbox: Outbox, publisher: Arc<P>, producer_turns: Arc<[Semaphore]>, tuning: Tuning) -> Self {
         Self {
             outbox,
             publisher,

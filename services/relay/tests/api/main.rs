@@ -11,4 +11,5 @@ mod helpers;
 use idempost_testkit::{broker, otlp};
 
 mod claims;
+mod fleet;
 mod relay;

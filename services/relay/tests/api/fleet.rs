@@ -1,0 +1,206 @@
+//! One relay fleet over every shard of a shard map (`--shard-map-file`): relays join a group on
+//! the control topic and each serves the shards whose partitions it is assigned. Real relay
+//! processes and a real broker (Tansu 0.6), a fresh PostgreSQL database per shard, a fresh topic,
+//! control topic and group per test.
+
+mod kit;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::broker::read_topic;
+use crate::helpers::{TestOrder, TestService, assert_eventually, order};
+use idempost_testkit::db::TestDb;
+use idempost_testkit::order::amend;
+use idempost_testkit::wait::WAIT;
+use kit::{Fleet, Relay, Shards, names};
+
+/// Whether `relays` own every shard of `all` between them, each shard once.
+async fn each_owned_once(relays: &[&Relay], all: &BTreeSet<String>) -> bool {
+    let owned = futures::future::join_all(relays.iter().map(|r| r.owned())).await;
+    let total: usize = owned.iter().map(BTreeSet::len).sum();
+    let union: BTreeSet<String> = owned.into_iter().flatten().collect();
+    total == all.len() && union == *all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_over_four_shards_serve_each_shard_from_one_relay_and_publish_every_event_in_order() {
+    let shards = Shards::new(4, 4).await;
+    let fleet = Fleet::new(4).await;
+    let map = shards.map();
+    let (a, b) = tokio::join!(fleet.relay(&map, &[]), fleet.relay(&map, &[]));
+    let all = names(0..4);
+    assert_eventually("the two relays own two shards each, each shard once", WAIT, || async {
+        each_owned_once(&[&a, &b], &all).await && a.owned().await.len() == 2
+    })
+    .await;
+    let (on_a, on_b) = (a.owned().await, b.owned().await);
+
+    let db = TestDb::migrated_at(shards.dbs[0].url.clone()).await;
+    let app = Arc::new(TestOrder::spawn_on(db, |s| s.shard_map_file = Some(map.clone())).await);
+    let writers = (0..4).map(|n| write_orders(Arc::clone(&app), 10 + n, 10));
+    futures::future::join_all(writers).await;
+    let mut total = 0;
+    for n in 0..4 {
+        assert_eventually("every event of the shard is published", WAIT, || async {
+            shards.published(n).await == 30
+        })
+        .await;
+        total += 30;
+    }
+    assert_eq!((a.owned().await, b.owned().await), (on_a, on_b), "ownership stayed put");
+
+    let records =
+        read_topic(&fleet.broker.address(), &fleet.topic, total, WAIT, Duration::from_secs(1)).await;
+    let distinct: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(distinct.len(), total, "every event reached the topic");
+    let mut by_offset = records.clone();
+    by_offset.sort_by_key(|r| (r.partition, r.offset));
+    let mut versions: HashMap<Vec<u8>, Vec<i64>> = HashMap::new();
+    for record in &by_offset {
+        versions.entry(record.key.clone()).or_default().push(record.header("event_version").parse().unwrap());
+    }
+    for (key, seen) in &versions {
+        assert!(seen.is_sorted(), "order {} out of order: {seen:?}", String::from_utf8_lossy(key));
+    }
+    tokio::join!(a.stop(), b.stop());
+    Arc::into_inner(app).unwrap().stop().await;
+}
+
+/// `count` orders of `tenant`, each amended twice (three versions each).
+async fn write_orders(app: Arc<TestOrder>, tenant: i64, count: usize) {
+    for n in 0..count {
+        let placed = app.submit(order(tenant, &format!("t{tenant}-{n}"))).await.unwrap();
+        for version in 1..3 {
+            let mut change = amend(&format!("t{tenant}-{n}-v{version}"), placed.order_id, version, 3);
+            change.tenant_id = tenant;
+            app.amend(change).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_stopped_with_sigterm_leaves_the_group_and_the_other_takes_its_shards() {
+    let shards = Shards::new(4, 4).await;
+    let fleet = Fleet::new(4).await;
+    let map = shards.map();
+    let (a, b) = tokio::join!(fleet.relay(&map, &[]), fleet.relay(&map, &[]));
+    let all = names(0..4);
+    assert_eventually("the two relays own two shards each, each shard once", WAIT, || async {
+        each_owned_once(&[&a, &b], &all).await && a.owned().await.len() == 2
+    })
+    .await;
+
+    a.stop().await;
+    assert_eventually("the other relay owns every shard", WAIT, || async { b.owned().await == all }).await;
+    for n in 0..4 {
+        shards.seed(n, 20).await;
+    }
+    for n in 0..4 {
+        assert_eventually("the shard's events are published by the other", WAIT, || async {
+            shards.published(n).await == 20
+        })
+        .await;
+    }
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_added_to_the_map_on_sighup_is_served_and_a_removed_one_is_stopped() {
+    let shards = Shards::new(3, 2).await;
+    let fleet = Fleet::new(4).await;
+    let relay = fleet.relay(&shards.map(), &[]).await;
+    assert_eventually("the relay owns the map's two shards", WAIT, || async {
+        relay.owned().await == names([0, 1])
+    })
+    .await;
+    shards.seed(2, 10).await;
+
+    shards.write_map(&[0, 1, 2]);
+    relay.process.signal("HUP").await;
+    assert_eventually("the added shard is owned", WAIT, || async { relay.owned().await == names([0, 1, 2]) })
+        .await;
+    assert_eventually("the added shard's events are published", WAIT, || async {
+        shards.published(2).await == 10
+    })
+    .await;
+
+    shards.write_map(&[0, 2]);
+    relay.process.signal("HUP").await;
+    assert_eventually("the removed shard is no longer owned", WAIT, || async {
+        relay.owned().await == names([0, 2])
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joining_relay_takes_only_the_shards_that_balance_the_fleet_and_the_others_keep_theirs() {
+    let shards = Shards::new(4, 4).await;
+    let fleet = Fleet::new(4).await;
+    let map = shards.map();
+    let all = names(0..4);
+    let a = fleet.relay(&map, &[]).await;
+    assert_eventually("the first relay owns every shard", WAIT, || async { a.owned().await == all }).await;
+    let b = fleet.relay(&map, &[]).await;
+    assert_eventually("the second relay takes half", WAIT, || async {
+        each_owned_once(&[&a, &b], &all).await && b.owned().await.len() == 2
+    })
+    .await;
+    let (on_a, on_b) = (a.owned().await, b.owned().await);
+
+    let c = fleet.relay(&map, &[]).await;
+    // Read together, so that the sets judged are one moment's.
+    let split = || async { (a.owned().await, b.owned().await, c.owned().await) };
+    assert_eventually("the third relay takes one shard", WAIT, || async {
+        let (now_a, now_b, now_c) = split().await;
+        let settled = now_a.len() + now_b.len() + now_c.len() == 4 && now_c.len() == 1;
+        settled && now_a.union(&now_b).chain(&now_c).cloned().collect::<BTreeSet<_>>() == all
+    })
+    .await;
+    let (now_a, now_b, now_c) = split().await;
+    assert!(
+        now_a.is_subset(&on_a) && now_b.is_subset(&on_b) && now_a.len() + now_b.len() == 3,
+        "one shard moved, the others stayed: {on_a:?} {on_b:?} became {now_a:?} {now_b:?} {now_c:?}"
+    );
+    tokio::join!(a.stop(), b.stop(), c.stop());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wake_up_wakes_the_relay_of_every_owned_shard() {
+    let shards = Shards::new(2, 2).await;
+    let fleet = Fleet::new(2).await;
+    let extra = ["--workers=1", "--max-idle-poll=10min", "--wake-listen=127.0.0.1:0"];
+    let relay = fleet.relay(&shards.map(), &extra).await;
+    // A wake-up reaches the relays of the shards running when it arrives (a shard still
+    // opening its pool polls once it has): wait until both run.
+    assert_eventually("the relay serves both shards", WAIT, || async {
+        relay.serving().await == names([0, 1])
+    })
+    .await;
+    assert!(relay.counter("idempost_relay_wakeups_total").await < 1.0);
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.send_to(idempost::contract::WAKE_DATAGRAM, relay.wake.unwrap()).unwrap();
+    // One wake-up, one loop per shard: each shard's loop ends its idle wait once.
+    assert_eventually("both shards' relays were woken", WAIT, || async {
+        relay.counter("idempost_relay_wakeups_total").await >= 2.0
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn a_shard_number_without_a_control_partition_is_refused_at_start() {
+    let shards = Shards::new(3, 3).await;
+    let fleet = Fleet::new(2).await;
+    let log = shards.dir.path().join("relay.log");
+    let mut relay = TestService::spawn_logged("idempost-relay", &fleet.args(&shards.map(), &[]), &[], log);
+    assert_eq!(relay.wait(Duration::from_secs(60)).await.code(), Some(1));
+    let said = relay.log();
+    assert!(
+        said.contains(r#"shard \"s2\" has number 2 but the control topic"#)
+            || said.contains(r#"shard "s2" has number 2 but the control topic"#),
+        "{said}"
+    );
+}
