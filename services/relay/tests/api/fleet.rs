@@ -51,6 +51,13 @@ async fn two_relays_over_four_shards_serve_each_shard_from_one_relay_and_publish
     }
     assert_eq!((a.owned().await, b.owned().await), (on_a, on_b), "ownership stayed put");
 
+    every_event_once_or_more_in_each_orders_order(&fleet, total).await;
+    tokio::join!(a.stop(), b.stop());
+    Arc::into_inner(app).unwrap().stop().await;
+}
+
+/// Every one of `total` events is on the fleet's topic, and each order's versions are in order.
+async fn every_event_once_or_more_in_each_orders_order(fleet: &Fleet, total: usize) {
     let records =
         read_topic(&fleet.broker.address(), &fleet.topic, total, WAIT, Duration::from_secs(1)).await;
     let distinct: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
@@ -64,8 +71,6 @@ async fn two_relays_over_four_shards_serve_each_shard_from_one_relay_and_publish
     for (key, seen) in &versions {
         assert!(seen.is_sorted(), "order {} out of order: {seen:?}", String::from_utf8_lossy(key));
     }
-    tokio::join!(a.stop(), b.stop());
-    Arc::into_inner(app).unwrap().stop().await;
 }
 
 /// `count` orders of `tenant`, each amended twice (three versions each).
@@ -92,18 +97,21 @@ async fn a_relay_stopped_with_sigterm_leaves_the_group_and_the_other_takes_its_s
     })
     .await;
 
-    a.stop().await;
+    // Orders keep coming while the first relay drains, leaves the group and its shards move.
+    let db = TestDb::migrated_at(shards.dbs[0].url.clone()).await;
+    let app = Arc::new(TestOrder::spawn_on(db, |s| s.shard_map_file = Some(map.clone())).await);
+    let writers = futures::future::join_all((0..4).map(|n| write_orders(Arc::clone(&app), 10 + n, 10)));
+    tokio::join!(writers, a.stop());
     assert_eventually("the other relay owns every shard", WAIT, || async { b.owned().await == all }).await;
     for n in 0..4 {
-        shards.seed(n, 20).await;
-    }
-    for n in 0..4 {
-        assert_eventually("the shard's events are published by the other", WAIT, || async {
-            shards.published(n).await == 20
+        assert_eventually("the shard's events are all published", WAIT, || async {
+            shards.published(n).await == 30
         })
         .await;
     }
+    every_event_once_or_more_in_each_orders_order(&fleet, 120).await;
     b.stop().await;
+    Arc::into_inner(app).unwrap().stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
