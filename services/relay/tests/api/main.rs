@@ -11,5 +11,6 @@ mod helpers;
 use idempost_testkit::{broker, otlp};
 
 mod claims;
+mod dead_relay;
 mod fleet;
 mod relay;
