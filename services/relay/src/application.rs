@@ -153,7 +153,7 @@ impl Application {
                 }
                 // The shards drain (each within its lease) while the group client leaves.
                 drain += FLEET_LEAVE;
-                futures::future::Either::Right(fleet.run(stop_rx))
+                futures::future::Either::Right(fleet.run(health.health(), stop_rx))
             }
         };
         let outcome = until_stopped(run, shutdown, &health, &stop_tx, drain).await;

@@ -13,6 +13,7 @@
 //! The run loop is thin: whenever the owned partitions or the map change, it applies the
 //! difference to the running shards ([`shards::plan`]).
 
+mod health;
 mod liveness;
 mod ownership;
 mod reload;
@@ -20,7 +21,7 @@ mod shards;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc, watch};
 
@@ -80,6 +81,7 @@ pub(crate) struct Fleet {
     owned: watch::Sender<BTreeSet<i32>>,
     serving: Serving,
     wake: Arc<Notify>,
+    publish_stall: std::time::Duration,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -122,7 +124,8 @@ impl Fleet {
             },
         };
         let (map, _) = watch::channel(Arc::new(map));
-        Ok(Self { map_file, map, membership, client, owned, serving, wake: Arc::default() })
+        let (wake, publish_stall) = (Arc::default(), settings.publish_stall);
+        Ok(Self { map_file, map, membership, client, owned, serving, wake, publish_stall })
     }
 
     /// Notifying this wakes every owned shard's relay.
@@ -133,7 +136,12 @@ impl Fleet {
     /// Serves the owned shards until `stop`, then stops them (each drains its batches in flight)
     /// while the group client leaves, so that the other relays take its shards at once. Ends
     /// early with the error of a shard's publisher that failed for good.
-    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), PublisherFailed> {
+    /// Reports health on `health` ([`health::watch`]).
+    pub(crate) async fn run(
+        self,
+        health: idempost::service::Health,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), PublisherFailed> {
         let (fatal, mut failed) = mpsc::channel(1);
         let mut running = Running::new(self.serving, fatal);
         let (quit, quitting) = watch::channel(false);
@@ -154,7 +162,8 @@ impl Fleet {
             reload::watch_hangup(self.map_file, self.membership.clone(), self.map, quitting.clone());
         let group =
             tokio::spawn(ownership::hold(self.membership, self.client, self.owned, rejoin, quitting.clone()));
-        tokio::spawn(wake_every_shard(self.wake, running.wakes(), quitting.clone()));
+        tokio::spawn(wake_every_shard(self.wake, running.live(), quitting.clone()));
+        tokio::spawn(health::watch(running.live(), health, self.publish_stall, quitting.clone()));
         // Every shard any map named: one the map dropped reads 0 from then on.
         let mut known = BTreeSet::new();
         let outcome = loop {
@@ -198,14 +207,10 @@ async fn check_numbers(map: &ShardMap, membership: &Membership) -> Result<(), Fl
 }
 
 /// Hands each wake-up from the order service to every running shard's relay, until `stop`.
-async fn wake_every_shard(
-    wake: Arc<Notify>,
-    shards: Arc<Mutex<std::collections::BTreeMap<String, Arc<Notify>>>>,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn wake_every_shard(wake: Arc<Notify>, shards: shards::Registry, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            () = wake.notified() => Running::wake_all(&shards),
+            () = wake.notified() => shards.wake_all(),
             () = stopped(&mut stop) => return,
         }
     }

@@ -12,6 +12,8 @@ use opentelemetry::KeyValue;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::super::health::Vitals;
+use super::super::outbox::Outbox;
 use super::super::worker::PublisherFailed;
 use idempost::telemetry::metrics;
 use idempost_shard_map::{Shard, ShardMap};
@@ -50,8 +52,8 @@ pub(crate) fn plan(owned: &BTreeSet<i32>, map: &ShardMap, running: &BTreeMap<Str
 pub(crate) struct Running {
     serving: Arc<Serving>,
     shards: BTreeMap<String, Handle>,
-    /// Every running shard's wake-up handle, by name: a wake-up wakes them all.
-    wakes: Arc<Mutex<BTreeMap<String, Arc<Notify>>>>,
+    /// Every running shard's relay, by name: a wake-up wakes them all, health reads them all.
+    live: Registry,
     fatal: mpsc::Sender<PublisherFailed>,
 }
 
@@ -66,7 +68,7 @@ struct Handle {
 impl Running {
     /// Nothing running yet; a shard whose publisher fails for good reports on `fatal`.
     pub(crate) fn new(serving: Serving, fatal: mpsc::Sender<PublisherFailed>) -> Self {
-        Self { serving: Arc::new(serving), shards: BTreeMap::new(), wakes: Arc::default(), fatal }
+        Self { serving: Arc::new(serving), shards: BTreeMap::new(), live: Registry::default(), fatal }
     }
 
     /// Makes the running set what `owned` and `map` say; answers whether it changed. Shards
@@ -99,18 +101,9 @@ impl Running {
         self.shards.keys().map(String::as_str).collect()
     }
 
-    /// Wakes every running shard's relay.
-    pub(crate) fn wake_all(wakes: &Mutex<BTreeMap<String, Arc<Notify>>>) {
-        let wakes = wakes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        tracing::debug!(shards = wakes.len(), "wake-up handed to every running shard");
-        for wake in wakes.values() {
-            wake.notify_one();
-        }
-    }
-
-    /// The running shards' wake-up handles, for [`Running::wake_all`].
-    pub(crate) fn wakes(&self) -> Arc<Mutex<BTreeMap<String, Arc<Notify>>>> {
-        Arc::clone(&self.wakes)
+    /// The running shards' relays, for wake-ups and health.
+    pub(crate) fn live(&self) -> Registry {
+        self.live.clone()
     }
 
     fn start(&mut self, shard: Shard) {
@@ -120,7 +113,7 @@ impl Running {
         let task = tokio::spawn(serve::shard(
             Arc::clone(&self.serving),
             shard,
-            Arc::clone(&self.wakes),
+            self.live.clone(),
             self.fatal.clone(),
             stopped,
         ));
@@ -137,6 +130,46 @@ impl Running {
             }
         });
         futures::future::join_all(stops).await;
+    }
+}
+
+/// The relays of the running shards, by shard name, from the moment their pool is open.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Registry(Arc<Mutex<BTreeMap<String, Live>>>);
+
+/// What the fleet reaches in a running shard's relay.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) vitals: Arc<Vitals>,
+    pub(crate) outbox: Outbox,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Live>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn insert(&self, name: String, live: Live) {
+        self.lock().insert(name, live);
+    }
+
+    pub(crate) fn remove(&self, name: &str) {
+        self.lock().remove(name);
+    }
+
+    /// A copy of what runs now.
+    pub(crate) fn snapshot(&self) -> BTreeMap<String, Live> {
+        self.lock().clone()
+    }
+
+    /// Wakes every running shard's relay.
+    pub(crate) fn wake_all(&self) {
+        let live = self.lock();
+        tracing::debug!(shards = live.len(), "wake-up handed to every running shard");
+        for shard in live.values() {
+            shard.wake.notify_one();
+        }
     }
 }
 

@@ -212,3 +212,35 @@ async fn a_shard_number_without_a_control_partition_is_refused_at_start() {
         "{said}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_fails_while_a_served_shards_database_refuses_connections_and_recovers_after() {
+    let shards = Shards::new(2, 2).await;
+    let fleet = Fleet::new(2).await;
+    let relay = fleet.relay(&shards.map(), &[]).await;
+    assert_eventually("the relay serves both shards", WAIT, || async {
+        relay.serving().await == names([0, 1])
+    })
+    .await;
+    assert_eventually("health is SERVING", WAIT, || async { relay.serving_health().await == Some(true) })
+        .await;
+
+    let database = shards.dbs[1].url.rsplit('/').next().unwrap().to_owned();
+    let server = idempost::db::connect("postgres://postgres@127.0.0.1:5432/postgres", 1).await.unwrap();
+    let run = |sql: String| {
+        let server = server.clone();
+        async move { sea_orm::ConnectionTrait::execute_unprepared(&server, &sql).await.unwrap() }
+    };
+    run(format!("ALTER DATABASE {database} ALLOW_CONNECTIONS false")).await;
+    run(format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}'")).await;
+    assert_eventually("health is NOT_SERVING while shard s1 cannot claim", WAIT, || async {
+        relay.serving_health().await == Some(false)
+    })
+    .await;
+    run(format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true")).await;
+    assert_eventually("health is SERVING again", WAIT, || async {
+        relay.serving_health().await == Some(true)
+    })
+    .await;
+    relay.stop().await;
+}

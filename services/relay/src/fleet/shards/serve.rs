@@ -1,17 +1,17 @@
 //! One shard, served: its pool opened, its relay's step loops run until it is stopped, its
 //! gauges reported under its name, its pool closed.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
 use super::super::super::application::{open_outbox, report_backlog};
 use super::super::super::outbox::{ClaimWindow, Outbox};
 use super::super::super::publisher::KafkaPublisher;
 use super::super::super::worker::{Producers, PublisherFailed, Relay, Tuning};
+use super::{Live, Registry};
 use idempost::service;
 use idempost_shard_map::Shard;
 
@@ -33,14 +33,15 @@ const REOPEN_MAX: Duration = Duration::from_secs(10);
 pub(super) async fn shard(
     serving: Arc<Serving>,
     shard: Shard,
-    wakes: Arc<Mutex<BTreeMap<String, Arc<Notify>>>>,
+    live: Registry,
     fatal: mpsc::Sender<PublisherFailed>,
     mut stop: watch::Receiver<bool>,
 ) {
     let name = shard.name().to_owned();
     let Some(outbox) = open(&serving, &shard, &mut stop).await else { return };
     let relay = Relay::on(outbox.clone(), &serving.producers, serving.tuning.clone());
-    lock(&wakes).insert(name.clone(), relay.wake_handle());
+    let (wake, vitals) = (relay.wake_handle(), relay.vitals());
+    live.insert(name.clone(), Live { wake, vitals, outbox: outbox.clone() });
     let attrs = vec![KeyValue::new("idempost.shard", name.clone())];
     tokio::spawn(report_backlog(outbox.clone(), attrs.clone(), stop.clone()));
     tokio::spawn(service::report_claimable_as(outbox.connection().clone(), attrs, stop.clone()));
@@ -49,7 +50,7 @@ pub(super) async fn shard(
     // and release fenced by its own claim's token.
     let loops = (0..serving.workers.max(1)).map(|_| relay.run(stop.clone()));
     let outcome = futures::future::try_join_all(loops).await;
-    lock(&wakes).remove(&name);
+    live.remove(&name);
     if let Err(failed) = outcome {
         let _ = fatal.send(failed).await;
     }
@@ -80,8 +81,4 @@ async fn open(serving: &Serving, shard: &Shard, stop: &mut watch::Receiver<bool>
         }
         wait = (wait * 2).min(REOPEN_MAX);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -124,7 +124,7 @@ impl Fleet {
         let (process, bound) =
             TestService::spawn_listening("idempost-relay", &self.args(map, extra), &[]).await;
         let metrics = bound.addr("metrics-listen").unwrap();
-        Relay { process, metrics, wake: bound.addr("wake-listen") }
+        Relay { process, metrics, wake: bound.addr("wake-listen"), health: bound.port("listen") }
     }
 }
 
@@ -133,6 +133,8 @@ pub struct Relay {
     pub process: TestService,
     pub metrics: SocketAddr,
     pub wake: Option<SocketAddr>,
+    /// Its health endpoint's port.
+    pub health: u16,
 }
 
 impl Relay {
@@ -146,6 +148,12 @@ impl Relay {
     pub async fn serving(&self) -> BTreeSet<String> {
         let text = scrape(self.metrics).await;
         gauges_of_shards(&text, "idempost_outbox_claimable").into_keys().collect()
+    }
+
+    /// Whether its health endpoint reports SERVING (`Some(false)`: NOT_SERVING).
+    pub async fn serving_health(&self) -> Option<bool> {
+        // 1 is SERVING and 2 NOT_SERVING in grpc.health.v1.
+        idempost_testkit::health::health(self.health, "").await.map(|status| status as i32 == 1)
     }
 
     /// The value of counter `name` (0 when absent).
