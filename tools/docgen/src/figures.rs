@@ -7,11 +7,15 @@
 //! `runs[].bench`, with the keys `idempost-bench` writes (`tools/bench/src/report.rs`); only the
 //! figures the table shows are read, so a run's whole `bench.json` can be pasted in as written.
 
+mod shards;
+
 use std::fmt::Write as _;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+
+pub use shards::ShardFigures;
 
 /// The results file, relative to the workspace root.
 pub const RESULTS: &str = "docs/benchmarks/current.json";
@@ -48,6 +52,9 @@ pub struct Run {
     /// The soak's figures on this database, when the file holds a soak (`runs[].soak`, the
     /// `soak` object of that run's `bench.json`).
     pub soak: Option<SoakFigures>,
+    /// The relay over shards on this database, when the file holds it (`runs[].shards`, the
+    /// `shards` object of that run's `bench.json`).
+    pub shards: Option<ShardFigures>,
 }
 
 /// What the table shows of one database's soak.
@@ -61,7 +68,8 @@ pub struct SoakFigures {
     pub floor_p99: f64,
 }
 
-/// The soak's own run: it is measured apart from the other rows (`soak` at the top of the file).
+/// The soak's own run: it is measured apart from the other rows (`soak` at the top of the file);
+/// the shards phase's likewise (`shards`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SoakRun {
     pub commit: String,
@@ -88,6 +96,8 @@ pub struct Results {
     pub runs: Vec<Run>,
     /// The soak's run, when the file holds one.
     pub soak: Option<SoakRun>,
+    /// The shards phase's run, when the file holds one.
+    pub shards: Option<SoakRun>,
 }
 
 /// Reads `text` as a results file; the error names the first key that is missing or not of
@@ -112,18 +122,23 @@ pub fn parse(text: &str) -> Result<Results, String> {
         setting: text_at(&file, "setting")?,
         report: text_at(&file, "report")?,
         runs,
-        soak: match file.get("soak") {
-            None => None,
-            Some(soak) => Some(SoakRun {
-                commit: text_at(soak, "commit").map_err(|e| format!("soak: {e}"))?,
-                date: text_at(soak, "date").map_err(|e| format!("soak: {e}"))?,
-                time: text_at(soak, "time").map_err(|e| format!("soak: {e}"))?,
-                command: text_at(soak, "command").map_err(|e| format!("soak: {e}"))?,
-                setting: text_at(soak, "setting").map_err(|e| format!("soak: {e}"))?,
-                report: text_at(soak, "report").map_err(|e| format!("soak: {e}"))?,
-            }),
-        },
+        soak: own_run(&file, "soak")?,
+        shards: own_run(&file, "shards")?,
     })
+}
+
+/// The run at `key` at the top of the file, measured apart from the other rows.
+fn own_run(file: &Value, key: &str) -> Result<Option<SoakRun>, String> {
+    let Some(run) = file.get(key) else { return Ok(None) };
+    let text = |field: &str| text_at(run, field).map_err(|e| format!("{key}: {e}"));
+    Ok(Some(SoakRun {
+        commit: text("commit")?,
+        date: text("date")?,
+        time: text("time")?,
+        command: text("command")?,
+        setting: text("setting")?,
+        report: text("report")?,
+    }))
 }
 
 /// A run's soak figures from the `soak` object `idempost-bench` writes.
@@ -180,6 +195,7 @@ fn parse_run(run: &Value) -> Result<Run, String> {
             .filter(|cleanup| !cleanup.is_empty())
             .map(str::to_owned),
         soak: run.get("soak").map(parse_soak).transpose()?,
+        shards: run.get("shards").map(shards::parse).transpose()?,
     })
 }
 
@@ -246,6 +262,15 @@ pub fn block(results: &Results) -> String {
             results.build, soak.commit, soak.date, soak.report
         );
     }
+    if let Some(shards) = &results.shards {
+        let _ = write!(
+            caption,
+            " The shards rows: {} builds of {}, {}, one relay over shard databases on the one server \
+             against one database of the same backlog (in brackets, the ratio), and two fleet relays \
+             over four shards, one SIGKILLed. How and where: `docs/benchmarks/{}`.",
+            results.build, shards.commit, shards.date, shards.report
+        );
+    }
     framed(&caption, results)
 }
 
@@ -280,6 +305,15 @@ fn framed(caption: &str, results: &Results) -> String {
             let _ = write!(out, " {} |", run.soak.as_ref().map_or_else(|| "-".to_owned(), soak_cell));
         }
         out.push('\n');
+    }
+    if results.runs.iter().any(|run| run.shards.is_some()) {
+        for (measure, cell) in shards::ROWS {
+            let _ = write!(out, "| {measure} |");
+            for run in &results.runs {
+                let _ = write!(out, " {} |", run.shards.as_ref().map_or_else(|| "-".to_owned(), cell));
+            }
+            out.push('\n');
+        }
     }
     out.push_str(END);
     out.push('\n');

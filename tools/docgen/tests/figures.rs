@@ -193,3 +193,46 @@ fn a_soak_adds_its_row_and_names_its_own_run_in_the_caption() {
     let broken = with.replace(r#""stage": "released""#, r#""stage": "later""#);
     assert!(figures::parse(&broken).unwrap_err().contains("soak, released"));
 }
+
+/// The `shards` object of a `bench.json` as `idempost-bench --only shards` writes it, cut to what
+/// the table reads and a little more.
+const SHARDS_JSON: &str = r#"{
+  "backlog": 10000,
+  "oneDatabase": {"perSecond": 3947.7, "rateOverOneDatabase": 1.0},
+  "sharded": [
+    {"shards": 1, "perSecond": 4451.4, "rateOverOneDatabase": 1.1276},
+    {"shards": 2, "perSecond": 4161.2, "rateOverOneDatabase": 1.0541},
+    {"shards": 4, "perSecond": 3795.6, "rateOverOneDatabase": 0.9615}
+  ],
+  "failover": {"shards": 4, "allOwnedAfterSeconds": 11.94, "killedShardsPublishingAfterSeconds": 12.02, "limitSeconds": 120.0}
+}"#;
+
+#[test]
+fn a_shards_phase_adds_its_rows_and_names_its_own_run_in_the_caption() {
+    let without = figures::block(&figures::parse(&results_file(BENCH_JSON)).unwrap());
+    assert!(!without.contains("shards"), "no shards phase, no row: {without}");
+    let with = results_file(BENCH_JSON)
+        .replace(r#""bench": "#, &format!(r#""shards": {SHARDS_JSON}, "bench": "#))
+        .replacen(
+            r#""runs": "#,
+            r#""shards": {"commit": "469468b", "date": "2026-12-06", "time": "19:47 UTC",
+                          "command": "scripts/bench --only shards", "setting": "a busy 2-vCPU VM", "report": "history/2026-12-06-shards.md"}, "runs": "#,
+            1,
+        );
+    let block = figures::block(&figures::parse(&with).unwrap());
+    assert!(
+        block.contains("| relay over 1 / 2 / 4 shards, one relay (events/s) | 4,451 / 4,161 / 3,796 (1.13x / 1.05x / 0.96x) |"),
+        "{block}"
+    );
+    assert!(
+        block.contains("| a fleet relay SIGKILLed: every shard owned again after (s) | 11.9 |"),
+        "{block}"
+    );
+    let caption = block.lines().take_while(|line| !line.is_empty()).collect::<Vec<_>>().join(" ");
+    assert!(caption.contains("The shards rows: release builds of 469468b, 2026-12-06"), "{caption}");
+    let never = with.replace(r#""allOwnedAfterSeconds": 11.94"#, r#""allOwnedAfterSeconds": null"#);
+    let block = figures::block(&figures::parse(&never).unwrap());
+    assert!(block.contains("every shard owned again after (s) | not within 120 |"), "{block}");
+    let broken = with.replace(r#""shards": 4, "perSecond""#, r#""shards": 8, "perSecond""#);
+    assert!(figures::parse(&broken).unwrap_err().contains("shards, 4 shard(s)"));
+}
