@@ -2,10 +2,17 @@
 //! protocol assigns the topic's partitions to the fleet's relays, partition n standing for the
 //! shard numbered n; this client never reads a record for itself, it only holds partitions.
 //!
-//! The group uses librdkafka's `cooperative-sticky` assignor, so a relay that joins is given
-//! only what must move to balance the group and nobody gives up a shard it keeps: work does not
-//! move back and forth (see docs/design/tansu.md, "The relay fleet's group", for what Tansu 0.6's
-//! coordinator was seen to do with it).
+//! The group uses librdkafka's eager `range` assignor, not `cooperative-sticky`: on Tansu 0.6 a
+//! cooperative member's rejoin changes its subscription, which makes a group whose dead member
+//! led it form again under that dead leader for good (docs/design/tansu.md, "The relay fleet's
+//! assignor"), while an eager group stays formed and the liveness watch's rejoin re-forms it.
+//! What the eager protocol would cost is kept small in two ways:
+//! - a revocation is not acted on until the next assignment, so a shard that the new assignment
+//!   gives back keeps running (the leases and fenced marks, not ownership, guard every row);
+//! - the client id begins with the time the client was made, and the range assignor orders the
+//!   members by member id (Tansu makes it `<client id>-<uuid>`), so a relay that joins comes
+//!   last and takes only from the end of the ranges: with four shards a third relay takes one
+//!   and the other two keep the rest of theirs; with two, it takes none.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -81,7 +88,8 @@ impl Membership {
         let mut config = self.config();
         config
             .set("group.id", &self.group)
-            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("client.id", join_ordered_client_id())
+            .set("partition.assignment.strategy", "range")
             .set("session.timeout.ms", SESSION_TIMEOUT.as_millis().to_string())
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -91,6 +99,15 @@ impl Membership {
         client.subscribe(&[&self.topic])?;
         Ok(Arc::new(client))
     }
+}
+
+/// A client id that sorts after every earlier relay's: the time it is made, in milliseconds,
+/// padded so that strings order as numbers, and the process id for two made in one millisecond.
+fn join_ordered_client_id() -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    format!("idempost-relay-{millis:015}-{}", std::process::id())
 }
 
 /// Keeps `client` in the group until `stop`: serves its rebalances, and on a `()` from `rejoin`
@@ -215,28 +232,26 @@ impl Holder {
 impl ClientContext for Holder {}
 
 impl ConsumerContext for Holder {
-    /// A revocation is published before the partitions go, so that the shards' relays stop
-    /// claiming as early as possible (their leases and fences stay what guards the rows).
+    /// A revocation only marks the group as rebalancing: the eager protocol revokes everything
+    /// before every assignment, and stopping each shard only to start most of them again would
+    /// move work for nothing. What the next assignment no longer holds is stopped then.
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(revoked) = rebalance {
+        if let Rebalance::Revoke(_) = rebalance {
             self.formed.store(false, Ordering::Relaxed);
-            let revoked = self.partitions(revoked);
-            let kept = self.owned.borrow().difference(&revoked).copied().collect();
-            self.publish(kept);
         }
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Assign(_) => self.formed.store(true, Ordering::Relaxed),
+            Rebalance::Assign(_) => {
+                self.formed.store(true, Ordering::Relaxed);
+                match consumer.assignment() {
+                    Ok(held) => self.publish(self.partitions(&held)),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the fleet group client's assignment"),
+                }
+            }
             Rebalance::Revoke(_) => {}
             Rebalance::Error(e) => tracing::warn!(error = %e, "fleet group rebalance failed"),
-        }
-        // What the client holds now, whatever the protocol (an eager one revokes everything,
-        // then assigns everything; a cooperative one adds and takes away).
-        match consumer.assignment() {
-            Ok(held) => self.publish(self.partitions(&held)),
-            Err(e) => tracing::warn!(error = %e, "cannot read the fleet group client's assignment"),
         }
     }
 }
