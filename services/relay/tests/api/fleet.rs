@@ -3,18 +3,17 @@
 //! processes and a real broker (Tansu 0.6), a fresh PostgreSQL database per shard, a fresh topic,
 //! control topic and group per test.
 
+mod dead_relay;
 mod kit;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::read_topic;
 use crate::helpers::{TestOrder, TestService, assert_eventually, order};
-use idempost_testkit::db::TestDb;
 use idempost_testkit::order::amend;
 use idempost_testkit::wait::WAIT;
-use kit::{Fleet, Relay, Shards, names};
+use kit::{Fleet, Relay, Shards, every_event_in_its_orders_order, names};
 
 /// Whether `relays` own every shard of `all` between them, each shard once.
 async fn each_owned_once(relays: &[&Relay], all: &BTreeSet<String>) -> bool {
@@ -37,15 +36,7 @@ async fn two_relays_over_four_shards_serve_each_shard_from_one_relay_and_publish
     .await;
     let (on_a, on_b) = (a.owned().await, b.owned().await);
 
-    let db = TestDb::migrated_at(shards.dbs[0].url.clone()).await;
-    let app = Arc::new(
-        TestOrder::spawn_on(db, |s| {
-            s.shard_map_file = Some(map.clone());
-            // A pool per shard: the tests share one PostgreSQL server's connections.
-            s.db_max_connections = 3;
-        })
-        .await,
-    );
+    let app = shards.order_service().await;
     let writers = (0..4).map(|n| write_orders(Arc::clone(&app), 10 + n, 10));
     futures::future::join_all(writers).await;
     let mut total = 0;
@@ -58,26 +49,9 @@ async fn two_relays_over_four_shards_serve_each_shard_from_one_relay_and_publish
     }
     assert_eq!((a.owned().await, b.owned().await), (on_a, on_b), "ownership stayed put");
 
-    every_event_once_or_more_in_each_orders_order(&fleet, total).await;
+    every_event_in_its_orders_order(&fleet, total).await;
     tokio::join!(a.stop(), b.stop());
     Arc::into_inner(app).unwrap().stop().await;
-}
-
-/// Every one of `total` events is on the fleet's topic, and each order's versions are in order.
-async fn every_event_once_or_more_in_each_orders_order(fleet: &Fleet, total: usize) {
-    let records =
-        read_topic(&fleet.broker.address(), &fleet.topic, total, WAIT, Duration::from_secs(1)).await;
-    let distinct: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
-    assert_eq!(distinct.len(), total, "every event reached the topic");
-    let mut by_offset = records.clone();
-    by_offset.sort_by_key(|r| (r.partition, r.offset));
-    let mut versions: HashMap<Vec<u8>, Vec<i64>> = HashMap::new();
-    for record in &by_offset {
-        versions.entry(record.key.clone()).or_default().push(record.header("event_version").parse().unwrap());
-    }
-    for (key, seen) in &versions {
-        assert!(seen.is_sorted(), "order {} out of order: {seen:?}", String::from_utf8_lossy(key));
-    }
 }
 
 /// `count` orders of `tenant`, each amended twice (three versions each).
@@ -105,15 +79,7 @@ async fn a_relay_stopped_with_sigterm_leaves_the_group_and_the_other_takes_its_s
     .await;
 
     // Orders keep coming while the first relay drains, leaves the group and its shards move.
-    let db = TestDb::migrated_at(shards.dbs[0].url.clone()).await;
-    let app = Arc::new(
-        TestOrder::spawn_on(db, |s| {
-            s.shard_map_file = Some(map.clone());
-            // A pool per shard: the tests share one PostgreSQL server's connections.
-            s.db_max_connections = 3;
-        })
-        .await,
-    );
+    let app = shards.order_service().await;
     let writers = futures::future::join_all((0..4).map(|n| write_orders(Arc::clone(&app), 10 + n, 10)));
     tokio::join!(writers, a.stop());
     assert_eventually("the other relay owns every shard", WAIT, || async { b.owned().await == all }).await;
@@ -123,7 +89,7 @@ async fn a_relay_stopped_with_sigterm_leaves_the_group_and_the_other_takes_its_s
         })
         .await;
     }
-    every_event_once_or_more_in_each_orders_order(&fleet, 120).await;
+    every_event_in_its_orders_order(&fleet, 120).await;
     b.stop().await;
     Arc::into_inner(app).unwrap().stop().await;
 }
@@ -161,7 +127,7 @@ async fn a_shard_added_to_the_map_on_sighup_is_served_and_a_removed_one_is_stopp
 async fn a_reload_to_a_shard_number_the_control_topic_has_no_partition_for_keeps_the_running_map() {
     let shards = Shards::new(2, 1).await;
     let fleet = Fleet::new(4).await;
-    let relay = fleet.relay_logged(&shards.map(), shards.dir.path().join("relay.log")).await;
+    let relay = fleet.relay_logged(&shards.map(), &[], &[], shards.dir.path().join("relay.log")).await;
     assert_eventually("the relay owns shard s0", WAIT, || async { relay.owned().await == names([0]) }).await;
 
     let text = format!(

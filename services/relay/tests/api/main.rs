@@ -11,6 +11,5 @@ mod helpers;
 use idempost_testkit::{broker, otlp};
 
 mod claims;
-mod dead_relay;
 mod fleet;
 mod relay;

@@ -1,18 +1,20 @@
 //! What the fleet's tests share: shard databases and their map, relay processes over it, and
 //! what their `/metrics` say they own.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::broker::TestBroker;
-use crate::helpers::{Backend, OutboxProbe, TestService, service_binary};
+use crate::broker::{TestBroker, read_topic};
+use crate::helpers::{Backend, OutboxProbe, TestOrder, TestService, service_binary};
 use idempost_testkit::db::TestDb;
+use idempost_testkit::wait::WAIT;
 
 /// Shards `s<n>` of a test, each a fresh database, and the map naming them.
 pub struct Shards {
@@ -68,6 +70,24 @@ impl Shards {
     /// PUBLISHED events on shard `n`.
     pub async fn published(&self, n: usize) -> i64 {
         OutboxProbe { conn: &self.conns[n] }.count_with_status("PUBLISHED").await
+    }
+
+    /// Events of any status on shard `n`.
+    pub async fn events(&self, n: usize) -> i64 {
+        idempost_testkit::sql::count(&self.conns[n], "SELECT COUNT(*) FROM outbox_event", vec![]).await
+    }
+
+    /// The order service over the map, routing each tenant to its shard.
+    pub async fn order_service(&self) -> Arc<TestOrder> {
+        let db = TestDb::migrated_at(self.dbs[0].url.clone()).await;
+        let map = self.map();
+        let app = TestOrder::spawn_on(db, |s| {
+            s.shard_map_file = Some(map);
+            // A pool per shard: the tests share one PostgreSQL server's connections.
+            s.db_max_connections = 3;
+        })
+        .await;
+        Arc::new(app)
     }
 }
 
@@ -128,10 +148,16 @@ impl Fleet {
         Self::reached(process, &bound)
     }
 
-    /// [`Fleet::relay`] with its logs in `log` ([`TestService::log`]).
-    pub async fn relay_logged(&self, map: &Path, log: PathBuf) -> Relay {
-        let args = self.args(map, &[]);
-        let (process, bound) = TestService::spawn_listening_logged("idempost-relay", &args, &[], log).await;
+    /// [`Fleet::relay`] with its logs in `log` ([`TestService::log`]) and `env` set.
+    pub async fn relay_logged(
+        &self,
+        map: &Path,
+        extra: &[&str],
+        env: &[(&str, String)],
+        log: PathBuf,
+    ) -> Relay {
+        let args = self.args(map, extra);
+        let (process, bound) = TestService::spawn_listening_logged("idempost-relay", &args, env, log).await;
         Self::reached(process, &bound)
     }
 
@@ -183,13 +209,31 @@ impl Relay {
     }
 }
 
+/// Every one of `total` events is on the fleet's topic at least once, and each order's versions
+/// reached it in order.
+pub async fn every_event_in_its_orders_order(fleet: &Fleet, total: usize) {
+    let records =
+        read_topic(&fleet.broker.address(), &fleet.topic, total, WAIT, Duration::from_secs(1)).await;
+    let distinct: BTreeSet<&str> = records.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(distinct.len(), total, "every event reached the topic");
+    let mut by_offset = records.clone();
+    by_offset.sort_by_key(|r| (r.partition, r.offset));
+    let mut versions: HashMap<Vec<u8>, Vec<i64>> = HashMap::new();
+    for record in &by_offset {
+        versions.entry(record.key.clone()).or_default().push(record.header("event_version").parse().unwrap());
+    }
+    for (key, seen) in &versions {
+        assert!(seen.is_sorted(), "order {} out of order: {seen:?}", String::from_utf8_lossy(key));
+    }
+}
+
 /// Names `s0`.. of `numbers`.
 pub fn names(numbers: impl IntoIterator<Item = usize>) -> BTreeSet<String> {
     numbers.into_iter().map(|n| format!("s{n}")).collect()
 }
 
 /// The shards whose gauge `name` reads `value` in a scrape.
-fn gauge_of_shards(text: &str, name: &str, value: f64) -> BTreeSet<String> {
+pub fn gauge_of_shards(text: &str, name: &str, value: f64) -> BTreeSet<String> {
     gauges_of_shards(text, name).into_iter().filter(|(_, v)| *v == value).map(|(shard, _)| shard).collect()
 }
 
@@ -208,7 +252,7 @@ fn gauges_of_shards(text: &str, name: &str) -> BTreeMap<String, f64> {
 }
 
 /// `GET /metrics` on a fresh connection; "" when the relay does not answer.
-async fn scrape(addr: SocketAddr) -> String {
+pub async fn scrape(addr: SocketAddr) -> String {
     let Ok(mut stream) = TcpStream::connect(addr).await else { return String::new() };
     let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).await.is_err() {
