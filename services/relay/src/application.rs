@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::backlog::report_backlog;
 use super::budget::StepBudget;
 use super::fleet::{Fleet, FleetError};
 use super::health::{Vitals, publish_verdict};
-use super::outbox::{ClaimWindow, Outbox, RetryPolicy};
+use super::outbox::{ClaimWindow, Outbox, RetryPolicy, open_outbox};
 use super::publisher::{KafkaPublisher, ProducerConfigError};
 use super::settings::Settings;
 use super::worker::{PublisherFailed, Relay, Tuning};
 use idempost::backlog::{Redrive, RedriveAudit};
-use idempost::db;
 use idempost::security::Listener;
 use idempost::service::{self, Health, HealthEndpoint, MetricsListener, ReadyError};
 use idempost::telemetry::{self, metrics};
@@ -229,14 +229,6 @@ async fn until_stopped(
     }
 }
 
-/// The outbox at `url` (which must be migrated) as the relay uses it, on a pool set up for it
-/// ([`db::Pool::Relay`]): on PostgreSQL each claim and mark is planned for the outbox as it is
-/// now, so a plan made while the table was nearly empty never scans the grown table; on
-/// MariaDB/MySQL the sessions run at READ COMMITTED from the start.
-pub async fn open_outbox(url: &str, max_connections: u32) -> Result<Outbox, ReadyError> {
-    Ok(Outbox::on_relay_pool(service::open_database_for(url, max_connections, db::Pool::Relay).await?))
-}
-
 /// The operator's redrive: returns a FAILED event to PENDING.
 pub async fn redrive(
     settings: &Settings,
@@ -272,37 +264,6 @@ async fn watch_health(
         health.update(&[("claim", vitals.claim_verdict()), ("publishing", publishing)]).await;
         tokio::select! {
             () = tokio::time::sleep(service::HEALTH_INTERVAL) => {}
-            changed = stop.changed() => if changed.is_err() { break },
-        }
-    }
-}
-
-/// How often the backlog gauges are refreshed.
-const BACKLOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Records the backlog size per status and the oldest waiting event's age until `stop`.
-pub(crate) async fn report_backlog(
-    outbox: Outbox,
-    attributes: Vec<opentelemetry::KeyValue>,
-    mut stop: watch::Receiver<bool>,
-) {
-    while !*stop.borrow() {
-        match outbox.backlog().await {
-            Ok(backlog) => {
-                for (status, count) in &backlog.by_status {
-                    let mut labels = attributes.clone();
-                    labels.push(opentelemetry::KeyValue::new("idempost.outbox.status", status.as_str()));
-                    metrics().outbox_backlog.record(*count, &labels);
-                }
-                let age = backlog.oldest_pending.map_or(0.0, |oldest| {
-                    (chrono::Utc::now() - oldest).to_std().unwrap_or_default().as_secs_f64()
-                });
-                metrics().outbox_oldest_pending_age.record(age, &attributes);
-            }
-            Err(e) => tracing::debug!(error = %e, "backlog query failed"),
-        }
-        tokio::select! {
-            () = tokio::time::sleep(BACKLOG_INTERVAL) => {}
             changed = stop.changed() => if changed.is_err() { break },
         }
     }

@@ -5,6 +5,7 @@
 //! run at once; a duplicate publish is possible (and absorbed by consumers), a lost one is not.
 
 mod application;
+mod backlog;
 mod budget;
 mod cleanup;
 mod fleet;
@@ -16,10 +17,12 @@ mod settings;
 mod step;
 mod worker;
 
-pub use application::{Application, StartupError, open_outbox, redrive};
+pub use application::{Application, StartupError, redrive};
 pub use fleet::FleetError;
 pub use lease::{LeaseToken, WorkerId};
-pub use outbox::{Blame, ClaimWindow, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy, Swept};
+pub use outbox::{
+    Blame, ClaimWindow, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy, Swept, open_outbox,
+};
 pub use publisher::{CloudEventsMode, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
 pub use settings::{Command, Settings};
 pub use step::{StepOutcome, StepReport};

@@ -6,12 +6,14 @@ mod claim;
 mod event;
 mod fenced_update;
 mod mark;
+mod open;
 mod position;
 mod release;
 mod table;
 
 pub use claim::Swept;
 pub use event::{ClaimedEvent, Delivery, Fenced};
+pub use open::open_outbox;
 pub use position::ClaimWindow;
 pub use release::{Blame, Released, RetryPolicy};
 pub use table::Outbox;

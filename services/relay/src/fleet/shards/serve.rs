@@ -7,7 +7,8 @@ use std::time::Duration;
 use opentelemetry::KeyValue;
 use tokio::sync::{mpsc, watch};
 
-use super::super::super::application::{open_outbox, report_backlog};
+use super::super::super::backlog::report_backlog;
+use super::super::super::outbox::open_outbox;
 use super::super::super::outbox::{ClaimWindow, Outbox};
 use super::super::super::publisher::KafkaPublisher;
 use super::super::super::worker::{Producers, PublisherFailed, Relay, Tuning};
