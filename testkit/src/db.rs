@@ -115,3 +115,16 @@ async fn admin(url: &str, sql: &str) {
     conn.execute_unprepared(sql).await.unwrap();
     conn.close().await.unwrap();
 }
+
+/// `idempost-migrate --shard-map-file <map> up`, which must succeed; what it printed.
+pub fn migrate_shards(map: &std::path::Path) -> String {
+    let output = std::process::Command::new(crate::service::binary("idempost-migrate"))
+        .arg("--shard-map-file")
+        .arg(map)
+        .arg("up")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{printed}{}", String::from_utf8_lossy(&output.stderr));
+    printed
+}

@@ -3,6 +3,7 @@
 //! SIGHUP served without a restart, and `idempost-migrate` migrating every shard of the map.
 //! Two databases on one server make the two shards.
 
+use idempost_testkit::db::migrate_shards;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,7 +42,7 @@ async fn calls_of_two_tenants_land_on_their_own_shards_and_are_found_there(backe
     let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
     let dir = tempfile::tempdir().unwrap();
     let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
-    let report = migrate(&map);
+    let report = migrate_shards(&map);
     assert!(report.contains(r#"shard "a" (1 of 2): migrated; next order id 1"#), "{report}");
     assert!(report.contains(r#"shard "b" (2 of 2): migrated; next order id 1099511627776"#), "{report}");
     let app = TestOrder::spawn_on(a, |s| s.shard_map_file = Some(map.clone())).await;
@@ -95,7 +96,7 @@ async fn a_shard_added_to_the_map_is_served_after_sighup(backend: Backend) {
     let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
     let dir = tempfile::tempdir().unwrap();
     let map = write_map(dir.path(), &a.url, None);
-    migrate(&map);
+    migrate_shards(&map);
     let app = TestOrder::spawn_on(a, |s| s.shard_map_file = Some(map.clone())).await;
     app.submit(order(TENANT_ON_A, "before")).await.unwrap();
     // Shard b gets its first order from a service of its own, so that the main service's
@@ -106,7 +107,7 @@ async fn a_shard_added_to_the_map_is_served_after_sighup(backend: Backend) {
         b.url
     );
     std::fs::write(&only_b, text).unwrap();
-    migrate(&only_b);
+    migrate_shards(&only_b);
     let seeder = TestOrder::spawn_on(TestDb::migrated_at(b.url.clone()).await, |s| {
         s.shard_map_file = Some(only_b.clone());
     })
@@ -133,7 +134,7 @@ async fn a_shard_added_to_the_map_is_served_after_sighup(backend: Backend) {
 async fn a_reload_that_would_leave_a_tenants_orders_behind_keeps_the_running_map(backend: Backend) {
     let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
     let dir = tempfile::tempdir().unwrap();
-    migrate(&write_map(dir.path(), &a.url, Some((&b.url, &[]))));
+    migrate_shards(&write_map(dir.path(), &a.url, Some((&b.url, &[]))));
     // The service starts on shard a alone.
     let map = write_map(dir.path(), &a.url, None);
     let mut settings = Settings::for_database(&a.url);
@@ -183,7 +184,7 @@ async fn one_shards_database_down_fails_its_tenants_only_and_health_stays_servin
     let (a, b) = (TestDb::empty(Backend::Postgres).await, TestDb::empty(Backend::Postgres).await);
     let dir = tempfile::tempdir().unwrap();
     let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
-    migrate(&map);
+    migrate_shards(&map);
     let (endpoint, received, _receiver) = crate::otlp::start_receiver().await;
     let (_service, port) = order_process_on_map(&map, endpoint, dir.path()).await;
     let url = format!("http://127.0.0.1:{port}");
@@ -268,7 +269,7 @@ async fn a_burst_of_two_tenants_orders_lands_each_on_its_own_shard_with_group_co
     let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
     let dir = tempfile::tempdir().unwrap();
     let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
-    migrate(&map);
+    migrate_shards(&map);
     // One writer per shard: orders that arrive while it is busy share its next transaction.
     let app = TestOrder::spawn_on(a, |s| {
         s.shard_map_file = Some(map.clone());
@@ -313,19 +314,6 @@ fn write_map(dir: &Path, a: &str, b: Option<(&str, &[i64])>) -> PathBuf {
     let path = dir.join("map.json");
     std::fs::write(&path, format!(r#"{{"default": "a", "shards": [{}]}}"#, shards.join(", "))).unwrap();
     path
-}
-
-/// `idempost-migrate --shard-map-file <map> up`, which must succeed; what it printed.
-fn migrate(map: &Path) -> String {
-    let output = std::process::Command::new(service_binary("idempost-migrate"))
-        .arg("--shard-map-file")
-        .arg(map)
-        .arg("up")
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "{printed}{}", String::from_utf8_lossy(&output.stderr));
-    printed
 }
 
 async fn orders_of(conn: &DatabaseConnection, tenant: i64) -> i64 {

@@ -6,8 +6,9 @@ use idempost::entity::admin_audit;
 use idempost_proto::v1 as pb;
 use sea_orm::{ActiveValue::NotSet, ActiveValue::Set, DatabaseConnection, EntityTrait as _};
 
-use super::{TENANT_ON_B, migrate, write_map};
+use super::{TENANT_ON_B, write_map};
 use crate::helpers::{Backend, TestDb, TestOrder, on_every_backend, violated_fields};
+use idempost_testkit::db::migrate_shards;
 
 on_every_backend!(the_audit_of_every_shard_is_listed_newest_first_and_its_pages_never_repeat_or_skip_a_row);
 
@@ -23,7 +24,7 @@ async fn the_audit_of_every_shard_is_listed_newest_first_and_its_pages_never_rep
     let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
     let dir = tempfile::tempdir().unwrap();
     let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
-    migrate(&map);
+    migrate_shards(&map);
     let app = TestOrder::spawn_on(a, |s| s.shard_map_file = Some(map.clone())).await;
     let b_conn = b.connect().await;
     for minute in ON_A {

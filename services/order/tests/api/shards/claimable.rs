@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use super::{TENANT_ON_A, TENANT_ON_B, migrate, order_process_on_map, write_map};
+use super::{TENANT_ON_A, TENANT_ON_B, order_process_on_map, write_map};
 use crate::helpers::{Backend, TestDb, assert_eventually, connect_order_service, on_every_backend, order};
+use idempost_testkit::db::migrate_shards;
 
 on_every_backend!(the_order_service_reports_each_shards_claimable_events_under_its_name);
 
@@ -12,7 +13,7 @@ async fn the_order_service_reports_each_shards_claimable_events_under_its_name(b
     let (a, b) = (TestDb::empty(backend).await, TestDb::empty(backend).await);
     let dir = tempfile::tempdir().unwrap();
     let map = write_map(dir.path(), &a.url, Some((&b.url, &[TENANT_ON_B])));
-    migrate(&map);
+    migrate_shards(&map);
     let (endpoint, received, _receiver) = crate::otlp::start_receiver().await;
     let (_service, port) = order_process_on_map(&map, endpoint, dir.path()).await;
     let client = connect_order_service(&format!("http://127.0.0.1:{port}")).await;

@@ -1,6 +1,7 @@
 //! What the fleet's tests share: shard databases and their map, relay processes over it, and
 //! what their `/metrics` say they own.
 
+use idempost_testkit::db::migrate_shards;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::broker::{TestBroker, read_topic};
-use crate::helpers::{Backend, OutboxProbe, TestOrder, TestService, service_binary};
+use crate::helpers::{Backend, OutboxProbe, TestOrder, TestService};
 use idempost_testkit::db::TestDb;
 use idempost_testkit::wait::WAIT;
 
@@ -33,7 +34,7 @@ impl Shards {
         }
         let shards = Self { dbs, conns: Vec::new(), dir: tempfile::tempdir().unwrap() };
         let everything = shards.write_map(&(0..count).collect::<Vec<_>>());
-        migrate(&everything);
+        migrate_shards(&everything);
         let conns = futures::future::join_all(shards.dbs.iter().map(TestDb::connect)).await;
         let shards = Self { conns, ..shards };
         shards.write_map(&(0..in_map).collect::<Vec<_>>());
@@ -89,17 +90,6 @@ impl Shards {
         .await;
         Arc::new(app)
     }
-}
-
-/// `idempost-migrate --shard-map-file <map> up`, which must succeed.
-fn migrate(map: &Path) {
-    let output = std::process::Command::new(service_binary("idempost-migrate"))
-        .arg("--shard-map-file")
-        .arg(map)
-        .arg("up")
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
 /// A fleet's topic, control topic (`partitions` partitions) and group, fresh for a test.
