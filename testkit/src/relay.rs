@@ -12,7 +12,7 @@ use crate::in_process::InProcess;
 pub fn relay_settings(database_url: &str, brokers: &str, topic: &str) -> Settings {
     let mut settings = Settings::new(database_url, brokers);
     settings.kafka.topic = topic.to_owned();
-    settings.lease = Duration::from_secs(5);
+    settings.lease = Duration::from_secs(9);
     settings.delivery_timeout = Duration::from_secs(3);
     settings.lease_margin = Duration::from_secs(1);
     settings.backoff_base = Duration::from_millis(100);

@@ -36,7 +36,7 @@ async fn relay_health_is_not_serving_while_a_backlog_waits_unpublished_and_servi
     // No send to this broker may time out once it runs (docs/design/tansu.md): far more than a
     // send takes on a loaded machine. NOT_SERVING comes from the 2 s publish stall, not from it.
     settings.delivery_timeout = Duration::from_secs(10);
-    settings.lease = Duration::from_secs(15);
+    settings.lease = Duration::from_secs(23);
     let relay = relay::Application::build(settings).await.unwrap();
     let port = relay.port();
     let relay = InProcess::spawn(|shutdown| relay.run_until_stopped(shutdown));
@@ -69,7 +69,7 @@ async fn the_health_gauge_of_a_relay_process_follows_its_status() {
     // times out against Tansu 0.6 bumps the producer's epoch and the broker then fails every
     // client (docs/design/tansu.md). NOT_SERVING comes from the 2 s publish stall, not from it.
     settings.delivery_timeout = Duration::from_secs(10);
-    settings.lease = Duration::from_secs(15);
+    settings.lease = Duration::from_secs(23);
     let mut args = relay_args(&settings);
     args.push("--publish-stall=2s".to_owned());
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned())];
@@ -201,7 +201,7 @@ async fn a_broker_down_for_a_minute_fails_no_event_and_publishing_resumes_after_
     let ids = probe.seed(5).await;
     let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_secs(2);
-    settings.lease = Duration::from_secs(4);
+    settings.lease = Duration::from_secs(7);
     // Three failed attempts would make an event FAILED within about ten seconds.
     settings.max_attempts = 3;
     let relay = relay::Application::build(settings).await.unwrap();

@@ -245,7 +245,7 @@ async fn four_relay_processes_killed_and_restarted_keep_every_orders_versions_in
     let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     // Room for a loaded machine: a send that times out makes Tansu fail the producer until it
     // is rebuilt, which slows the run without testing anything more.
-    settings.lease = Duration::from_secs(8);
+    settings.lease = Duration::from_secs(14);
     settings.delivery_timeout = Duration::from_secs(5);
     settings.lease_margin = Duration::from_secs(2);
     let mut args = relay_args(&settings);
@@ -493,6 +493,7 @@ impl idempost_relay::Publisher for Overlapping {
         &self,
         event: &idempost_relay::ClaimedEvent,
         lane: usize,
+        hand_over_by: tokio::time::Instant,
     ) -> impl Future<Output = Result<idempost_relay::Delivery, idempost_relay::PublishError>> + Send {
         use std::sync::atomic::Ordering::SeqCst;
         let lane = lane % 2;
@@ -501,7 +502,7 @@ impl idempost_relay::Publisher for Overlapping {
             self.overlapped.send_replace(true);
         }
         // Built now, sent at its first poll: after the hold.
-        let send = self.inner.publish(event, lane);
+        let send = self.inner.publish(event, lane, hand_over_by);
         let mut overlapped = self.overlapped.subscribe();
         async move {
             if !self.gave_up.load(SeqCst) {

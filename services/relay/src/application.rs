@@ -271,8 +271,8 @@ async fn watch_health(
 
 fn check(settings: &Settings) -> Result<(), StartupError> {
     // A step still acting on its events when their lease ends races the relay that claims them
-    // next. The lease must cover the slowest publish (queue wait included), the marks and
-    // releases, and the margin.
+    // next. The lease must cover the claim and queue wait, librdkafka's own delivery timeout
+    // after the hand-over, the marks and releases, and the margin.
     StepBudget::new(settings.lease, settings.delivery_timeout, settings.lease_margin)
         .map_err(StartupError::Settings)?;
     if settings.claim_sweep_interval.is_zero() {

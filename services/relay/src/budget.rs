@@ -2,27 +2,41 @@
 //!
 //! A step claims a batch, publishes it and records the outcomes (marks and releases). All of it
 //! must end before the lease does, with the margin to spare, or another relay may claim the
-//! events while this one still acts on them. librdkafka's `delivery.timeout.ms` starts only once
-//! a record is in its queue, and `send` may first wait for queue space, so the relay bounds the
-//! publishing itself: the claim, the queue wait and the delivery together take at most
-//! `delivery_timeout`, counted from before the claim, and marks and releases get what is left of
-//! `lease - margin`. A step stalled between its claim and its publish (a paused process, a
-//! starved thread) therefore finds its publishing time spent and hands librdkafka nothing: its
-//! events wait for their leases to expire, and an order's later versions, published meanwhile by
-//! another relay, are never followed by a late copy of an earlier one from this step. A stall
-//! after the records were handed over outlives any budget; the claim's fence makes that step's
-//! late marks and releases change nothing.
+//! events while this one still acts on them. Three deadlines, counted from before the claim:
+//!
+//! - **Hand-over** (`delivery_timeout`): the claim and the wait for the producer's turn. A record
+//!   not handed to librdkafka by then never is, so it is released at once. A step stalled
+//!   between its claim and its publish (a paused process, a starved thread) therefore hands
+//!   librdkafka nothing.
+//! - **Settle** (hand-over + `delivery_timeout` + [`SETTLE_SLACK`]): librdkafka gives up on a
+//!   record `delivery.timeout.ms` after it got it, so by then every record handed over has its
+//!   verdict. Until it has, the record may still reach the broker: releasing it earlier let
+//!   another claim publish it and the order's later versions, after which the first copy landed
+//!   behind them. So a step waits for the verdicts, and a record still without one at the
+//!   settle deadline is left to its lease, never released.
+//! - **Whole** (`lease - margin`): marks and releases get what is left, at least
+//!   [`MIN_RECORD_TIME`].
+//!
+//! A stall after the records were handed over outlives any budget; the claim's fence makes that
+//! step's late marks and releases change nothing.
 
 use std::time::Duration;
 
 /// The least time a step keeps for its marks and releases.
 pub(crate) const MIN_RECORD_TIME: Duration = Duration::from_secs(1);
 
-/// How long each phase of one step may wait.
+/// How long after `delivery.timeout.ms` a record's verdict may still take to reach its step:
+/// librdkafka looks for timed-out records about once a second, and the report then passes
+/// through the producer's reports thread.
+pub(crate) const SETTLE_SLACK: Duration = Duration::from_secs(1);
+
+/// How long each phase of one step may wait, each counted from before the claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StepBudget {
-    /// The claim and the publishing (queue wait and delivery) of the batch together.
-    pub(crate) publish: Duration,
+    /// The claim and the wait for the producer's turn: records are handed over only before it.
+    pub(crate) hand_over: Duration,
+    /// Until every record handed over has the producer's verdict.
+    pub(crate) settle: Duration,
     /// The whole step, marks and releases included: `lease - margin`.
     pub(crate) whole: Duration,
 }
@@ -30,22 +44,32 @@ pub(crate) struct StepBudget {
 impl StepBudget {
     /// The budget for these settings, or why they cannot keep a step inside its lease.
     pub(crate) fn new(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Result<Self, String> {
-        let least = delivery_timeout + MIN_RECORD_TIME + margin;
+        let least = Self::settling(delivery_timeout) + MIN_RECORD_TIME + margin;
         if lease < least {
             return Err(format!(
-                "the lease ({lease:?}) must cover the delivery timeout ({delivery_timeout:?}, queue wait \
-                 included), at least {MIN_RECORD_TIME:?} to mark and release, and the lease margin \
-                 ({margin:?}): at least {least:?}"
+                "the lease ({lease:?}) must cover the claim and the queue wait (up to the delivery timeout, \
+                 {delivery_timeout:?}), the producer's own delivery timeout after it ({delivery_timeout:?}) \
+                 and {SETTLE_SLACK:?} for its verdict, at least {MIN_RECORD_TIME:?} to mark and release, \
+                 and the lease margin ({margin:?}): at least {least:?}"
             ));
         }
-        Ok(Self { publish: delivery_timeout, whole: lease - margin })
+        Ok(Self {
+            hand_over: delivery_timeout,
+            settle: Self::settling(delivery_timeout),
+            whole: lease - margin,
+        })
     }
 
     /// The budget a relay built without the start-up check uses: the same split, with at least
     /// [`MIN_RECORD_TIME`] for marks and releases however short the lease.
     pub(crate) fn lenient(lease: Duration, delivery_timeout: Duration, margin: Duration) -> Self {
-        let whole = lease.saturating_sub(margin).max(delivery_timeout + MIN_RECORD_TIME);
-        Self { publish: delivery_timeout, whole }
+        let settle = Self::settling(delivery_timeout);
+        let whole = lease.saturating_sub(margin).max(settle + MIN_RECORD_TIME);
+        Self { hand_over: delivery_timeout, settle, whole }
+    }
+
+    fn settling(delivery_timeout: Duration) -> Duration {
+        delivery_timeout * 2 + SETTLE_SLACK
     }
 }
 
@@ -99,34 +123,39 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
-    fn the_defaults_leave_fifteen_seconds_to_mark_and_five_to_spare() {
-        assert_eq!(StepBudget::new(S(30), S(10), S(5)), Ok(StepBudget { publish: S(10), whole: S(25) }));
+    fn the_defaults_hand_over_for_ten_seconds_settle_by_twenty_one_and_keep_five_to_spare() {
+        assert_eq!(
+            StepBudget::new(S(30), S(10), S(5)),
+            Ok(StepBudget { hand_over: S(10), settle: S(21), whole: S(25) })
+        );
     }
 
     #[test]
-    fn a_lease_that_leaves_no_time_to_mark_after_the_delivery_timeout_is_refused() {
-        // The old check (lease > delivery timeout + margin) let this through: nothing was left
-        // for the marks, and a queue wait could take the step past its lease.
-        let Err(refused) = StepBudget::new(Duration::from_millis(15_500), S(10), S(5)) else {
-            panic!("a lease of 15.5s with a delivery timeout of 10s and a margin of 5s was accepted");
+    fn a_lease_that_ends_before_the_producer_gives_up_is_refused() {
+        // Accepted before the producer's own delivery timeout was counted: a record handed over
+        // at the end of the hand-over could still reach the broker after the lease ran out.
+        let Err(refused) = StepBudget::new(S(16), S(10), S(5)) else {
+            panic!("a lease of 16s with a delivery timeout of 10s and a margin of 5s was accepted");
         };
         assert!(refused.contains("lease") && refused.contains("delivery timeout"), "{refused}");
-        assert!(refused.contains("at least 16s"), "{refused}");
+        assert!(refused.contains("at least 27s"), "{refused}");
+        assert!(StepBudget::new(Duration::from_millis(26_999), S(10), S(5)).is_err());
         assert!(StepBudget::new(S(5), S(10), S(1)).is_err());
     }
 
     #[test]
     fn exactly_enough_is_accepted() {
-        let budget = StepBudget { publish: S(3), whole: S(4) };
-        assert_eq!(StepBudget::new(S(5), S(3), S(1)), Ok(budget));
-        assert!(budget.whole - budget.publish >= MIN_RECORD_TIME);
+        let budget = StepBudget { hand_over: S(3), settle: S(7), whole: S(8) };
+        assert_eq!(StepBudget::new(S(9), S(3), S(1)), Ok(budget));
+        assert!(budget.whole - budget.settle >= MIN_RECORD_TIME);
     }
 
     #[test]
-    fn a_lenient_budget_still_leaves_time_to_mark() {
+    fn a_lenient_budget_still_waits_for_the_verdicts_and_leaves_time_to_mark() {
         let budget = StepBudget::lenient(Duration::from_millis(300), Duration::from_millis(1500), S(0));
-        assert_eq!(budget.publish, Duration::from_millis(1500));
-        assert_eq!(budget.whole, Duration::from_millis(2500));
+        assert_eq!(budget.hand_over, Duration::from_millis(1500));
+        assert_eq!(budget.settle, S(4));
+        assert_eq!(budget.whole, S(5));
     }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;

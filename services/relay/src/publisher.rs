@@ -23,14 +23,19 @@ mod producer;
 ///
 /// Contract: `publish` returns `Ok` only after the broker accepted the record at the configured
 /// acknowledgement level. Any rejection, timeout or unknown result is an `Err`, and the caller
-/// must then not mark the event PUBLISHED.
+/// must then not mark the event PUBLISHED. It resolves only once the record can no longer reach
+/// the broker by this publish (confirmed, refused, or given up by the client), so that the caller
+/// may hand the event to another claim; a caller that stops waiting earlier leaves the event to
+/// its lease.
 pub trait Publisher: Send + Sync {
     /// Publishes `event` through producer `lane` (counted modulo [`Publisher::lanes`]) and waits
-    /// for the broker's verdict.
+    /// for the verdict on it. The record is handed to the client before `hand_over_by` or not
+    /// at all (an `Err`).
     fn publish(
         &self,
         event: &ClaimedEvent,
         lane: usize,
+        hand_over_by: tokio::time::Instant,
     ) -> impl Future<Output = Result<Delivery, PublishError>> + Send;
 
     /// Producers this publisher sends through, each with a connection of its own: the relay
@@ -131,7 +136,6 @@ pub struct KafkaPublisher {
     /// relays would (see `docs/design/relay-lease.md`, batches in flight).
     lanes: Vec<RwLock<Arc<ProducerSlot>>>,
     topic: String,
-    delivery_timeout: Duration,
     /// How records carry the CloudEvents attributes.
     mode: CloudEventsMode,
     /// Whether binary-mode records also carry the project's own headers that a `ce_*` header
@@ -204,7 +208,6 @@ impl KafkaPublisher {
             config,
             lanes: vec![RwLock::new(producer)],
             topic: topic.into(),
-            delivery_timeout,
             mode: CloudEventsMode::default(),
             legacy_headers: true,
         })
@@ -327,6 +330,7 @@ impl Publisher for KafkaPublisher {
         &'s self,
         event: &'e ClaimedEvent,
         lane: usize,
+        hand_over_by: tokio::time::Instant,
     ) -> impl Future<Output = Result<Delivery, PublishError>> + Send + use<'s, 'e> {
         // A producer span in the event's own trace; its context travels in `traceparent`, so the
         // consumer continues the same trace.
@@ -373,7 +377,7 @@ impl Publisher for KafkaPublisher {
                         event.aggregate_id.as_bytes(),
                         &record.value,
                         record.headers,
-                        self.delivery_timeout,
+                        hand_over_by,
                     )
                     .instrument(span.clone())
                     .await

@@ -66,12 +66,17 @@ pub struct Settings {
     #[arg(long, global = true, env = "IDEMPOST_RELAY_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub batch_size: u64,
 
-    /// How long a claimed event is leased; it is claimable again after that.
+    /// How long a claimed event is leased; it is claimable again after that. At least twice
+    /// `--delivery-timeout` + 2 s + `--lease-margin` (checked at start): the producer may still
+    /// send a record up to a delivery timeout after the step's hand-over ended.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
 
-    /// Longest the publishing of a batch may take, queue wait included, before a record counts as
-    /// failed (also librdkafka's delivery.timeout.ms).
+    /// Longest a batch's claim and queue wait may take before its records are handed to the
+    /// producer (a batch not handed over by then is released unsent), and librdkafka's
+    /// `delivery.timeout.ms` for each record after it got it. A record handed over is released
+    /// only once the producer gave its verdict; one still without a verdict a second after both
+    /// timeouts is left to its lease.
     #[arg(long, global = true, env = "IDEMPOST_RELAY_DELIVERY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub delivery_timeout: Duration,
 

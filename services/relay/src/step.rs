@@ -17,9 +17,12 @@ pub struct StepReport {
     pub failed: usize,
     /// Outcomes that could not be written (the database failed); their leases will expire.
     pub(crate) unrecorded: usize,
+    /// Handed to the producer without a verdict by the settle deadline: left to their leases.
+    pub(crate) unsettled: usize,
     /// Time spent claiming (the claim transaction).
     pub(crate) claim_time: Duration,
-    /// Time from the end of the claim until every record of the batch was confirmed or failed.
+    /// Time from the end of the claim until every record of the batch had its verdict (or the
+    /// settle deadline passed).
     pub(crate) publish_time: Duration,
     /// Time spent recording the outcomes (the release and the mark statements).
     pub(crate) record_time: Duration,

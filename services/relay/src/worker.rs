@@ -151,8 +151,10 @@ impl<P: Publisher> Relay<P> {
     /// claim's fence. Errs only when the claim itself fails.
     ///
     /// The whole step stays inside the lease minus the margin ([`StepBudget`]): a record not
-    /// confirmed when the publishing time is up counts as failed, and marks and releases not
-    /// done by the end are left unrecorded (their leases expire; the events are published again).
+    /// handed to the producer in time counts as failed, one handed over waits for the
+    /// producer's verdict (a record still without one at the settle deadline is left to its
+    /// lease), and marks and releases not done by the end are left unrecorded (their leases
+    /// expire; the events are published again).
     pub async fn step(&self) -> Result<StepOutcome, DbErr> {
         self.step_of(self.tuning.batch_size, 0).await
     }
@@ -184,17 +186,21 @@ impl<P: Publisher> Relay<P> {
         // process, a starved thread) finds its budget spent and publishes nothing: a late copy
         // of an event that another relay has published since, with the order's later versions
         // after it, would put an old version on the topic after newer ones.
-        let publish_by = started + budget.publish;
-        let sends = self.sends(&claimed, &spans, lane, publish_by, budget.publish);
+        let deadlines = Deadlines {
+            hand_over_by: started + budget.hand_over,
+            settle_by: started + budget.settle,
+            hand_over: budget.hand_over,
+        };
+        let sends = self.sends(&claimed, &spans, lane, &deadlines);
         let publishing = tokio::time::Instant::now();
-        let results = self.in_the_producers_turn(lane, sends, publish_by, budget.publish).await;
+        let results = self.in_the_producers_turn(lane, sends, &deadlines).await;
         report.claim_time = claim_took;
         report.publish_time = publishing.elapsed();
         let mut confirmed = Vec::with_capacity(claimed.len());
         let mut failed = Vec::new();
         for ((event, result), span) in claimed.iter().zip(results).zip(&spans) {
             match result {
-                Ok(delivery) => {
+                Sent::Confirmed(delivery) => {
                     let latency = (Utc::now() - event.created_at).to_std().unwrap_or_default();
                     metrics().publish_latency.record(latency.as_secs_f64(), &[]);
                     if failpoint::hit(failpoint::AFTER_BROKER_CONFIRM_BEFORE_MARK_PUBLISHED).is_err() {
@@ -203,73 +209,92 @@ impl<P: Publisher> Relay<P> {
                     }
                     confirmed.push((event, delivery, span));
                 }
-                Err((error, blame)) => failed.push((event, error, blame, span)),
+                Sent::Failed(error, blame) => failed.push((event, error, blame, span)),
+                Sent::Unsettled => span.in_scope(|| self.unsettled(event, &mut report)),
             }
         }
         let recording = tokio::time::Instant::now();
-        let record_by = recording + budget.whole.saturating_sub(budget.publish);
+        let record_by = started + budget.whole;
         self.release_failed(&failed, record_by, &mut report).await;
         self.mark_confirmed(&confirmed, record_by, &mut report).await;
         report.record_time = recording.elapsed();
         Ok(StepOutcome::Worked(report))
     }
 
-    /// One send per event, each bounded by `publish_by`, not yet started. Sends are queued in
-    /// claim order, so one key's records keep their order on the partition; the confirmations
-    /// are awaited together. Every record is built here, before the producer's turn, so that the
-    /// turn hands librdkafka the whole batch in one burst.
+    /// One send per event, not yet started, each waiting for its verdict until the settle
+    /// deadline. Sends are queued in claim order, so one key's records keep their order on the
+    /// partition; the verdicts are awaited together. Every record is built here, before the
+    /// producer's turn, so that the turn hands librdkafka the whole batch in one burst.
     fn sends<'a>(
         &'a self,
         claimed: &'a [ClaimedEvent],
         spans: &'a [Span],
         lane: usize,
-        publish_by: tokio::time::Instant,
-        publish_budget: Duration,
+        deadlines: &Deadlines,
     ) -> Vec<impl Future<Output = Sent> + 'a> {
+        let Deadlines { hand_over_by, settle_by, .. } = *deadlines;
         claimed
             .iter()
             .zip(spans)
-            .map(|(event, span)| {
-                let publish = span.in_scope(|| self.publisher.publish(event, lane)).instrument(span.clone());
+            .map(move |(event, span)| {
+                let publish = span
+                    .in_scope(|| self.publisher.publish(event, lane, hand_over_by))
+                    .instrument(span.clone());
                 async move {
-                    match tokio::time::timeout_at(publish_by, publish).await {
-                        Ok(sent) => sent.map_err(|e| {
+                    match tokio::time::timeout_at(settle_by, publish).await {
+                        Ok(Ok(delivery)) => Sent::Confirmed(delivery),
+                        Ok(Err(e)) => {
                             let blame = if e.broker_unavailable() { Blame::Broker } else { Blame::Event };
-                            (e.to_string(), blame)
-                        }),
-                        // Nothing came back in time: the broker, not this record, is slow or away.
-                        Err(_) => Err(not_confirmed(publish_budget)),
+                            Sent::Failed(e.to_string(), blame)
+                        }
+                        Err(_) => Sent::Unsettled,
                     }
                 }
             })
             .collect()
     }
 
-    /// Runs `sends` together once producer `lane` is free (see [`BATCHES_IN_THE_PRODUCER`]). Waiting for the producer's turn is queue wait: inside the
-    /// publishing budget. The semaphore is never closed, so an error cannot happen; a missed
-    /// deadline fails the batch as a timed-out send would.
+    /// Runs `sends` together once producer `lane` is free (see [`BATCHES_IN_THE_PRODUCER`]),
+    /// and holds the turn until every verdict is in or the settle deadline passed, so that the
+    /// next batch never queues behind records of this one. Waiting for the turn is queue wait:
+    /// a batch whose turn comes after the hand-over deadline is handed nothing and fails as a
+    /// whole (never sent, so released at once). The semaphore is never closed.
     async fn in_the_producers_turn(
         &self,
         lane: usize,
         sends: Vec<impl Future<Output = Sent>>,
-        publish_by: tokio::time::Instant,
-        publish_budget: Duration,
+        deadlines: &Deadlines,
     ) -> Vec<Sent> {
+        let hand_over_by = deadlines.hand_over_by;
         match tokio::time::timeout_at(
-            publish_by,
+            hand_over_by,
             self.producer_turns[lane % self.producer_turns.len()].acquire(),
         )
         .await
         {
-            // Checked here, not left to the sends' timeouts: those poll each send once, which
-            // hands its record to librdkafka, before they look at the clock.
-            Ok(turn) if tokio::time::Instant::now() < publish_by => {
+            // Checked here, not left to the sends: their first poll hands each record to
+            // librdkafka.
+            Ok(turn) if tokio::time::Instant::now() < hand_over_by => {
                 let results = join_all(sends).await;
                 drop(turn);
                 results
             }
-            _ => sends.iter().map(|_| Err(not_confirmed(publish_budget))).collect(),
+            _ => sends.iter().map(|_| not_handed_over(deadlines.hand_over)).collect(),
         }
+    }
+
+    /// A record handed to the producer that has no verdict at the settle deadline: librdkafka
+    /// may still send it, so releasing it could let another claim publish it and its order's
+    /// later versions before this copy lands. Left leased; the lease ends after librdkafka has
+    /// given up on it.
+    fn unsettled(&self, event: &ClaimedEvent, report: &mut StepReport) {
+        report.unsettled += 1;
+        tracing::warn!(
+            idempost.event_id = %event.event_id,
+            lease_owner = %event.lease_token,
+            "no verdict from the producer by the settle deadline; left to its lease, not released, \
+             since the record may still reach the broker"
+        );
     }
 
     /// Failed events go back in one statement, each row under its own claim fence.
@@ -573,7 +598,10 @@ fn failed_in_a_row(before: u32, step: &Result<StepOutcome, DbErr>) -> u32 {
     match step {
         Ok(StepOutcome::Worked(report)) if report.published > 0 => 0,
         Ok(StepOutcome::Worked(report))
-            if report.claimed > 0 && report.lease_lost == 0 && report.unrecorded == 0 =>
+            if report.claimed > 0
+                && report.lease_lost == 0
+                && report.unrecorded == 0
+                && report.unsettled == 0 =>
         {
             before + 1
         }
@@ -581,13 +609,36 @@ fn failed_in_a_row(before: u32, step: &Result<StepOutcome, DbErr>) -> u32 {
     }
 }
 
-/// A send's answer: where the broker put the record, or why not and whom that is blamed on.
-type Sent = Result<Delivery, (String, Blame)>;
+/// What became of one record of a step.
+#[derive(Debug)]
+enum Sent {
+    /// Where the broker put it.
+    Confirmed(Delivery),
+    /// Why it was not published, and whom that is blamed on; it can no longer reach the broker
+    /// by this step.
+    Failed(String, Blame),
+    /// Handed to the producer, with no verdict by the settle deadline.
+    Unsettled,
+}
 
-/// A publish that got no verdict within the step's publishing budget: the broker, not the
-/// record, is slow or away.
-fn not_confirmed(budget: Duration) -> (String, Blame) {
-    (format!("not confirmed within the delivery timeout ({budget:?}, queue wait included)"), Blame::Broker)
+/// The deadlines of one step's publishing ([`StepBudget`], counted from before the claim).
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    hand_over_by: tokio::time::Instant,
+    settle_by: tokio::time::Instant,
+    /// The hand-over budget, for the error of a batch not handed over.
+    hand_over: Duration,
+}
+
+/// A batch whose producer's turn came too late: none of it was sent, and the broker (busy with
+/// the batches before it), not the record, is slow.
+fn not_handed_over(budget: Duration) -> Sent {
+    Sent::Failed(
+        format!(
+            "not handed to the producer within the delivery timeout ({budget:?}, claim and queue wait included)"
+        ),
+        Blame::Broker,
+    )
 }
 
 /// `write` unless `deadline` passes first: a step never acts on its events after its budget.

@@ -127,7 +127,7 @@ impl<'a> Fleet<'a> {
                 // A delivery timeout far beyond a broker restart: a send of an idempotent producer
                 // that times out bumps its epoch, and Tansu 0.6 then fails every client until it is
                 // restarted (tansu-storage lite.rs:503). The lease must outlast it.
-                "--lease=14s",
+                "--lease=24s",
                 "--delivery-timeout=10s",
                 "--lease-margin=2s",
                 "--max-idle-poll=100ms",

@@ -87,7 +87,7 @@ impl Run<'_> {
             // idempotent send it bumps the producer epoch, and Tansu 0.6 then panics on every
             // later produce of that producer (tansu-storage lite.rs:503, "more or less than one
             // row"), answering UNKNOWN_SERVER_ERROR until the relay restarts.
-            "--lease=5s".into(),
+            "--lease=9s".into(),
             "--delivery-timeout=3s".into(),
             "--lease-margin=1s".into(),
             "--max-idle-poll=100ms".into(),

@@ -77,16 +77,15 @@ impl ConfirmingProducer {
 
     /// Enqueues a record and resolves with the broker's verdict on it (or librdkafka's, when it
     /// gave up: `delivery.timeout.ms`, a purge). A record refused for a full local queue is
-    /// offered again for up to `queue_timeout`.
+    /// offered again until `queue_by`, never after it.
     pub(super) async fn send(
         &self,
         topic: &str,
         key: &[u8],
         payload: &[u8],
         headers: OwnedHeaders,
-        queue_timeout: Duration,
+        queue_by: tokio::time::Instant,
     ) -> Report {
-        let queue_by = tokio::time::Instant::now() + queue_timeout;
         let (answer, verdict) = oneshot::channel();
         let mut record =
             BaseRecord::with_opaque_to(topic, Box::new(answer)).key(key).payload(payload).headers(headers);

@@ -24,6 +24,8 @@ enum Answer {
     Unreachable,
     /// Never answers.
     Hang,
+    /// Confirms after this long.
+    Late(Duration),
 }
 
 /// A publisher that answers from a script (default: confirm) and remembers what it was sent.
@@ -55,7 +57,12 @@ impl Publisher for &FakeBroker {
         self.lanes.max(1)
     }
 
-    async fn publish(&self, event: &ClaimedEvent, _lane: usize) -> Result<Delivery, PublishError> {
+    async fn publish(
+        &self,
+        event: &ClaimedEvent,
+        _lane: usize,
+        _hand_over_by: tokio::time::Instant,
+    ) -> Result<Delivery, PublishError> {
         let offset = {
             let mut sent = self.sent.lock().unwrap();
             sent.push(event.event_id.clone());
@@ -83,6 +90,10 @@ impl Publisher for &FakeBroker {
             Answer::Refuse => refused(RDKafkaErrorCode::MessageSizeTooLarge),
             Answer::Unreachable => refused(RDKafkaErrorCode::AllBrokersDown),
             Answer::Hang => std::future::pending().await,
+            Answer::Late(after) => {
+                tokio::time::sleep(after).await;
+                Ok(Delivery { topic: "fake".into(), partition: 0, offset })
+            }
         }
     }
 }
@@ -204,7 +215,27 @@ async fn a_refused_record_spends_its_attempts_and_ends_failed_while_the_rest_of_
 }
 
 #[tokio::test]
-async fn a_record_not_confirmed_within_the_publish_budget_is_released_as_the_brokers_fault() {
+async fn a_record_confirmed_after_the_hand_over_deadline_is_still_marked_not_released() {
+    // Released at the hand-over deadline, as it once was, the event went back to PENDING while
+    // the producer still held its record: another claim could publish it and the order's next
+    // versions, and this record then landed behind them.
+    let (outbox, _dir) = outbox().await;
+    let ids = seed(outbox.connection(), 2).await;
+    let broker = FakeBroker::default();
+    broker.answer(&ids[0], Answer::Late(Duration::from_millis(500)));
+    let tuning = Tuning { delivery_timeout: Duration::from_millis(300), ..tuning(1) };
+    let relay = Relay::new(outbox.clone(), &broker, tuning);
+
+    let report = worked(relay.step().await.unwrap());
+
+    assert_eq!((report.published, report.released, report.unsettled), (2, 0, 0));
+    let states = states(outbox.connection()).await;
+    assert_eq!(states[&ids[0]].0, "PUBLISHED");
+    assert_eq!(broker.sent().iter().filter(|id| **id == ids[0]).count(), 1, "sent once");
+}
+
+#[tokio::test]
+async fn a_record_without_a_verdict_by_the_settle_deadline_is_left_to_its_lease() {
     let (outbox, _dir) = outbox().await;
     let ids = seed(outbox.connection(), 2).await;
     let broker = FakeBroker::default();
@@ -212,12 +243,38 @@ async fn a_record_not_confirmed_within_the_publish_budget_is_released_as_the_bro
     let tuning = Tuning { delivery_timeout: Duration::from_millis(300), ..tuning(1) };
     let relay = Relay::new(outbox.clone(), &broker, tuning);
 
+    let started = tokio::time::Instant::now();
     let report = worked(relay.step().await.unwrap());
 
-    assert_eq!((report.published, report.released, report.failed), (1, 1, 0));
+    // Settle deadline: the hand-over (300 ms), the producer's own timeout (300 ms) and the slack.
+    assert!(started.elapsed() >= Duration::from_millis(1600), "{:?}", started.elapsed());
+    assert_eq!((report.published, report.released, report.unsettled), (1, 0, 1));
     let states = states(outbox.connection()).await;
-    assert_eq!(states[&ids[0]], ("PENDING".to_owned(), 0), "released, no attempt spent");
+    assert_eq!(states[&ids[0]], ("PUBLISHING".to_owned(), 1), "still leased by this claim");
     assert_eq!(states[&ids[1]].0, "PUBLISHED");
+    assert_eq!(relay.step().await.unwrap(), StepOutcome::Idle, "not claimable before its lease ends");
+}
+
+#[tokio::test]
+async fn a_batch_whose_producer_turn_comes_too_late_is_released_unsent_as_the_brokers_fault() {
+    let (outbox, _dir) = outbox().await;
+    let ids = seed(outbox.connection(), 2).await;
+    let broker = FakeBroker::default();
+    let tuning = Tuning { delivery_timeout: Duration::from_millis(300), ..tuning(1) };
+    let relay = Relay::new(outbox.clone(), &broker, tuning);
+    // Another batch holds the producer's only turn past this step's hand-over deadline.
+    let held = relay.producer_turns[0].acquire().await.unwrap();
+
+    let report = worked(relay.step().await.unwrap());
+    drop(held);
+
+    assert_eq!((report.published, report.released, report.unsettled), (0, 2, 0));
+    assert!(broker.sent().is_empty(), "nothing was handed over");
+    let states = states(outbox.connection()).await;
+    assert!(
+        ids.iter().all(|id| states[id] == ("PENDING".to_owned(), 0)),
+        "released, no attempt spent: {states:?}"
+    );
 }
 
 /// Two loops step at once over 6 events in batches of 3, every publish held until both batches

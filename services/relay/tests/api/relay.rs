@@ -770,7 +770,7 @@ async fn while_the_broker_is_unreachable_nothing_is_published_and_no_attempt_is_
     let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     // Long enough for a first publish to a freshly started broker on a loaded machine.
     settings.delivery_timeout = Duration::from_secs(2);
-    settings.lease = Duration::from_secs(4);
+    settings.lease = Duration::from_secs(7);
     settings.lease_margin = Duration::from_secs(1);
     // One attempt allowed: were an unreachable broker to spend attempts, the first failure
     // would end the event FAILED. It must not, however long the outage lasts.
@@ -854,7 +854,7 @@ async fn an_event_that_keeps_failing_ends_failed_and_redrive_returns_it(backend:
         .unwrap();
     let mut settings = relay_settings(&app.db.url, &broker.address(), &topic);
     settings.delivery_timeout = Duration::from_millis(500);
-    settings.lease = Duration::from_secs(2);
+    settings.lease = Duration::from_secs(4);
     settings.lease_margin = Duration::from_millis(500);
     settings.max_attempts = 2;
     let mut refusing = settings.clone();
