@@ -131,6 +131,9 @@ pub struct Record {
     pub partition: i32,
     /// Its offset in the partition.
     pub offset: i64,
+    /// Its timestamp in milliseconds since the epoch, when it has one: for a relay's record,
+    /// when librdkafka was handed it.
+    pub timestamp_ms: Option<i64>,
 }
 
 impl Record {
@@ -205,6 +208,7 @@ fn read_topic_blocking(
                 headers,
                 partition: message.partition(),
                 offset: message.offset(),
+                timestamp_ms: message.timestamp().to_millis(),
             });
         }
         if settle_until.is_none() && records.len() >= at_least {

@@ -224,19 +224,29 @@ async fn assert_delivered_in_order(
         panic!("not every event was published within {SLOW_WAIT:?}; unpublished: {left:?}");
     }
     let records = read_topic(broker, topic, events as usize, SLOW_WAIT, Duration::from_millis(1500)).await;
-    let mut by_order: BTreeMap<i64, Vec<(i32, i64, i64)>> = BTreeMap::new();
+    let mut by_order: BTreeMap<i64, Vec<(i32, i64, i64, &str, Option<i64>)>> = BTreeMap::new();
     for record in &records {
         let order_id: i64 = record.header("aggregate_id").parse().unwrap();
         let version: i64 = record.header("event_version").parse().unwrap();
-        by_order.entry(order_id).or_default().push((record.partition, record.offset, version));
+        by_order.entry(order_id).or_default().push((
+            record.partition,
+            record.offset,
+            version,
+            record.header("event_id"),
+            record.timestamp_ms,
+        ));
     }
     assert_eq!(by_order.len(), ids.len(), "every order reached the topic");
     for (order_id, seen) in &mut by_order {
         seen.sort();
         let versions: Vec<i64> = seen.iter().map(|s| s.2).collect();
+        // Every record of the order (partition, offset, version, event id, when librdkafka got
+        // it) and the outbox's rows, so that a failure says which copy came late and from where.
         assert!(
             versions.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1) && versions.first() == Some(&1),
-            "order {order_id}'s versions on the topic are out of order: {versions:?}"
+            "order {order_id}'s versions on the topic are out of order: {versions:?}\nrecords: {seen:#?}\n\
+             outbox: {:#?}",
+            outbox_rows(&app.conn, *order_id).await
         );
     }
 
@@ -255,6 +265,18 @@ async fn assert_delivered_in_order(
         model == want
     })
     .await;
+}
+
+/// The outbox rows of order `order_id`: version, event id, status, lease owner, attempts,
+/// partition and offset.
+async fn outbox_rows(conn: &sea_orm::DatabaseConnection, order_id: i64) -> Vec<String> {
+    let sql = format!(
+        "SELECT CONCAT_WS(' ', event_version, event_id, status, IFNULL(lease_owner, '-'), attempts, \
+         IFNULL(published_partition, '-'), IFNULL(published_offset, '-'), IFNULL(last_error, '')) \
+         FROM outbox_event WHERE aggregate_id = '{order_id}' ORDER BY event_version"
+    );
+    let rows = conn.query_all_raw(Statement::from_string(DbBackend::MySql, sql)).await.unwrap();
+    rows.iter().map(|r| r.try_get_by_index(0).unwrap()).collect()
 }
 
 /// The journey across the cluster: the order service on node 0, relays on nodes 1 and 2, the
