@@ -3,6 +3,7 @@
 //! processes and a real broker (Tansu 0.6), a fresh PostgreSQL database per shard, a fresh topic,
 //! control topic and group per test.
 
+mod cleanup;
 mod dead_relay;
 mod kit;
 

@@ -179,6 +179,11 @@ impl Relay {
         gauges_of_shards(&text, "idempost_outbox_claimable").into_keys().collect()
     }
 
+    /// Gauge `name`'s value per shard (`idempost_shard`) in a scrape.
+    pub async fn gauges(&self, name: &str) -> BTreeMap<String, f64> {
+        gauges_of_shards(&scrape(self.metrics).await, name)
+    }
+
     /// Whether its health endpoint reports SERVING (`Some(false)`: NOT_SERVING).
     pub async fn serving_health(&self) -> Option<bool> {
         // 1 is SERVING and 2 NOT_SERVING in grpc.health.v1.
