@@ -230,7 +230,7 @@ async fn until_stopped(
 }
 
 /// The operator's redrive: returns a FAILED event to PENDING.
-pub async fn redrive(
+pub(crate) async fn redrive(
     settings: &Settings,
     event_id: &str,
     audit: &RedriveAudit,

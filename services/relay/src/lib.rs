@@ -13,17 +13,19 @@ mod health;
 mod lease;
 mod outbox;
 mod publisher;
+mod redrive;
 mod settings;
 mod step;
 mod worker;
 
-pub use application::{Application, StartupError, redrive};
+pub use application::{Application, StartupError};
 pub use fleet::FleetError;
 pub use lease::{LeaseToken, WorkerId};
 pub use outbox::{
     Blame, ClaimWindow, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy, Swept, open_outbox,
 };
 pub use publisher::{CloudEventsMode, KafkaPublisher, ProducerConfigError, PublishError, Publisher};
+pub use redrive::{RedriveError, Redriven, redrive};
 pub use settings::{Command, Settings};
 pub use step::{StepOutcome, StepReport};
 pub use worker::{PublisherFailed, Relay, Tuning};

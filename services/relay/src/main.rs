@@ -39,12 +39,17 @@ async fn run(settings: Settings, mut signals: shutdown::Signals) -> Result<(), r
 }
 
 async fn redrive(settings: &Settings, event_id: &str, audit: &RedriveAudit) -> Result<(), String> {
-    match relay::redrive(settings, event_id, audit).await.map_err(|e| e.to_string())? {
+    let found = relay::redrive(settings, event_id, audit).await.map_err(|e| e.to_string())?;
+    let on = found.shard.map(|shard| format!(" (shard {shard})")).unwrap_or_default();
+    match found.outcome {
         Redrive::Redriven => {
-            println!("{event_id}: FAILED -> PENDING");
+            println!("{event_id}: FAILED -> PENDING{on}");
             Ok(())
         }
-        Redrive::NotFailed(status) => Err(format!("{event_id} is {}, not FAILED", status.as_str())),
+        Redrive::NotFailed(status) => Err(format!("{event_id} is {}, not FAILED{on}", status.as_str())),
+        Redrive::NotFound if settings.shard_map_file.is_some() => {
+            Err(format!("no outbox event {event_id} on any shard of the map"))
+        }
         Redrive::NotFound => Err(format!("no outbox event {event_id}")),
     }
 }

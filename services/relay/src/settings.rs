@@ -24,10 +24,11 @@ pub struct Settings {
     pub database: DatabaseSettings,
 
     /// Shard map (JSON, the order service's): one relay fleet serves every shard of it, each
-    /// shard relayed by the one relay its partition of `--control-topic` is assigned to; instead
-    /// of `--database-url`. SIGHUP rereads it. Format and rules: the operations guide's "Shards"
-    /// section.
-    #[arg(long, global = true, env = "IDEMPOST_SHARD_MAP_FILE", conflicts_with_all = ["database_url", "database_url_file"], requires = "control_topic")]
+    /// shard relayed by the one relay its partition of `--control-topic` (required to run) is
+    /// assigned to; instead of `--database-url`. SIGHUP rereads it. `redrive` looks for the event
+    /// on every shard of it and redrives it on the one that holds it. Format and rules: the
+    /// operations guide's "Shards" section.
+    #[arg(long, global = true, env = "IDEMPOST_SHARD_MAP_FILE", conflicts_with_all = ["database_url", "database_url_file"])]
     pub shard_map_file: Option<std::path::PathBuf>,
 
     /// With `--shard-map-file`: the fleet's control topic, created by the operator with one
@@ -188,7 +189,9 @@ pub enum Command {
     /// Run the relay until SIGTERM (the default).
     Run,
     /// Return a FAILED event to PENDING with its attempts reset; recorded on the row and in the
-    /// admin audit (`idempostctl audit`).
+    /// admin audit (`idempostctl audit`). With `--shard-map-file`, on the one shard of the map
+    /// that holds the event: every shard is asked first, and an event no shard holds, or that
+    /// more than one holds, or that a shard cannot be asked about, is refused.
     Redrive {
         /// The event's id.
         event_id: String,

@@ -6,6 +6,7 @@
 mod cleanup;
 mod dead_relay;
 mod kit;
+mod redrive;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
