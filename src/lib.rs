@@ -15,6 +15,7 @@ pub mod domain;
 pub mod edge;
 pub mod entity;
 pub mod failpoint;
+pub mod hangup;
 pub mod kafka;
 pub mod secret;
 pub mod security;

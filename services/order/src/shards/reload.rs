@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use sea_orm::{EntityTrait, QuerySelect};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -108,19 +107,10 @@ async fn no_orders_left_behind(running: &Routing, newer: &ShardMap) -> Result<()
 /// that arrive during a reload are taken once it is done. Listens from this call on (not from
 /// the task's first run), so a SIGHUP sent once the service answers calls is never the default
 /// action's, which would end the process.
-pub(crate) fn watch_hangup(shards: Shards, mut stopped: watch::Receiver<bool>) -> JoinHandle<()> {
-    let hangups = signal(SignalKind::hangup());
-    tokio::spawn(async move {
-        let Ok(mut hangups) = hangups else {
-            tracing::warn!("cannot listen for SIGHUP: the shard map is read at start-up only");
-            return;
-        };
-        loop {
-            tokio::select! {
-                Some(()) = hangups.recv() => reload_logged(&shards).await,
-                changed = stopped.changed() => if changed.is_err() || *stopped.borrow() { return },
-            }
-        }
+pub(crate) fn watch_hangup(shards: Shards, stopped: watch::Receiver<bool>) -> JoinHandle<()> {
+    idempost::hangup::every_hangup("the shard map", stopped, move || {
+        let shards = shards.clone();
+        async move { reload_logged(&shards).await }
     })
 }
 

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -29,21 +28,18 @@ pub(super) fn watch_hangup(
     path: PathBuf,
     membership: Membership,
     map: watch::Sender<Arc<ShardMap>>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let hangups = signal(SignalKind::hangup());
-    tokio::spawn(async move {
-        let Ok(mut hangups) = hangups else {
-            tracing::warn!("cannot listen for SIGHUP: the shard map is read at start-up only");
-            return;
-        };
-        loop {
-            tokio::select! {
-                Some(()) = hangups.recv() => match reload(&path, &membership, &map).await {
-                    Ok(shards) => tracing::info!(shards, "SIGHUP: shard map reloaded"),
-                    Err(e) => tracing::error!(error = %e, "SIGHUP: the shard map was not reloaded; the running map stays"),
-                },
-                () = super::stopped(&mut stop) => return,
+    let fleet = Arc::new((path, membership, map));
+    idempost::hangup::every_hangup("the shard map", stop, move || {
+        let fleet = Arc::clone(&fleet);
+        async move {
+            let (path, membership, map) = &*fleet;
+            match reload(path, membership, map).await {
+                Ok(shards) => tracing::info!(shards, "SIGHUP: shard map reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: the shard map was not reloaded; the running map stays")
+                }
             }
         }
     })
