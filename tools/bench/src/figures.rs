@@ -3,6 +3,7 @@
 use crate::measure::Percentiles;
 use crate::observe::Waits;
 use crate::phases::{RelayPhases, Stages};
+use crate::plan::Phase;
 use crate::timings::Bunching;
 
 /// A throughput with its latencies.
@@ -61,6 +62,9 @@ impl ServiceUse {
 /// Everything one run measured.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Figures {
+    /// The phases that ran: the report has sections for these only (a phase that did not run
+    /// leaves its figures at zero, which are not measurements).
+    pub(crate) ran: Vec<Phase>,
     pub(crate) machine: Vec<(String, String)>,
     pub(crate) raw_commit: Vec<Point>,
     pub(crate) raw_produce: f64,
@@ -100,6 +104,13 @@ pub(crate) struct Figures {
     pub(crate) services: Vec<ServiceUse>,
     pub(crate) waits: Vec<Waits>,
     pub(crate) notes: Vec<String>,
+}
+
+impl Figures {
+    /// Whether `phase` ran.
+    pub(crate) fn ran(&self, phase: Phase) -> bool {
+        self.ran.contains(&phase)
+    }
 }
 
 /// SubmitOrder at one concurrency with group commit on or off.

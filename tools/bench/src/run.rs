@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum as _;
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
 use crate::child::{Service, Usage};
@@ -177,6 +178,9 @@ impl Run<'_> {
         if plan.runs(Phase::Shards) {
             self.figures.shards = Some(crate::shards::run(plan).await?);
         }
+        // Every phase planned ran: one that fails ends the run without a report.
+        self.figures.ran =
+            Phase::value_variants().iter().copied().filter(|&phase| plan.runs(phase)).collect();
         Ok(())
     }
 
