@@ -224,7 +224,9 @@ async fn assert_delivered_in_order(
         panic!("not every event was published within {SLOW_WAIT:?}; unpublished: {left:?}");
     }
     let records = read_topic(broker, topic, events as usize, SLOW_WAIT, Duration::from_millis(1500)).await;
-    let mut by_order: BTreeMap<i64, Vec<(i32, i64, i64, &str, Option<i64>)>> = BTreeMap::new();
+    // (partition, offset, version, event id, timestamp) of each record, by order.
+    type Seen<'r> = Vec<(i32, i64, i64, &'r str, Option<i64>)>;
+    let mut by_order: BTreeMap<i64, Seen<'_>> = BTreeMap::new();
     for record in &records {
         let order_id: i64 = record.header("aggregate_id").parse().unwrap();
         let version: i64 = record.header("event_version").parse().unwrap();
