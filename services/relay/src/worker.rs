@@ -11,7 +11,7 @@ use sea_orm::DbErr;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{Instrument as _, Span};
 
-use super::budget::{AdaptiveBatch, StepBudget};
+use super::budget::{AdaptiveBatch, MIN_RECORD_TIME, StepBudget};
 use super::health::Vitals;
 use super::lease::WorkerId;
 use super::outbox::{Blame, ClaimedEvent, Delivery, Fenced, Outbox, Released, RetryPolicy};
@@ -214,7 +214,10 @@ impl<P: Publisher> Relay<P> {
             }
         }
         let recording = tokio::time::Instant::now();
-        let record_by = started + budget.whole;
+        // The rest of `lease - margin`, but never less than the least time to record: a step
+        // stalled past its budget (a paused process) still writes its outcomes, each fenced by
+        // its claim, so a late one changes nothing once another claim holds the event.
+        let record_by = (started + budget.whole).max(recording + MIN_RECORD_TIME);
         self.release_failed(&failed, record_by, &mut report).await;
         self.mark_confirmed(&confirmed, record_by, &mut report).await;
         report.record_time = recording.elapsed();
