@@ -35,3 +35,19 @@ pub(crate) async fn report_backlog(
         }
     }
 }
+
+/// Sets a shard's backlog and claimable gauges to 0 once this relay no longer serves it and its
+/// samplers have ended: a gauge keeps its last value for as long as the process exports it, so
+/// the FAILED count or the claimable age this relay last saw would otherwise stand beside the
+/// new owner's readings, and alerts that take the maximum over the fleet would keep firing
+/// after the new owner saw the backlog drain or the event redriven.
+pub(crate) fn given_back(attributes: &[opentelemetry::KeyValue]) {
+    for status in idempost::backlog::NEEDS_ATTENTION {
+        let mut labels = attributes.to_vec();
+        labels.push(opentelemetry::KeyValue::new("idempost.outbox.status", status.as_str()));
+        metrics().outbox_backlog.record(0, &labels);
+    }
+    metrics().outbox_oldest_pending_age.record(0.0, attributes);
+    metrics().outbox_claimable.record(0, attributes);
+    metrics().outbox_oldest_claimable_age.record(0.0, attributes);
+}

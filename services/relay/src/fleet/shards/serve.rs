@@ -1,5 +1,5 @@
 //! One shard, served: its pool opened, its relay's step loops run until it is stopped, its
-//! gauges reported under its name (the cleanup gauges set to 0 once it stops), its pool closed.
+//! gauges reported under its name (and set to 0 once it stops), its pool closed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use opentelemetry::KeyValue;
 use tokio::sync::{mpsc, watch};
 
-use super::super::super::backlog::report_backlog;
+use super::super::super::backlog::{self, report_backlog};
 use super::super::super::cleanup;
 use super::super::super::outbox::open_outbox;
 use super::super::super::outbox::{ClaimWindow, Outbox};
@@ -45,19 +45,25 @@ pub(super) async fn shard(
     let (wake, vitals) = (relay.wake_handle(), relay.vitals());
     live.insert(name.clone(), Live { wake, vitals, outbox: outbox.clone() });
     let attrs = vec![KeyValue::new("idempost.shard", name.clone())];
-    tokio::spawn(report_backlog(outbox.clone(), attrs.clone(), stop.clone()));
-    tokio::spawn(service::report_claimable_as(outbox.connection().clone(), attrs.clone(), stop.clone()));
-    let sampling = tokio::spawn(cleanup::report_as(outbox.connection().clone(), attrs.clone(), stop.clone()));
+    let samplers = [
+        tokio::spawn(report_backlog(outbox.clone(), attrs.clone(), stop.clone())),
+        tokio::spawn(service::report_claimable_as(outbox.connection().clone(), attrs.clone(), stop.clone())),
+        tokio::spawn(cleanup::report_as(outbox.connection().clone(), attrs.clone(), stop.clone())),
+    ];
     tracing::info!(shard = %name, lease_owner = %relay.owner(), "shard served");
     // As one relay's loops (see `Application::run_until_stopped`): disjoint claims, each mark
     // and release fenced by its own claim's token.
     let loops = (0..serving.workers.max(1)).map(|_| relay.run(stop.clone()));
     let outcome = futures::future::try_join_all(loops).await;
     live.remove(&name);
-    // Ended before the gauges are zeroed, so that no sample still in flight comes after.
-    sampling.abort();
-    let _ = sampling.await;
+    // Ended before the gauges are zeroed, so that no sample still in flight comes after (and
+    // ended even when the loops stopped for a failed publisher rather than for `stop`).
+    for sampler in samplers {
+        sampler.abort();
+        let _ = sampler.await;
+    }
     cleanup::given_back(&attrs);
+    backlog::given_back(&attrs);
     if let Err(failed) = outcome {
         let _ = fatal.send(failed).await;
     }

@@ -184,6 +184,17 @@ impl Relay {
         gauges_of_shards(&scrape(self.metrics).await, name)
     }
 
+    /// Its FAILED backlog gauge (`idempost_outbox_backlog` with status FAILED) per shard.
+    pub async fn failed_backlog(&self) -> BTreeMap<String, f64> {
+        let text = scrape(self.metrics).await;
+        let failed: String = text
+            .lines()
+            .filter(|line| line.contains("idempost_outbox_status=\"FAILED\""))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        gauges_of_shards(&failed, "idempost_outbox_backlog")
+    }
+
     /// Whether its health endpoint reports SERVING (`Some(false)`: NOT_SERVING).
     pub async fn serving_health(&self) -> Option<bool> {
         // 1 is SERVING and 2 NOT_SERVING in grpc.health.v1.
