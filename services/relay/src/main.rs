@@ -16,25 +16,28 @@ async fn main() -> ExitCode {
         telemetry.shutdown();
         return startup::fail("idempost-relay", refused);
     }
+    // Every future main awaits is boxed: nested inline, their state machines (a fleet's shards,
+    // the samplers, the control topic's consumer, a redrive over every shard) are deeper than a
+    // release build computes a layout through (`queries overflow the depth limit`).
     let outcome = match &settings.command {
         Some(Command::Redrive { event_id, reason, requested_by }) => {
             let audit = RedriveAudit { requested_by: requested_by.clone(), reason: reason.clone() };
-            match signals.unless_stopped(redrive(&settings, event_id, &audit)).await {
+            match signals.unless_stopped(Box::pin(redrive(&settings, event_id, &audit))).await {
                 Some(outcome) => outcome,
                 None => Err(format!("interrupted: {event_id} may or may not have been redriven")),
             }
         }
-        Some(Command::Run) | None => run(settings, signals).await.map_err(|e| e.to_string()),
+        Some(Command::Run) | None => Box::pin(run(settings, signals)).await.map_err(|e| e.to_string()),
     };
     telemetry.shutdown();
     startup::exit("idempost-relay", outcome)
 }
 
 async fn run(settings: Settings, mut signals: shutdown::Signals) -> Result<(), relay::StartupError> {
-    match signals.unless_stopped(Application::build(settings)).await {
+    match signals.unless_stopped(Box::pin(Application::build(settings))).await {
         // Stopped while starting: nothing was taken, so there is nothing to drain.
         None => Ok(()),
-        Some(built) => built?.run_until_stopped(signals.recv()).await,
+        Some(built) => Box::pin(built?.run_until_stopped(signals.recv())).await,
     }
 }
 
