@@ -77,7 +77,7 @@ async fn relay_loop(
 ) -> Result<(), BenchError> {
     while !*stop.borrow() {
         let token = raw::claim_token();
-        let claimed = raw::claim(db, &token, BATCH).await?;
+        let claimed = again_on_conflict("claim", || raw::claim(db, &token, BATCH)).await?;
         if claimed.is_empty() {
             tokio::time::sleep(EMPTY_POLL).await;
             continue;
@@ -98,10 +98,32 @@ async fn relay_loop(
             .collect();
         marks.sort();
         if !marks.is_empty() {
-            raw::mark_all(db, &marks, &token).await?;
+            again_on_conflict("mark", || raw::mark_all(db, &marks, &token)).await?;
         }
     }
     Ok(())
+}
+
+/// Runs `attempt` again for as long as the database ends it as a lock conflict, as any
+/// hand-written relay does: on MariaDB the two loops' locking reads of one index range can
+/// deadlock (1213), and the server rolled the victim back, so its claim (or its mark, fenced
+/// by the claim's token) may simply run again. Each conflict is written to the role's log.
+async fn again_on_conflict<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, sea_orm::DbErr>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sea_orm::DbErr>>,
+{
+    let mut retry = 0;
+    loop {
+        match attempt().await {
+            Err(e) if let Some(conflict) = idempost::db::lock_conflict(&e) => {
+                retry += 1;
+                eprintln!("raw relay: {what} ended by a {}, running it again ({e})", conflict.as_str());
+                tokio::time::sleep(idempost::db::LockConflict::backoff(retry)).await;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 async fn consumer(
