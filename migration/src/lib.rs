@@ -22,6 +22,7 @@ mod m20261206_000003_consumer_names_exact;
 mod m20261206_000004_admin_audit;
 mod m20261206_000005_instance_lease;
 mod m20261206_000006_successor_version;
+mod m20261207_000001_ready_descending;
 pub mod order_ids;
 
 /// Every migration Idempost knows, oldest first.
@@ -47,6 +48,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000004_admin_audit::Migration),
             Box::new(m20261206_000005_instance_lease::Migration),
             Box::new(m20261206_000006_successor_version::Migration),
+            Box::new(m20261207_000001_ready_descending::Migration),
         ]
     }
 }

@@ -110,6 +110,15 @@ impl TestDb {
     }
 }
 
+/// Takes the schema on `conn` back to just before migration `name`, whatever came after it: the
+/// database as a deployment that had not run it yet left it.
+pub async fn migrate_back_before(conn: &DatabaseConnection, name: &str) {
+    let migrations = Migrator::migrations();
+    let at =
+        migrations.iter().position(|m| m.name() == name).unwrap_or_else(|| panic!("no migration {name}"));
+    Migrator::down(conn, Some(u32::try_from(migrations.len() - at).unwrap())).await.unwrap();
+}
+
 async fn admin(url: &str, sql: &str) {
     let conn = idempost::db::connect(url, 1).await.unwrap();
     conn.execute_unprepared(sql).await.unwrap();

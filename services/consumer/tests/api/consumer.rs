@@ -458,9 +458,7 @@ async fn the_timeline_tables_gain_an_event_id_index_that_the_migration_can_take_
     }
 
     // Back to just before this migration, whatever came after it.
-    let migrations = Migrator::migrations();
-    let at = migrations.iter().position(|m| m.name() == "m20261203_000003_event_id_lookup").unwrap();
-    Migrator::down(&conn, Some(u32::try_from(migrations.len() - at).unwrap())).await.unwrap();
+    idempost_testkit::db::migrate_back_before(&conn, "m20261203_000003_event_id_lookup").await;
     assert_eq!(present(&conn).await, [false; 3], "down removes what up added");
     Migrator::up(&conn, None).await.unwrap();
     assert_eq!(present(&conn).await, [true; 3], "and up adds them again");

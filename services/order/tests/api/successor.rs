@@ -25,7 +25,7 @@ async fn the_successor_migration_keeps_a_populated_outbox_and_a_change_then_writ
         .unwrap();
 
     // The outbox as the previous release left it, then the migration while the service runs.
-    Migrator::down(&app.conn, Some(1)).await.unwrap();
+    idempost_testkit::db::migrate_back_before(&app.conn, "m20261206_000006_successor_version").await;
     Migrator::up(&app.conn, None).await.unwrap();
     assert_eq!(app.count("outbox_event").await, 2, "the migration keeps every row");
     assert_eq!(

@@ -253,3 +253,92 @@ async fn versions_written_long_ago_follow_their_predecessors_marks_without_waiti
         .collect();
     assert!(offsets.windows(2).all(|pair| pair[0] < pair[1]), "the versions in order: {offsets:?}");
 }
+
+/// The pages InnoDB touched for `select`, as MariaDB's `ANALYZE FORMAT=JSON` reports them for
+/// its one table.
+async fn pages_read(conn: &DatabaseConnection, select: &str) -> u64 {
+    let sql = format!("ANALYZE FORMAT=JSON {select}");
+    let row = conn
+        .query_one_raw(sea_orm::Statement::from_string(sea_orm::DbBackend::MySql, sql))
+        .await
+        .unwrap()
+        .unwrap();
+    let analyzed: serde_json::Value =
+        serde_json::from_str(&row.try_get_by_index::<String>(0).unwrap()).unwrap();
+    let table = &analyzed["query_block"]["nested_loop"][0]["table"];
+    table["r_engine_stats"]["pages_accessed"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no page count in {analyzed}"))
+}
+
+/// InnoDB skips a delete-marked index entry that every reader can see before it checks the
+/// range, so a range read walks every dead entry after its end (migrated on a populated outbox). While a snapshot is held and
+/// purge removes nothing, the rows retention deleted are such a run: in ascending
+/// `idx_outbox_ready` they came right after the due range, and every claim walked them all
+/// (docs/design/relay-lease.md, "Claims under a held snapshot").
+#[tokio::test]
+async fn on_mariadb_the_due_read_stops_at_its_range_however_many_deleted_rows_a_held_snapshot_keeps() {
+    use idempost_migration::{Migrator, MigratorTrait as _};
+    use sea_orm::{DbBackend, IsolationLevel, Statement, TransactionTrait as _};
+
+    let app = TestOrder::spawn(Backend::MariaDb).await;
+    let sql = |text: &str| Statement::from_string(DbBackend::MySql, text.to_owned());
+    // 20,000 rows published an hour ago, as retention finds them.
+    app.conn
+        .execute_raw(sql(
+            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, event_version, \
+             payload, status, attempts, created_at, published_at) \
+             SELECT UUID(), 'order', UUID(), 'idempost.v1.OrderAccepted', 1, 'payload', 'PUBLISHED', 1, \
+             UTC_TIMESTAMP(6) - INTERVAL 1 HOUR + INTERVAL seq MICROSECOND, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR \
+             FROM seq_1_to_20000",
+        ))
+        .await
+        .unwrap();
+    let due = insert_event(&app.conn, idempost::db::now(&app.conn).await.unwrap()).await;
+    // The index rebuilt under a populated outbox, as an existing deployment migrates.
+    let directions = || async {
+        let rows = app
+            .conn
+            .query_all_raw(sql(
+                "SELECT COLLATION FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
+                 AND TABLE_NAME = 'outbox_event' AND INDEX_NAME = 'idx_outbox_ready' ORDER BY SEQ_IN_INDEX",
+            ))
+            .await
+            .unwrap();
+        rows.iter().map(|row| row.try_get_by_index::<String>(0).unwrap()).collect::<Vec<_>>().concat()
+    };
+    idempost_testkit::db::migrate_back_before(&app.conn, "m20261207_000001_ready_descending").await;
+    assert_eq!(directions().await, "AAAA");
+    Migrator::up(&app.conn, None).await.unwrap();
+    assert_eq!(directions().await, "DDAA", "status and held_back descending, then created_at, event_id");
+    let rows = app.conn.query_one_raw(sql("SELECT COUNT(*) FROM outbox_event")).await.unwrap().unwrap();
+    assert_eq!(rows.try_get_by_index::<i64>(0).unwrap(), 20_001, "the migration keeps every row");
+    // A report's snapshot, then retention: purge may remove none of the deleted rows' entries.
+    let reporter = app.db.connect().await;
+    let report = reporter.begin_with_config(Some(IsolationLevel::RepeatableRead), None).await.unwrap();
+    report.query_one_raw(sql("SELECT 1 FROM outbox_event LIMIT 1")).await.unwrap();
+    let deleted =
+        app.conn.execute_raw(sql("DELETE FROM outbox_event WHERE status = 'PUBLISHED'")).await.unwrap();
+    assert_eq!(deleted.rows_affected(), 20_000);
+
+    let inside = pages_read(
+        &app.conn,
+        "SELECT COUNT(*) FROM outbox_event FORCE INDEX (idx_outbox_ready) WHERE status = 'PUBLISHED'",
+    )
+    .await;
+    assert!(inside >= 20, "the deleted rows' entries are kept while the snapshot is held ({inside} pages)");
+    let due_read = pages_read(
+        &app.conn,
+        "SELECT event_id FROM outbox_event FORCE INDEX (idx_outbox_ready) \
+         WHERE status = 'PENDING' AND held_back = FALSE AND created_at >= UTC_TIMESTAMP(6) - INTERVAL 5 SECOND \
+         ORDER BY created_at, event_id LIMIT 250",
+    )
+    .await;
+    assert!(
+        due_read <= 5,
+        "the due read walked {due_read} pages for one event (the deleted rows' run: {inside})"
+    );
+    let claimed = Outbox::new(app.db.connect().await).claim(&WorkerId::generate(), LEASE, 250).await.unwrap();
+    assert_eq!(ids(&claimed), [due.as_str()]);
+    report.rollback().await.unwrap();
+}

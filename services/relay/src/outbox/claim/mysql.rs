@@ -52,7 +52,10 @@ impl Outbox {
     /// Both reads start where this process's claims left off (`read`): a range condition on
     /// `lease_until` and on `created_at` that InnoDB's range optimizer turns into the start of
     /// the index range, so neither read passes the delete-marked entries before it that a
-    /// stalled purge keeps.
+    /// stalled purge keeps. Nor, for the due read, the ones after it: InnoDB checks a range's
+    /// end only on live entries, so `idx_outbox_ready` sorts `status` and `held_back` descending
+    /// (`m20261207_000001_ready_descending`) and the due range is followed by FAILED rows, not by
+    /// the PUBLISHED rows retention deletes.
     ///
     /// The transaction first takes the database's claim gate ([`gate`]), so that relays claim
     /// one at a time, and releases it before the commit.
