@@ -90,6 +90,11 @@ struct Cli {
     /// for as long as a snapshot was held.
     #[arg(long, default_value_t = 5.0)]
     soak_minutes: f64,
+    /// Minutes the snapshot is held (the middle stage) instead of `--soak-minutes`: e.g. 60 for
+    /// the hour a `pg_dump` or a report holds one, between a baseline and a release of
+    /// `--soak-minutes` each.
+    #[arg(long)]
+    soak_hold_minutes: Option<f64>,
     /// The soak's offered rate, orders/s. Default: a tenth of the whole pipeline's sustained
     /// rate when the run measured it (or `--max-offered` gave it), else 300.
     #[arg(long)]
@@ -159,7 +164,8 @@ async fn main() -> ExitCode {
             ..if cli.quick { ordered::Shape::QUICK } else { ordered::Shape::FULL }
         },
         soak: plan::SoakShape {
-            stage: Duration::from_secs_f64((cli.soak_minutes * 60.0).max(soak::WINDOW.as_secs_f64())),
+            stage: soak_minutes(cli.soak_minutes),
+            hold: soak_minutes(cli.soak_hold_minutes.unwrap_or(cli.soak_minutes)),
             rate: cli.soak_rate,
         },
     };
@@ -185,4 +191,9 @@ async fn main() -> ExitCode {
     }
     println!("written: {0}/bench.txt, {0}/bench.json, {0}/bench.png", plan.out_dir.display());
     ExitCode::SUCCESS
+}
+
+/// A soak stage of `minutes`, at least one sampling window long.
+fn soak_minutes(minutes: f64) -> Duration {
+    Duration::from_secs_f64((minutes * 60.0).max(soak::WINDOW.as_secs_f64()))
 }

@@ -43,11 +43,25 @@ pub(crate) struct Plan {
 /// reads the plan and the plan never reads the soak).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SoakShape {
-    /// Length of each of the three stages.
+    /// Length of the baseline and of the stage after the release.
     pub(crate) stage: std::time::Duration,
+    /// How long the snapshot is held: the middle stage.
+    pub(crate) hold: std::time::Duration,
     /// The offered rate, orders/s; none: `soak::SHARE` of the pipeline's sustained rate when the
     /// run measured it (or `--max-offered` gave it), else `soak::DEFAULT_RATE`.
     pub(crate) rate: Option<f64>,
+}
+
+impl SoakShape {
+    /// When the snapshot is taken and when it is released, from the start of the load.
+    pub(crate) fn held(&self) -> (std::time::Duration, std::time::Duration) {
+        (self.stage, self.stage + self.hold)
+    }
+
+    /// The whole load: baseline, hold, release.
+    pub(crate) fn total(&self) -> std::time::Duration {
+        self.stage * 2 + self.hold
+    }
 }
 
 /// One phase of a run, as `--only` names it.

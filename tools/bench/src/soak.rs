@@ -114,7 +114,10 @@ pub(crate) struct Soak {
     pub(crate) rate: f64,
     /// Why that rate.
     pub(crate) rate_source: String,
+    /// Seconds of the baseline and of the stage after the release.
     pub(crate) stage_seconds: f64,
+    /// Seconds the snapshot was held.
+    pub(crate) hold_seconds: f64,
     pub(crate) retention: String,
     /// Every retention run of both services during the load, from their logs.
     pub(crate) purges: Vec<retention::Purge>,
@@ -167,12 +170,12 @@ pub(crate) async fn run(plan: &Plan, shape: &Shape, sustained: f64) -> Result<So
     Ok(soak)
 }
 
-/// The stage `at` seconds into the load falls in.
-fn stage_at(at: f64, stage: Duration) -> Stage {
-    let stage = stage.as_secs_f64();
-    if at < stage {
+/// The stage `at` seconds into the load of `shape` falls in.
+fn stage_at(at: f64, shape: &Shape) -> Stage {
+    let (taken, released) = shape.held();
+    if at < taken.as_secs_f64() {
         Stage::Baseline
-    } else if at < 2.0 * stage {
+    } else if at < released.as_secs_f64() {
         Stage::Held
     } else {
         Stage::Released
@@ -185,16 +188,24 @@ mod tests {
 
     #[test]
     fn a_window_belongs_to_the_stage_its_events_were_created_in() {
-        let stage = Duration::from_secs(120);
-        assert_eq!(stage_at(0.0, stage), Stage::Baseline);
-        assert_eq!(stage_at(119.9, stage), Stage::Baseline);
-        assert_eq!(stage_at(120.0, stage), Stage::Held);
-        assert_eq!(stage_at(240.0, stage), Stage::Released);
+        let shape = Shape { stage: Duration::from_secs(120), hold: Duration::from_secs(120), rate: None };
+        assert_eq!(stage_at(0.0, &shape), Stage::Baseline);
+        assert_eq!(stage_at(119.9, &shape), Stage::Baseline);
+        assert_eq!(stage_at(120.0, &shape), Stage::Held);
+        assert_eq!(stage_at(240.0, &shape), Stage::Released);
+    }
+
+    #[test]
+    fn a_longer_hold_moves_the_release_and_the_end() {
+        let shape = Shape { stage: Duration::from_secs(300), hold: Duration::from_secs(3600), rate: None };
+        assert_eq!(stage_at(3899.0, &shape), Stage::Held);
+        assert_eq!(stage_at(3900.0, &shape), Stage::Released);
+        assert_eq!(shape.total(), Duration::from_secs(4200));
     }
 
     #[test]
     fn the_soak_offers_a_tenth_of_the_sustained_rate_unless_told() {
-        let shape = Shape { stage: Duration::from_secs(60), rate: None };
+        let shape = Shape { stage: Duration::from_secs(60), hold: Duration::from_secs(60), rate: None };
         assert_eq!(rate(&shape, 2_700.0).0, 270.0);
         assert_eq!(rate(&shape, 0.0).0, DEFAULT_RATE);
         assert_eq!(rate(&Shape { rate: Some(50.0), ..shape }, 2_700.0).0, 50.0);

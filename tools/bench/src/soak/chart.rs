@@ -149,7 +149,7 @@ fn panel(
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)
         .map_err(chart_error)?;
     chart.configure_mesh().x_desc("s").draw().map_err(chart_error)?;
-    for boundary in [soak.stage_seconds, 2.0 * soak.stage_seconds] {
+    for boundary in [soak.stage_seconds, soak.stage_seconds + soak.hold_seconds] {
         chart
             .draw_series(LineSeries::new(
                 [(boundary, 0.0), (boundary, y_max)],

@@ -12,17 +12,18 @@ use sea_orm::{
 
 use crate::sql;
 
-/// Takes a snapshot `stage` after `started` and releases it `stage` later, on a task of its own.
+/// Takes a snapshot at `taken` after `started` and releases it at `released` after it, on a task
+/// of its own.
 pub(super) fn schedule(
     url: String,
     started: tokio::time::Instant,
-    stage: std::time::Duration,
+    (taken, released): (std::time::Duration, std::time::Duration),
 ) -> tokio::task::JoinHandle<Result<(), DbErr>> {
     tokio::spawn(async move {
-        tokio::time::sleep_until(started + stage).await;
+        tokio::time::sleep_until(started + taken).await;
         println!("== soak: another session takes a snapshot and holds it");
         let held = Held::take(&url).await?;
-        tokio::time::sleep_until(started + stage * 2).await;
+        tokio::time::sleep_until(started + released).await;
         println!("== soak: the snapshot is released");
         held.release().await
     })

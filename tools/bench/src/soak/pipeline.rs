@@ -93,6 +93,7 @@ impl<'a> Session<'a> {
             rate,
             rate_source,
             stage_seconds: shape.stage.as_secs_f64(),
+            hold_seconds: shape.hold.as_secs_f64(),
             retention: format!(
                 "order service {}; consumer {}",
                 ORDER_RETENTION.join(" "),
@@ -208,13 +209,16 @@ impl<'a> Session<'a> {
     async fn stages(&self, shape: &crate::plan::SoakShape, soak: &mut Soak) -> Result<(), BenchError> {
         let topic = self.topic("pipeline").await?;
         let (clients, mut services) = self.start_pipeline(&topic).await?;
-        let total = shape.stage * 3;
+        let total = shape.total();
         let rate = soak.rate;
-        step(&format!("soak: {rate:.0}/s for {total:?}, stages of {:?}", shape.stage));
+        step(&format!(
+            "soak: {rate:.0}/s for {total:?}: {:?}, held {:?}, {:?}",
+            shape.stage, shape.hold, shape.stage
+        ));
         let server_before = self.server_pid.map_or(0.0, server::cpu_seconds);
         let started = (Utc::now(), tokio::time::Instant::now());
         let load = tokio::spawn(async move { load::open_loop(&clients, rate, total).await });
-        let holder = hold::schedule(self.url.clone(), started.1, shape.stage);
+        let holder = hold::schedule(self.url.clone(), started.1, shape.held());
         let pooled = self.sample_stages(&mut services, started, shape, soak).await?;
         let (sent, failed, first_error) =
             load.await.map_err(|e| BenchError::Stuck(format!("the soak's load: {e}")))?;
@@ -250,7 +254,7 @@ impl<'a> Session<'a> {
         shape: &crate::plan::SoakShape,
         soak: &mut Soak,
     ) -> Result<Vec<(Stage, Latencies, Latencies)>, BenchError> {
-        let total = shape.stage * 3;
+        let total = shape.total();
         let mut sampler = Sampler::new(self.plan.out_dir.join("soak-relay.log"), services, self.server_pid);
         let mut pooled: Vec<(Stage, Latencies, Latencies)> =
             Stage::ALL.iter().map(|s| (*s, Latencies::default(), Latencies::default())).collect();
@@ -259,7 +263,7 @@ impl<'a> Session<'a> {
             // The window's events had a whole window to get through before they are judged.
             tokio::time::sleep_until(started + WINDOW * (k + 1)).await;
             let (from, to) = (WINDOW * (k - 1), (WINDOW * k).min(total));
-            let stage_of = stage_at(from.as_secs_f64() + WINDOW.as_secs_f64() / 2.0, shape.stage);
+            let stage_of = stage_at(from.as_secs_f64() + WINDOW.as_secs_f64() / 2.0, shape);
             let at = |d: Duration| t0 + chrono::Duration::from_std(d).unwrap_or_default();
             let (window, lags) =
                 sampler.take(&self.db, services, (at(from), at(to)), to.as_secs_f64(), stage_of).await?;
@@ -312,7 +316,7 @@ fn summarise(
 /// baseline's again (counted to that window's end).
 fn recovered_after(soak: &Soak) -> Option<f64> {
     let baseline = soak.stages.iter().find(|(s, _)| *s == Stage::Baseline)?.1.publish.p99;
-    let released_at = 2.0 * soak.stage_seconds;
+    let released_at = soak.stage_seconds + soak.hold_seconds;
     soak.windows
         .iter()
         .filter(|w| w.stage == Some(Stage::Released) && w.events > 0)

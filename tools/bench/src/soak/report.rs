@@ -161,8 +161,8 @@ pub(crate) fn table(soak: &Soak) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "\nsoak: the whole pipeline at {:.0} orders/s ({}), stages of {:.0} s: baseline, snapshot held, released",
-        soak.rate, soak.rate_source, soak.stage_seconds
+        "\nsoak: the whole pipeline at {:.0} orders/s ({}): baseline {:.0} s, snapshot held {:.0} s, released {:.0} s",
+        soak.rate, soak.rate_source, soak.stage_seconds, soak.hold_seconds, soak.stage_seconds
     );
     let _ = writeln!(
         t,
@@ -293,6 +293,7 @@ pub(crate) fn json(soak: &Soak) -> Value {
         "ratePerSecond": soak.rate,
         "rateSource": soak.rate_source,
         "stageSeconds": soak.stage_seconds,
+        "holdSeconds": soak.hold_seconds,
         "windowSeconds": super::WINDOW.as_secs(),
         "retention": soak.retention,
         "retentionRuns": runs,
