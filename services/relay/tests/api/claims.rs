@@ -272,10 +272,11 @@ async fn pages_read(conn: &DatabaseConnection, select: &str) -> u64 {
 }
 
 /// InnoDB skips a delete-marked index entry that every reader can see before it checks the
-/// range, so a range read walks every dead entry after its end (migrated on a populated outbox). While a snapshot is held and
+/// range, so a range read walks every dead entry after its end. While a snapshot is held and
 /// purge removes nothing, the rows retention deleted are such a run: in ascending
 /// `idx_outbox_ready` they came right after the due range, and every claim walked them all
-/// (docs/design/relay-lease.md, "Claims under a held snapshot").
+/// (docs/design/relay-lease.md, "Claims under a held snapshot"). The index is rebuilt by its
+/// migration on the populated outbox, as an existing deployment gets it.
 #[tokio::test]
 async fn on_mariadb_the_due_read_stops_at_its_range_however_many_deleted_rows_a_held_snapshot_keeps() {
     use idempost_migration::{Migrator, MigratorTrait as _};
