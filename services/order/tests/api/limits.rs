@@ -349,6 +349,12 @@ async fn connections_past_the_cap_are_closed_and_counted_while_existing_clients_
     for _ in 0..20 {
         extra.push(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     }
+    // Every one is let in or shed before any is used: a connection answered and closed early
+    // frees its slot, which one the service had not yet accepted would take.
+    assert_eventually("the service let in or shed all twenty", WAIT, || async {
+        shed(&received, "connections", "closed") + shed(&received, "connections", "health_only") >= 20.0
+    })
+    .await;
     let closed = futures::future::join_all(extra.into_iter().map(closed_without_an_answer)).await;
     assert!(closed.iter().filter(|c| **c).count() >= 12, "past the cap connections are closed: {closed:?}");
     assert_eventually("the shed connections are counted", WAIT, || async {
