@@ -119,6 +119,31 @@ pub async fn migrate_back_before(conn: &DatabaseConnection, name: &str) {
     Migrator::down(conn, Some(u32::try_from(migrations.len() - at).unwrap())).await.unwrap();
 }
 
+/// The server's account of the last deadlock InnoDB found (the `LATEST DETECTED DEADLOCK`
+/// section of `SHOW ENGINE INNODB STATUS`), on MariaDB/MySQL; an empty string elsewhere or when
+/// it found none. It is the whole server's, so it may be another test's: a test that fails on a
+/// deadlock prints it to say which statements met, since the relay's log names only its own.
+pub async fn latest_deadlock(conn: &DatabaseConnection) -> String {
+    if conn.get_database_backend() != sea_orm::DbBackend::MySql {
+        return String::new();
+    }
+    let status = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::MySql,
+            "SHOW ENGINE INNODB STATUS",
+        ))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|row| row.try_get::<String>("", "Status").ok())
+        .unwrap_or_default();
+    let Some(start) = status.find("LATEST DETECTED DEADLOCK") else { return String::new() };
+    let section = &status[start..];
+    // The next section starts with its own dashed header, "TRANSACTIONS".
+    let end = section.find("\nTRANSACTIONS\n").unwrap_or(section.len());
+    section[..end].to_owned()
+}
+
 async fn admin(url: &str, sql: &str) {
     let conn = idempost::db::connect(url, 1).await.unwrap();
     conn.execute_unprepared(sql).await.unwrap();
