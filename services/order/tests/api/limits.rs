@@ -138,10 +138,7 @@ async fn declaring(
     let (response, mut body) = stalled_call(send, path, token).await;
     let mut prefix = vec![0u8];
     prefix.extend_from_slice(&declared.to_be_bytes());
-    // A refusal at the door (the operator scope, for one) may answer and close the stream from the
-    // headers alone, before the prefix is queued: the answer, which the caller asserts, is the
-    // outcome either way, so a stream already closed here is not a failure.
-    let _ = body.send_data(Bytes::from(prefix), false);
+    crate::helpers::send_after_headers(&mut body, Bytes::from(prefix), false);
     (response, body)
 }
 
@@ -157,7 +154,7 @@ async fn raw_call(
         .unwrap();
     futures::future::poll_fn(|cx| send.poll_ready(cx)).await?;
     let (response, mut body) = send.send_request(request, false)?;
-    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    crate::helpers::send_after_headers(&mut body, Bytes::from_static(&[0, 0, 0, 0, 0]), true);
     grpc_answer(response).await
 }
 

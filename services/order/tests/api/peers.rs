@@ -159,7 +159,7 @@ async fn raw_call(
     }
     futures::future::poll_fn(|cx| send.poll_ready(cx)).await?;
     let (response, mut body) = send.send_request(request.body(()).unwrap(), false)?;
-    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    crate::helpers::send_after_headers(&mut body, Bytes::from_static(&[0, 0, 0, 0, 0]), true);
     let response = response.await?;
     if let Some(status) = response.headers().get("grpc-status") {
         return Ok(status.to_str().unwrap().to_owned());
