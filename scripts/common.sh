@@ -37,6 +37,27 @@ ensure_databases() {
   return 1
 }
 
+# The suite runs eight tests at once, each with its own services, relays and pools on the shared
+# servers: PostgreSQL's stock 100 connections ran out ("sorry, too many clients already": the
+# relay's tests alone reached 99) and failed tests at random, and MariaDB's 151 are as close.
+# The test servers get room for that; a deployment sizes its own server for its own services.
+TEST_SERVER_CONNECTIONS=400
+ensure_database_room() {
+  local version have
+  version="$(ls /etc/postgresql)"
+  have="$(psql -h 127.0.0.1 -U postgres -Atc 'SHOW max_connections')"
+  if (( have < TEST_SERVER_CONNECTIONS )); then
+    log "PostgreSQL: max_connections $have -> $TEST_SERVER_CONNECTIONS (a restart)"
+    printf 'max_connections = %s\n' "$TEST_SERVER_CONNECTIONS" \
+      >"/etc/postgresql/$version/main/conf.d/95-idempost-tests.conf"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main restart
+    ensure_databases
+  fi
+  # MariaDB takes it at run time; ensure_databases runs before every suite, after any restart.
+  mysql --protocol=tcp -h 127.0.0.1 -u root \
+    -e "SET GLOBAL max_connections = GREATEST(@@max_connections, $TEST_SERVER_CONNECTIONS)"
+}
+
 # Galera (MariaDB's multi-primary cluster): Debian's provider for the installed mariadb-server, and
 # rsync for the full state transfers of a node joining. The Galera tests start their own
 # three-node cluster on loopback (testkit/src/galera.rs).
